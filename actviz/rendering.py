@@ -1,0 +1,224 @@
+"""Rendering: pure functions that turn one sample's activations into a picture.
+
+Every function takes a tensor and returns a new ``uint8`` image tensor shaped
+``(channels, height, width)``; inputs are never modified. Pictures are made on
+the tensor's device and copied to the host only to encode them.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torchvision.utils import make_grid
+
+__all__ = [
+    "DEFAULT_MAX_CHANNELS",
+    "feature_map_grid",
+    "grid_layout",
+    "heatmap",
+    "encode_png",
+    "select_channels",
+    "tile_size",
+]
+
+DEFAULT_MAX_CHANNELS = 64
+#: Tiles smaller than this (longest side, pixels) are enlarged by a whole factor.
+MIN_TILE = 48
+#: Tiles larger than this are shrunk by area averaging.
+MAX_TILE = 128
+GRID_PADDING = 2
+#: Heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE.
+MIN_HEATMAP_SIDE = 64
+MAX_HEATMAP_SIDE = 1024
+
+# matplotlib's viridis at nine evenly spaced points: dark blue (low) to yellow (high).
+_VIRIDIS = (
+    (68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141),
+    (39, 173, 129), (92, 200, 99), (170, 220, 50), (253, 231, 37),
+)
+
+
+def tile_size(height: int, width: int, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE) -> tuple[int, int]:
+    """Size a ``height × width`` feature map is drawn at in a grid.
+
+    Small maps are enlarged by the smallest whole factor that makes their longest
+    side at least ``min_tile`` (so pixels stay sharp squares); large maps are shrunk
+    so their longest side is ``max_tile``.
+
+    Example:
+        >>> tile_size(13, 13), tile_size(56, 56), tile_size(224, 224), tile_size(4, 8)
+        ((52, 52), (56, 56), (128, 128), (24, 48))
+    """
+    longest = max(height, width)
+    if longest < min_tile:
+        factor = math.ceil(min_tile / longest)
+        return height * factor, width * factor
+    if longest > max_tile:
+        scale = max_tile / longest
+        return max(1, round(height * scale)), max(1, round(width * scale))
+    return height, width
+
+
+def grid_layout(channels: int, tile_height: int, tile_width: int, padding: int = GRID_PADDING) -> tuple[int, int]:
+    """``(height, width)`` of the grid :func:`feature_map_grid` draws for ``channels`` tiles.
+
+    The grid has ``ceil(sqrt(channels))`` columns, as ``torchvision.utils.make_grid`` lays it out.
+
+    Example:
+        >>> grid_layout(64, 52, 52)   # 8 x 8 tiles of 52 px with 2 px gaps
+        (434, 434)
+        >>> grid_layout(5, 10, 10)    # 3 columns, 2 rows
+        (26, 38)
+    """
+    columns = min(channels, math.ceil(math.sqrt(channels)))
+    rows = math.ceil(channels / columns)
+    return rows * (tile_height + padding) + padding, columns * (tile_width + padding) + padding
+
+
+def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
+    """Indices of the channels to draw: all, or the ``max_channels`` strongest by mean |activation|, in channel order.
+
+    Example:
+        >>> fmap = torch.stack([torch.full((2, 2), v) for v in (0.1, -5.0, 0.2, 3.0)])
+        >>> select_channels(fmap, 2).tolist()
+        [1, 3]
+    """
+    channels = fmap.shape[0]
+    if channels <= max_channels:
+        return torch.arange(channels, device=fmap.device)
+    strength = torch.nan_to_num(fmap.abs(), nan=0.0, posinf=0.0).mean(dim=(1, 2))
+    return strength.topk(max_channels).indices.sort().values
+
+
+def _normalize(values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """Map the finite values to [0, 1] over ``dims``; constants go to 0, NaN to 0, ±Inf to 1 and 0."""
+    finite = torch.isfinite(values)
+    low = torch.where(finite, values, math.inf).amin(dim=dims, keepdim=True)
+    high = torch.where(finite, values, -math.inf).amax(dim=dims, keepdim=True)
+    span = high - low
+    scaled = (values - low) / torch.where(span > 0, span, torch.ones_like(span))
+    scaled = torch.where(span > 0, scaled, torch.zeros_like(scaled))
+    return torch.nan_to_num(scaled, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
+
+
+def _resize(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Resize ``(N, C, H, W)``: whole-factor nearest when enlarging, area averaging when shrinking."""
+    height, width = images.shape[-2:]
+    if (height, width) == size:
+        return images
+    mode = "nearest" if size[0] >= height and size[1] >= width else "area"
+    return F.interpolate(images, size=size, mode=mode)
+
+
+def _to_uint8(image: torch.Tensor) -> torch.Tensor:
+    return image.mul(255).round_().clamp_(0, 255).to(torch.uint8)
+
+
+@torch.no_grad()
+def feature_map_grid(
+    fmap: torch.Tensor,
+    max_channels: int = DEFAULT_MAX_CHANNELS,
+    min_tile: int = MIN_TILE,
+    max_tile: int = MAX_TILE,
+    padding: int = GRID_PADDING,
+) -> torch.Tensor:
+    """Tile the channels of one sample's feature map into a grayscale grid.
+
+    Each channel is normalised on its own to [0, 1] (a constant channel is black),
+    resized with :func:`tile_size`, and laid out by ``torchvision.utils.make_grid`` with
+    ``ceil(sqrt(k))`` columns and white gaps. When there are more than
+    ``max_channels`` channels, the strongest by mean absolute activation are kept,
+    in channel order.
+
+    Args:
+        fmap: A ``(C, H, W)`` tensor of any real dtype; NaN is drawn black.
+        max_channels: Most channels to draw.
+        min_tile: Smallest longest-side of a tile, in pixels.
+        max_tile: Largest longest-side of a tile, in pixels.
+        padding: Gap between tiles, in pixels.
+
+    Returns:
+        A ``(1, height, width)`` ``uint8`` tensor; its size is :func:`grid_layout` of the tile size.
+
+    Example:
+        >>> feature_map_grid(torch.randn(16, 7, 7)).shape   # 4 x 4 tiles of 49 px
+        torch.Size([1, 206, 206])
+    """
+    if not isinstance(fmap, torch.Tensor):
+        raise TypeError(f"fmap must be a torch.Tensor, got {type(fmap).__name__}")
+    if fmap.dim() != 3 or fmap.numel() == 0:
+        raise ValueError(f"fmap must be a non-empty (C, H, W) tensor, got shape {tuple(fmap.shape)}")
+    if max_channels <= 0:
+        raise ValueError(f"max_channels must be positive, got {max_channels}")
+    values = fmap.detach()
+    values = values[select_channels(values, max_channels)].float()
+    tiles = _normalize(values, dims=(1, 2)).unsqueeze(1)
+    tiles = _resize(tiles, tile_size(*tiles.shape[-2:], min_tile=min_tile, max_tile=max_tile))
+    columns = math.ceil(math.sqrt(tiles.shape[0]))
+    grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=1.0)
+    return _to_uint8(grid[:1])
+
+
+def _viridis(values: torch.Tensor) -> torch.Tensor:
+    """Map ``(H, W)`` values in [0, 1] to a ``(3, H, W)`` float RGB image in [0, 1]."""
+    palette = torch.tensor(_VIRIDIS, dtype=torch.float32, device=values.device) / 255.0
+    position = values * (len(_VIRIDIS) - 1)
+    lower = position.floor().long().clamp_(0, len(_VIRIDIS) - 2)
+    fraction = (position - lower).unsqueeze(-1)
+    colours = palette[lower] * (1 - fraction) + palette[lower + 1] * fraction
+    return colours.permute(2, 0, 1)
+
+
+def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
+    shortest, longest = min(rows, columns), max(rows, columns)
+    factor = max(1, min(math.ceil(MIN_HEATMAP_SIDE / shortest), MAX_HEATMAP_SIDE // longest))
+    if longest > MAX_HEATMAP_SIDE:
+        scale = MAX_HEATMAP_SIDE / longest
+        return max(1, round(rows * scale)), max(1, round(columns * scale))
+    return rows * factor, columns * factor
+
+
+@torch.no_grad()
+def heatmap(matrix: torch.Tensor) -> torch.Tensor:
+    """Draw a 2-D tensor (for example one sample's ``(C, L)`` or ``(T, D)`` activations) as a heat map.
+
+    Values are normalised over the whole matrix and coloured with viridis (dark blue
+    low, yellow high). Rows stay rows. The picture is enlarged by a whole factor
+    until its shorter side is at least 64 px, or shrunk to at most 1024 px.
+
+    Args:
+        matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
+
+    Returns:
+        A ``(3, height, width)`` ``uint8`` tensor.
+
+    Example:
+        >>> heatmap(torch.randn(10, 32)).shape
+        torch.Size([3, 70, 224])
+    """
+    if not isinstance(matrix, torch.Tensor):
+        raise TypeError(f"matrix must be a torch.Tensor, got {type(matrix).__name__}")
+    if matrix.dim() != 2 or matrix.numel() == 0:
+        raise ValueError(f"matrix must be a non-empty 2-D tensor, got shape {tuple(matrix.shape)}")
+    values = _normalize(matrix.detach().float(), dims=(0, 1))
+    image = _resize(_viridis(values).unsqueeze(0), _heatmap_size(*values.shape))[0]
+    return _to_uint8(image)
+
+
+def encode_png(image: torch.Tensor, compress_level: int = 1) -> bytes:
+    """Encode a ``(1 or 3, H, W)`` ``uint8`` tensor as PNG bytes.
+
+    Level 1 is several times faster than PIL's default and costs little in size on
+    feature maps.
+    """
+    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] not in (1, 3):
+        raise ValueError(f"expected a (1 or 3, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")
+    array = image.cpu().permute(1, 2, 0).numpy()
+    picture = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array, mode=None)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG", compress_level=compress_level)
+    return buffer.getvalue()

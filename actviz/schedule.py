@@ -1,0 +1,76 @@
+"""Schedules: on which steps to log. A schedule is data, checked when it is made."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Union
+
+__all__ = ["ScheduleSpec", "Schedule"]
+
+#: ``every=`` and ``image_every=`` accept a period, explicit steps, or a predicate.
+ScheduleSpec = Union[int, Collection[int], Callable[[int], bool]]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Decides whether a step logs.
+
+    Build one with :meth:`Schedule.parse`. Exactly one field is set.
+
+    Example:
+        >>> [s for s in range(10) if Schedule.parse(4)(s)]
+        [0, 4, 8]
+        >>> [s for s in range(10) if Schedule.parse([1, 5])(s)]
+        [1, 5]
+        >>> [s for s in range(10) if Schedule.parse(lambda s: s in (0, 1) or s % 5 == 0)(s)]
+        [0, 1, 5]
+    """
+
+    period: int | None = None
+    steps: frozenset[int] | None = None
+    predicate: Callable[[int], bool] | None = None
+
+    @classmethod
+    def parse(cls, spec: ScheduleSpec, name: str = "every") -> Schedule:
+        """Check ``spec`` and make a schedule of it.
+
+        Args:
+            spec: A positive period (step 0 logs, then every ``spec`` steps), a collection of
+                non-negative step numbers, or a predicate ``step -> bool``.
+            name: The argument's name, used in error messages.
+
+        Raises:
+            ValueError: A period ≤ 0, a negative or empty list of steps.
+            TypeError: Anything else.
+        """
+        if _is_int(spec):
+            if spec <= 0:
+                raise ValueError(f"{name} must be a positive number of steps, got {spec}; for example {name}=100")
+            return cls(period=spec)
+        if isinstance(spec, Collection) and not isinstance(spec, (str, bytes)):
+            steps = list(spec)
+            bad = [s for s in steps if not _is_int(s) or s < 0]
+            if bad:
+                raise ValueError(f"{name} steps must be non-negative integers, got {bad[0]!r}")
+            if not steps:
+                raise ValueError(f"{name} is an empty collection of steps; nothing would be logged")
+            return cls(steps=frozenset(steps))
+        if callable(spec):
+            return cls(predicate=spec)
+        raise TypeError(
+            f"{name} must be an int, a collection of step numbers or a function step -> bool, "
+            f"got {type(spec).__name__}: {spec!r}"
+        )
+
+    def __call__(self, step: int) -> bool:
+        if self.period is not None:
+            return step % self.period == 0
+        if self.steps is not None:
+            return step in self.steps
+        assert self.predicate is not None
+        return bool(self.predicate(step))

@@ -1,0 +1,153 @@
+"""Selection: which layers of a model to watch.
+
+Pure functions over ``model.named_modules()``. Names are resolved once, when
+the watcher is built, and every spec must match something.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable, Iterable, Sequence
+from typing import Union
+
+from torch import nn
+
+__all__ = ["LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "layer_display_name"]
+
+#: One entry of ``watch(layers=...)``: a module type, a qualified name, a glob
+#: pattern on names, a module object, or a predicate ``(name, module) -> bool``.
+LayerSpec = Union[type, str, nn.Module, Callable[[str, nn.Module], bool]]
+
+#: Tag name used for the watched model itself (``named_modules()`` calls it "").
+ROOT_NAME = "(model)"
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+def layer_display_name(name: str) -> str:
+    """Return the tag name of a module given its ``named_modules()`` name."""
+    return name if name else ROOT_NAME
+
+
+def owns_parameters(module: nn.Module) -> bool:
+    """True if ``module`` has parameters of its own (not only through children)."""
+    return next(module.parameters(recurse=False), None) is not None
+
+
+def default_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module that owns parameters directly: Conv*, Linear, norms, Embedding, RNNs, attention.
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8, 2))
+        >>> [name for name, _ in default_layers(net)]
+        ['0', '3']
+    """
+    return [(name, module) for name, module in model.named_modules() if owns_parameters(module)]
+
+
+def _closest(word: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    close = difflib.get_close_matches(word, candidates, n=n, cutoff=0.5)
+    if close:
+        return close
+    # A glob like "clasifier.*" compares better without its wildcards.
+    stripped = word.strip("*?[]. ")
+    return difflib.get_close_matches(stripped, candidates, n=n, cutoff=0.4)
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    close = _closest(word, [c for c in candidates if c])
+    if close:
+        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+    preview = ", ".join(repr(c) for c in list(candidates)[1:9])
+    return f"; the model's layers include {preview}" if preview else ""
+
+
+def _match_one(spec: LayerSpec, modules: list[tuple[str, nn.Module]]) -> list[str]:
+    """Names matched by one spec, raising with a helpful message when none match."""
+    names = [name for name, _ in modules]
+    if isinstance(spec, str):
+        if _GLOB_CHARS & set(spec):
+            matched = [name for name in names if name and fnmatch.fnmatchcase(name, spec)]
+            if not matched:
+                raise ValueError(f"layer pattern {spec!r} matches no layer{_did_you_mean(spec, names)}")
+            return matched
+        if spec not in names:
+            raise ValueError(f"unknown layer {spec!r}{_did_you_mean(spec, names)}")
+        return [spec]
+    if isinstance(spec, type):
+        if not issubclass(spec, nn.Module):
+            raise TypeError(f"layer type must be an nn.Module subclass, got {spec.__name__}")
+        matched = [name for name, module in modules if isinstance(module, spec)]
+        if not matched:
+            present = sorted({type(m).__name__ for _, m in modules})
+            raise ValueError(
+                f"no layer of type {spec.__name__} in the model; types present: {', '.join(present)}"
+            )
+        return matched
+    if isinstance(spec, nn.Module):
+        matched = [name for name, module in modules if module is spec]
+        if not matched:
+            raise ValueError(f"module {type(spec).__name__} given in layers= is not part of the model")
+        return matched[:1]
+    if callable(spec):
+        matched = [name for name, module in modules if spec(name, module)]
+        if not matched:
+            raise ValueError(f"layer predicate {getattr(spec, '__name__', spec)!r} matched no layer")
+        return matched
+    raise TypeError(
+        "each entry of layers= must be a module type, a name, a glob pattern, a module or a "
+        f"predicate (name, module) -> bool; got {type(spec).__name__}: {spec!r}"
+    )
+
+
+def select_layers(
+    model: nn.Module, layers: LayerSpec | Iterable[LayerSpec] | None = None
+) -> list[tuple[str, nn.Module]]:
+    """Resolve a layer spec to ``(name, module)`` pairs, in ``named_modules()`` order.
+
+    Args:
+        model: The model whose layers to select.
+        layers: ``None`` for :func:`default_layers`, or one spec or an iterable of specs.
+            Each spec is a module type (``nn.Conv2d``), a qualified name (``"features.0"``),
+            a glob on names (``"classifier.*"``), a module object, or a predicate
+            ``(name, module) -> bool``. The union of all matches is returned.
+
+    Returns:
+        The selected layers, each once, in the order ``model.named_modules()`` yields them.
+
+    Raises:
+        ValueError: A spec matches nothing; the message names the closest layer names.
+        TypeError: A spec is of an unsupported type.
+
+    Example:
+        >>> from collections import OrderedDict
+        >>> net = nn.Sequential(OrderedDict(conv1=nn.Conv2d(3, 8, 3), relu=nn.ReLU(), conv2=nn.Conv2d(8, 8, 3)))
+        >>> [name for name, _ in select_layers(net, [nn.Conv2d])]
+        ['conv1', 'conv2']
+        >>> [name for name, _ in select_layers(net, "conv*")]
+        ['conv1', 'conv2']
+        >>> select_layers(net, ["conv3"])
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown layer 'conv3'; did you mean 'conv2' or 'conv1'?
+    """
+    modules = list(model.named_modules())
+    if layers is None:
+        chosen = default_layers(model)
+        if not chosen:
+            raise ValueError(
+                f"{type(model).__name__} has no module with parameters to watch by default; "
+                "pass layers=[...] to choose them, for example layers=[nn.ReLU]"
+            )
+        return chosen
+    if isinstance(layers, (str, type, nn.Module)) or (callable(layers) and not isinstance(layers, Iterable)):
+        specs: list[LayerSpec] = [layers]  # a single spec
+    else:
+        specs = list(layers)
+    if not specs:
+        raise ValueError("layers= is empty; pass None to watch the default layers")
+    wanted: set[str] = set()
+    for spec in specs:
+        wanted.update(_match_one(spec, modules))
+    return [(name, module) for name, module in modules if name in wanted]

@@ -1,0 +1,194 @@
+"""Tensor summaries: one small vector per tensor, computed on the tensor's device.
+
+:func:`summarize` is what the hooks call. It reduces a tensor of any size and
+dtype to a vector of ``HEADER_SIZE + bins`` numbers without syncing with the
+host on a GPU, so a step can collect all its summaries and copy them back in
+one transfer. :func:`Summary.from_vector` turns a vector, once on the host,
+into the numbers TensorBoard's histogram proto wants.
+
+Layout of the vector::
+
+    [num, nonfinite, zeros, min, max, sum, sum_squares, count_0, ..., count_{bins-1}]
+
+``num`` counts every element; the others leave NaN and ±Inf out. Bucket ``i``
+covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the last
+bucket also holds ``max``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "sample_stride"]
+
+HEADER_SIZE = 7
+
+#: Bucket counts come from at most this many elements, taken with a fixed
+#: stride; the moments, min and max always use every element.
+DEFAULT_SAMPLE_SIZE = 1 << 16
+
+# A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
+# walks through every spatial position instead of hitting the same one in each channel.
+_AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
+
+
+def sample_stride(numel: int, sample_size: int | None) -> int:
+    """Stride that takes at most ``sample_size`` elements from ``numel``, evenly spread.
+
+    Example:
+        >>> sample_stride(1000, None), sample_stride(1000, 1000), sample_stride(2_000_000, 65536)
+        (1, 1, 31)
+    """
+    if sample_size is None or numel <= sample_size:
+        return 1
+    stride = -(-numel // sample_size)
+    while math.gcd(stride, _AVOID_FACTORS) != 1:
+        stride += 1
+    return stride
+
+
+def _vector_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+@torch.no_grad()
+def summarize(tensor: torch.Tensor, bins: int = 64, sample_size: int | None = DEFAULT_SAMPLE_SIZE) -> torch.Tensor:
+    """Reduce ``tensor`` to a summary vector on its own device.
+
+    Args:
+        tensor: Any real tensor: float16/bfloat16/float32/float64, integer or bool. It is not modified.
+        bins: Number of histogram buckets between the finite min and max.
+        sample_size: Count buckets on a strided sample of at most this many elements and
+            scale the counts to the finite total; ``None`` counts every element.
+
+    Returns:
+        A 1-D float64 tensor of length ``HEADER_SIZE + bins`` (see the module docstring).
+
+    Example:
+        >>> vec = summarize(torch.tensor([0.0, 1.0, 2.0, float("nan")]), bins=2)
+        >>> Summary.from_vector(vec.tolist()).finite_count, Summary.from_vector(vec.tolist()).bucket_counts
+        (3, [1.0, 2.0])
+    """
+    if tensor.is_complex():
+        raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
+    values = tensor.detach().reshape(-1)
+    if values.dtype not in (torch.float32, torch.float64):
+        values = values.float()
+    out_dtype = _vector_dtype(values.device)
+    numel = values.numel()
+    if numel == 0:
+        header = torch.tensor([0, 0, 0, math.nan, math.nan, 0, 0], dtype=out_dtype, device=values.device)
+        return torch.cat([header, torch.zeros(bins, dtype=out_dtype, device=values.device)])
+
+    total = values.sum()
+    total_squares = torch.dot(values, values)
+    zeros = numel - torch.count_nonzero(values)
+    # A finite sum proves there is no NaN or Inf. On the CPU the check costs nothing;
+    # on an accelerator it would sync, so there we always take the masked path.
+    known_finite = values.device.type == "cpu" and math.isfinite(total.item() + total_squares.item())
+    if known_finite:
+        nonfinite = torch.zeros((), device=values.device)
+        low, high = torch.aminmax(values)
+    else:
+        finite = torch.isfinite(values)
+        nonfinite = numel - finite.sum()
+        finite_values = torch.where(finite, values, 0).to(out_dtype)  # wider type: squares may overflow
+        total = finite_values.sum()
+        total_squares = torch.dot(finite_values, finite_values)
+        low = torch.where(finite, values, math.inf).amin()
+        high = torch.where(finite, values, -math.inf).amax()
+
+    counts = _bucket_counts(values, low, high, bins, sample_stride(numel, sample_size), numel - nonfinite)
+    numel_tensor = torch.full((), numel, dtype=out_dtype, device=values.device)
+    header = torch.stack([t.to(out_dtype) for t in (numel_tensor, nonfinite, zeros, low, high, total, total_squares)])
+    return torch.cat([header, counts.to(out_dtype)])
+
+
+def _bucket_counts(
+    values: torch.Tensor, low: torch.Tensor, high: torch.Tensor, bins: int, stride: int, finite_count: torch.Tensor
+) -> torch.Tensor:
+    """Bucket counts of ``values[::stride]``, scaled so they add up to ``finite_count``. No host sync."""
+    sample = values[::stride]
+    weight = torch.isfinite(sample).to(sample.dtype)
+    width = torch.where(high > low, (high - low) / bins, torch.ones_like(high))
+    position = torch.nan_to_num((sample - low) / width, nan=0.0, posinf=0.0, neginf=0.0)
+    index = position.floor_().clamp_(0, bins - 1).long()
+    counts = torch.zeros(bins, dtype=sample.dtype, device=sample.device).scatter_add_(0, index, weight)
+    if stride == 1:
+        return counts
+    sampled = weight.sum()
+    return counts * (finite_count.to(sample.dtype) / sampled.clamp(min=1))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Host-side numbers of one summarized tensor.
+
+    ``num`` counts every element; ``min``, ``max``, ``sum``, ``sum_squares`` and the
+    bucket counts are over the finite elements only.
+    """
+
+    num: int
+    nonfinite: int
+    zeros: int
+    min: float
+    max: float
+    sum: float
+    sum_squares: float
+    bucket_counts: list[float]
+
+    @classmethod
+    def from_vector(cls, vector: list[float]) -> Summary:
+        """Build from a summary vector already copied to the host (a list of floats)."""
+        num, nonfinite, zeros, low, high, total, squares = vector[:HEADER_SIZE]
+        return cls(int(num), int(nonfinite), int(zeros), low, high, total, squares, list(vector[HEADER_SIZE:]))
+
+    @property
+    def finite_count(self) -> int:
+        return self.num - self.nonfinite
+
+    @property
+    def mean(self) -> float:
+        """Mean of the finite elements (NaN when there are none)."""
+        return self.sum / self.finite_count if self.finite_count else math.nan
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (Bessel-corrected, like ``torch.std``) of the finite elements."""
+        count = self.finite_count
+        if count == 0:
+            return math.nan
+        if count == 1:
+            return 0.0
+        return math.sqrt(max(0.0, (self.sum_squares - self.sum * self.sum / count) / (count - 1)))
+
+    @property
+    def zero_fraction(self) -> float:
+        """Fraction of all elements that are exactly zero (NaN for an empty tensor)."""
+        return self.zeros / self.num if self.num else math.nan
+
+    @property
+    def norm(self) -> float:
+        """L2 norm of the finite elements."""
+        return math.sqrt(max(0.0, self.sum_squares))
+
+    @property
+    def has_histogram(self) -> bool:
+        """False for an empty or all-non-finite tensor, which gets scalars but no histogram."""
+        return self.finite_count > 0
+
+    def bucket_limits(self) -> list[float]:
+        """Upper edge of each bucket, as TensorBoard's ``HistogramProto.bucket_limit`` wants."""
+        width = (self.max - self.min) / len(self.bucket_counts)
+        limits = [self.min + (i + 1) * width for i in range(len(self.bucket_counts))]
+        limits[-1] = self.max
+        return limits
+
+    def histogram(self) -> tuple[list[float], list[float]]:
+        """``(bucket_limits, bucket_counts)``; a constant tensor gets one bucket."""
+        if self.max <= self.min:
+            return [self.max], [float(self.finite_count)]
+        return self.bucket_limits(), self.bucket_counts
