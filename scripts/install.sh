@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install actviz into the current Python, with the extras named in $1 (e.g. "dev").
+# Install actviz (editable) into the current Python, with the extras named in $1 (e.g. "dev").
 # PyTorch comes first, from the versions this kind of machine keeps on disk, because
 # a bare "pip install torch" would try to download a multi-GB CUDA build.
 set -euo pipefail
@@ -18,4 +18,4 @@ fi
 target="."
 [ -n "$extras" ] && target=".[$extras]"
 echo "== installing actviz from $PWD ($target)"
-python -m pip install --quiet --disable-pip-version-check "$target"
+python -m pip install --quiet --disable-pip-version-check -e "$target"
