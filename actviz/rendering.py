@@ -66,7 +66,8 @@ def tile_size(height: int, width: int, min_tile: int = MIN_TILE, max_tile: int =
 def grid_layout(channels: int, tile_height: int, tile_width: int, padding: int = GRID_PADDING) -> tuple[int, int]:
     """``(height, width)`` of the grid :func:`feature_map_grid` draws for ``channels`` tiles.
 
-    The grid has ``ceil(sqrt(channels))`` columns, as ``torchvision.utils.make_grid`` lays it out.
+    The grid has ``ceil(sqrt(channels))`` columns, as ``torchvision.utils.make_grid`` lays it out;
+    like ``make_grid``, a single tile is returned as it is, without a border.
 
     Example:
         >>> grid_layout(64, 52, 52)   # 8 x 8 tiles of 52 px with 2 px gaps
@@ -74,6 +75,8 @@ def grid_layout(channels: int, tile_height: int, tile_width: int, padding: int =
         >>> grid_layout(5, 10, 10)    # 3 columns, 2 rows
         (26, 38)
     """
+    if channels == 1:
+        return tile_height, tile_width
     columns = min(channels, math.ceil(math.sqrt(channels)))
     rows = math.ceil(channels / columns)
     return rows * (tile_height + padding) + padding, columns * (tile_width + padding) + padding

@@ -1,0 +1,94 @@
+"""Shared test helpers: small models and reading TensorBoard event files back."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+DATA_DIR = Path(__file__).parent / "data"
+
+
+class Run:
+    """Everything a run folder holds, read with TensorBoard's own EventAccumulator."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.events = EventAccumulator(str(log_dir), size_guidance={"images": 0, "histograms": 0, "scalars": 0})
+        self.events.Reload()
+        tags = self.events.Tags()
+        self.image_tags = set(tags["images"])
+        self.histogram_tags = set(tags["histograms"])
+        self.scalar_tags = set(tags["scalars"])
+
+    def histogram_steps(self, tag: str) -> list[int]:
+        return [event.step for event in self.events.Histograms(tag)]
+
+    def histogram(self, tag: str, step: int):
+        (value,) = [event.histogram_value for event in self.events.Histograms(tag) if event.step == step]
+        return value
+
+    def scalar(self, tag: str, step: int) -> float:
+        (value,) = [event.value for event in self.events.Scalars(tag) if event.step == step]
+        return value
+
+    def image_steps(self, tag: str) -> list[int]:
+        return [event.step for event in self.events.Images(tag)]
+
+    def image(self, tag: str, step: int) -> np.ndarray:
+        (event,) = [event for event in self.events.Images(tag) if event.step == step]
+        array = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))
+        assert array.shape[:2] == (event.height, event.width)
+        return array
+
+
+@pytest.fixture
+def read_run():
+    return Run
+
+
+def small_cnn(inplace: bool = True) -> nn.Sequential:
+    """Conv-ReLU(in place)-Conv-BN-ReLU-Linear, like the torchvision models in miniature."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(inplace=inplace),
+        nn.Conv2d(6, 5, 3, stride=2, padding=1),
+        nn.BatchNorm2d(5),
+        nn.ReLU(inplace=inplace),
+        nn.Flatten(),
+        nn.Linear(5 * 4 * 4, 3),
+    )
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, batch: int = 4, size: int = 8) -> torch.Tensor:
+    inputs = torch.randn(batch, 3, size, size)
+    loss = model(inputs).square().mean()
+    if optimizer is not None:
+        optimizer.zero_grad()
+    loss.backward()
+    if optimizer is not None:
+        optimizer.step()
+    return loss.detach()
+
+
+def hooks_left(model: nn.Module) -> dict[str, int]:
+    """Count every hook actviz could have left on the model, its modules and its parameters."""
+    counts = {"forward": 0, "forward_pre": 0, "backward": 0, "backward_pre": 0, "param": 0}
+    for module in model.modules():
+        counts["forward"] += len(module._forward_hooks)
+        counts["forward_pre"] += len(module._forward_pre_hooks)
+        counts["backward"] += len(module._backward_hooks)
+        counts["backward_pre"] += len(module._backward_pre_hooks)
+    for param in model.parameters():
+        counts["param"] += len(getattr(param, "_post_accumulate_grad_hooks", None) or {})
+        counts["param"] += len(param._backward_hooks or {})
+    return counts
+
+
+NO_HOOKS = {"forward": 0, "forward_pre": 0, "backward": 0, "backward_pre": 0, "param": 0}

@@ -1,0 +1,104 @@
+"""Layer selection and schedules: every spec form, and every way to get one wrong."""
+
+from collections import OrderedDict
+
+import pytest
+import torchvision
+from torch import nn
+
+from actviz.schedule import Schedule
+from actviz.selection import ROOT_NAME, default_layers, select_layers
+
+
+@pytest.fixture(scope="module")
+def alexnet():
+    return torchvision.models.alexnet(num_classes=10)
+
+
+def names(pairs):
+    return [name for name, _ in pairs]
+
+
+def test_default_is_every_module_that_owns_parameters(alexnet):
+    assert names(default_layers(alexnet)) == [
+        "features.0", "features.3", "features.6", "features.8", "features.10",
+        "classifier.1", "classifier.4", "classifier.6",
+    ]
+
+
+def test_default_includes_norms_embeddings_rnns_and_attention():
+    model = nn.ModuleDict({
+        "embed": nn.Embedding(10, 4), "norm": nn.LayerNorm(4), "rnn": nn.LSTM(4, 4),
+        "attn": nn.MultiheadAttention(4, 2), "act": nn.GELU(),
+    })
+    assert names(default_layers(model)) == ["embed", "norm", "rnn", "attn", "attn.out_proj"]
+
+
+def test_every_spec_form(alexnet):
+    assert names(select_layers(alexnet, nn.Linear)) == ["classifier.1", "classifier.4", "classifier.6"]
+    assert names(select_layers(alexnet, "features.3")) == ["features.3"]
+    assert names(select_layers(alexnet, ["classifier.*"])) == ["classifier.0", "classifier.1", "classifier.2", "classifier.3", "classifier.4", "classifier.5", "classifier.6"]
+    assert names(select_layers(alexnet, [alexnet.features[8]])) == ["features.8"]
+    assert names(select_layers(alexnet, lambda name, m: isinstance(m, nn.ReLU) and name.startswith("features"))) == [
+        "features.1", "features.4", "features.7", "features.9", "features.11",
+    ]
+
+
+def test_specs_union_in_model_order(alexnet):
+    chosen = select_layers(alexnet, ["classifier.6", nn.MaxPool2d, "features.0"])
+    assert names(chosen) == ["features.0", "features.2", "features.5", "features.12", "classifier.6"]
+
+
+def test_the_model_itself_can_be_a_layer():
+    model = nn.Linear(3, 2)
+    assert names(select_layers(model)) == [""]
+    from actviz.selection import layer_display_name
+    assert layer_display_name("") == ROOT_NAME
+
+
+def test_unknown_name_suggests_the_closest(alexnet):
+    with pytest.raises(ValueError, match=r"unknown layer 'feature\.0'; did you mean 'features\.0'"):
+        select_layers(alexnet, ["feature.0"])
+    with pytest.raises(ValueError, match=r"layer pattern 'clasifier\.\*' matches no layer; did you mean 'classifier"):
+        select_layers(alexnet, "clasifier.*")
+
+
+def test_specs_that_match_nothing(alexnet):
+    with pytest.raises(ValueError, match=r"no layer of type Conv3d.*types present: .*Conv2d"):
+        select_layers(alexnet, nn.Conv3d)
+    with pytest.raises(ValueError, match="not part of the model"):
+        select_layers(alexnet, nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="matched no layer"):
+        select_layers(alexnet, lambda name, module: False)
+    with pytest.raises(ValueError, match="empty"):
+        select_layers(alexnet, [])
+    with pytest.raises(ValueError, match="no module with parameters"):
+        select_layers(nn.Sequential(nn.ReLU(), nn.Flatten()))
+
+
+def test_bad_spec_types(alexnet):
+    with pytest.raises(TypeError, match="got int: 3"):
+        select_layers(alexnet, [3])
+    with pytest.raises(TypeError, match="nn.Module subclass, got int"):
+        select_layers(alexnet, [int])
+
+
+def test_named_sequential():
+    net = nn.Sequential(OrderedDict(conv=nn.Conv2d(1, 1, 1), head=nn.Linear(1, 1)))
+    assert names(select_layers(net, "he*")) == ["head"]
+
+
+def test_schedules():
+    assert [s for s in range(12) if Schedule.parse(5)(s)] == [0, 5, 10]
+    assert [s for s in range(12) if Schedule.parse({2, 3})(s)] == [2, 3]
+    assert [s for s in range(12) if Schedule.parse(lambda s: s > 9)(s)] == [10, 11]
+    for bad, error, message in [
+        (0, ValueError, "every must be a positive number of steps, got 0"),
+        (-5, ValueError, "got -5"),
+        ([], ValueError, "empty"),
+        ([1, -2], ValueError, "-2"),
+        ("10", TypeError, "got str"),
+        (2.5, TypeError, "got float"),
+    ]:
+        with pytest.raises(error, match=message):
+            Schedule.parse(bad)

@@ -1,0 +1,120 @@
+"""Histogram and moment math, checked against values worked out by hand."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from actviz.summaries import HEADER_SIZE, Summary, sample_stride, summarize
+
+
+def summary_of(tensor, bins=4, sample_size=None) -> Summary:
+    vector = summarize(tensor, bins=bins, sample_size=sample_size)
+    assert vector.shape == (HEADER_SIZE + bins,)
+    return Summary.from_vector(vector.tolist())
+
+
+def test_buckets_and_moments_by_hand():
+    # min 0, max 4, width 1: [0,1) holds 0 and 0.5; [1,2) holds 1; [2,3) nothing; [3,4] holds 3 and 4.
+    summary = summary_of(torch.tensor([0.0, 0.5, 1.0, 3.0, 4.0]), bins=4)
+    assert (summary.num, summary.nonfinite, summary.zeros) == (5, 0, 1)
+    assert (summary.min, summary.max) == (0.0, 4.0)
+    assert summary.sum == 8.5
+    assert summary.sum_squares == 0.25 + 1 + 9 + 16
+    assert summary.bucket_counts == [2.0, 1.0, 0.0, 2.0]
+    assert summary.bucket_limits() == [1.0, 2.0, 3.0, 4.0]
+    assert summary.mean == 8.5 / 5
+    assert summary.std == pytest.approx(math.sqrt((26.25 - 8.5**2 / 5) / 4))
+    assert summary.zero_fraction == 1 / 5
+    assert summary.norm == pytest.approx(math.sqrt(26.25))
+
+
+def test_nan_and_inf_are_counted_and_left_out():
+    summary = summary_of(torch.tensor([1.0, float("nan"), -2.0, float("inf"), float("-inf"), 0.0]), bins=3)
+    assert (summary.num, summary.nonfinite, summary.finite_count) == (6, 3, 3)
+    assert (summary.min, summary.max, summary.sum, summary.sum_squares) == (-2.0, 1.0, -1.0, 5.0)
+    # width 1: [-2,-1) holds -2; [-1,0) nothing; [0,1] holds 0 and 1
+    assert summary.bucket_counts == [1.0, 0.0, 2.0]
+    assert summary.zeros == 1
+    assert summary.has_histogram
+
+
+@pytest.mark.parametrize("values", [[], [float("nan")] * 3, [float("inf"), float("nan")]])
+def test_empty_or_all_nonfinite_has_no_histogram(values):
+    summary = summary_of(torch.tensor(values))
+    assert summary.num == len(values)
+    assert summary.nonfinite == len(values)
+    assert not summary.has_histogram
+    assert math.isnan(summary.mean) and math.isnan(summary.std)
+
+
+def test_constant_tensor_gets_one_bucket():
+    summary = summary_of(torch.full((7,), 2.5))
+    assert summary.histogram() == ([2.5], [7.0])
+    assert summary.std == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.uint8, torch.bool])
+def test_every_real_dtype(dtype):
+    generator = torch.Generator().manual_seed(1)
+    values = torch.randint(0, 2 if dtype == torch.bool else 50, (1000,), generator=generator)
+    tensor = values.to(dtype)
+    exact = tensor.double().numpy()
+    summary = summary_of(tensor, bins=8)
+    assert summary.num == 1000
+    assert summary.min == exact.min() and summary.max == exact.max()
+    assert summary.sum == pytest.approx(exact.sum())
+    assert summary.sum_squares == pytest.approx((exact**2).sum())
+    assert summary.zeros == int((exact == 0).sum())
+    assert sum(summary.bucket_counts) == 1000
+
+
+def test_complex_is_refused():
+    with pytest.raises(TypeError, match="complex"):
+        summarize(torch.zeros(3, dtype=torch.complex64))
+
+
+def test_squares_that_overflow_float32_are_kept_in_float64():
+    summary = summary_of(torch.tensor([1e20, -1e20, 3.0], dtype=torch.float32))
+    assert summary.nonfinite == 0
+    assert summary.sum_squares == pytest.approx(2e40, rel=1e-6)
+
+
+def test_input_is_not_modified():
+    tensor = torch.tensor([float("nan"), 1.0, -1.0])
+    before = tensor.clone()
+    summarize(tensor)
+    torch.testing.assert_close(tensor, before, equal_nan=True)
+
+
+def test_sampled_buckets_scale_to_the_full_count_and_keep_exact_moments():
+    generator = torch.Generator().manual_seed(0)
+    tensor = torch.randn(64, 16, 32, 32, generator=generator)  # 1,048,576 elements
+    tensor[0, 0, 0, :5] = float("nan")
+    sampled = summary_of(tensor, bins=16, sample_size=1 << 16)
+    exact = summary_of(tensor, bins=16, sample_size=None)
+    finite = tensor[torch.isfinite(tensor)].double()
+    assert sampled.num == exact.num == tensor.numel()
+    assert sampled.nonfinite == 5
+    assert sampled.min == finite.min().item() and sampled.max == finite.max().item()
+    assert sampled.sum == pytest.approx(finite.sum().item(), rel=1e-5, abs=1e-2)
+    assert sampled.sum_squares == pytest.approx((finite**2).sum().item(), rel=1e-5)
+    assert sum(sampled.bucket_counts) == pytest.approx(sampled.finite_count)
+    assert sum(exact.bucket_counts) == exact.finite_count
+    # exact counts match numpy's histogram on the same edges
+    edges = np.linspace(exact.min, exact.max, 17)
+    numpy_counts, _ = np.histogram(finite.numpy(), bins=edges)
+    assert np.abs(np.array(exact.bucket_counts) - numpy_counts).max() <= 2  # float32 edge rounding
+    # the sample's shape agrees with the full count within sampling noise on the big buckets
+    big = numpy_counts > 50_000
+    assert np.allclose(np.array(sampled.bucket_counts)[big], numpy_counts[big], rtol=0.03)
+
+
+def test_sample_stride_avoids_feature_map_periods():
+    for numel in (10**6, 64 * 55 * 55, 512 * 7 * 7 * 8, 3 * 10**7):
+        stride = sample_stride(numel, 1 << 16)
+        assert -(-numel // stride) <= 1 << 16
+        assert all(stride % p for p in (2, 3, 5, 7, 11, 13))
+    assert sample_stride(100, 1 << 16) == 1
+    assert sample_stride(10**9, None) == 1
