@@ -1,0 +1,342 @@
+"""actviz as people see it: a live ``tensorboard`` server, and its web page in headless Chromium.
+
+One small CNN run is written once per module and served by one TensorBoard
+process; the HTTP data API tests and the browser test share it. Everything the
+run should show is computed here by hand from the model's shapes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+import actviz
+from actviz.rendering import grid_layout, tile_size
+
+RUN = "cnn"
+#: More image steps than TensorBoard keeps per tag by default (10), to see its sampling.
+STEPS = 12
+TENSORBOARD_DEFAULT_IMAGES = 10
+INPUT_SHAPE = (4, 3, 16, 16)
+#: Output shapes (channels, height, width) of the conv layers for a 16 x 16 input, by hand:
+#: conv1 keeps 16 x 16 with padding 1; conv2 halves it with stride 2.
+CONV_OUTPUTS = {"conv1": (8, 16, 16), "conv2": (16, 8, 8)}
+LAYERS = ("conv1", "conv2", "fc")
+PARAMETERS = tuple(f"{layer}.{kind}" for layer in LAYERS for kind in ("weight", "bias"))
+STARTUP_TIMEOUT = 60.0
+CHROMIUM = "/usr/bin/chromium"
+#: Chromium must not look anything up on the network, or headless start-up hangs.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def small_cnn() -> nn.Sequential:
+    return nn.Sequential(
+        collections.OrderedDict(
+            conv1=nn.Conv2d(3, 8, 3, padding=1),
+            relu1=nn.ReLU(inplace=True),
+            conv2=nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            relu2=nn.ReLU(inplace=True),
+            flatten=nn.Flatten(),
+            fc=nn.Linear(16 * 8 * 8, 4),
+        )
+    )
+
+
+def write_run(log_dir: Path) -> None:
+    """Train :func:`small_cnn` for :data:`STEPS` steps, logging everything on every step."""
+    torch.manual_seed(0)
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with actviz.watch(model, log_dir, every=1) as viz:
+        assert viz.layer_names == list(LAYERS)
+        for _ in range(STEPS):
+            loss = nn.functional.cross_entropy(model(torch.randn(INPUT_SHAPE)), torch.randint(0, 4, (4,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def expected_grid_size(layer: str) -> tuple[int, int]:
+    """``(height, width)`` of the feature-map grid of ``layer``, from its output shape."""
+    channels, height, width = CONV_OUTPUTS[layer]
+    return grid_layout(channels, *tile_size(height, width))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Call ``check`` until it returns something truthy, for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except OSError as error:  # not listening yet, or reset while starting
+            last_error = error
+        time.sleep(0.25)
+    raise TimeoutError(f"gave up after {timeout:.0f} s waiting for {what} (last error: {last_error})")
+
+
+class TensorBoard:
+    """A ``tensorboard`` subprocess on a free local port, and a small client for its data API."""
+
+    def __init__(self, log_dir: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._output = tempfile.TemporaryFile()
+        command = [
+            sys.executable, "-m", "tensorboard.main", "--logdir", str(log_dir),
+            "--host", "127.0.0.1", "--port", str(self.port), *flags,
+        ]
+        # Its own session, so that stop() also ends the data server it starts.
+        self.process = subprocess.Popen(
+            command, stdout=self._output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def get(self, path: str, **params: Any) -> bytes:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=10) as response:
+            return response.read()
+
+    def json(self, path: str, **params: Any) -> Any:
+        return json.loads(self.get(path, **params))
+
+    def tags(self, plugin: str) -> set[str]:
+        return set(self.json(f"/data/plugin/{plugin}/tags").get(RUN, {}))
+
+    def image_steps(self, tag: str) -> list[dict[str, Any]]:
+        return self.json("/data/plugin/images/images", run=RUN, tag=tag, sample=0)
+
+    def wait_until_loaded(self, images_served: bool = True) -> None:
+        """Wait until the server answers and has read the whole run.
+
+        Images are the last thing actviz writes in a step, so the run is loaded once the
+        last step's images are served (or, when images are not served, their tags are listed
+        and the last step's histogram is).
+        """
+
+        def loaded() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tensorboard exited with {self.process.returncode}:\n{self.output()}")
+            if not all(tags <= self.tags(plugin) for plugin, tags in EXPECTED_TAGS.items()):
+                return False
+            if images_served:
+                tags = EXPECTED_TAGS["images"]
+                return all(max((e["step"] for e in self.image_steps(tag)), default=-1) == STEPS - 1 for tag in tags)
+            histograms = self.json("/data/plugin/histograms/histograms", run=RUN, tag=f"activations/{LAYERS[-1]}")
+            return histograms[-1][1] == STEPS - 1
+
+        try:
+            wait_for(loaded, STARTUP_TIMEOUT, f"tensorboard at {self.url} to serve the run")
+        except TimeoutError as error:
+            served = {plugin: sorted(self.tags(plugin)) for plugin in EXPECTED_TAGS} if self.process.poll() is None else {}
+            raise AssertionError(f"{error}\nserved: {served}\ntensorboard said:\n{self.output()}") from None
+
+    def output(self) -> str:
+        self._output.seek(0)
+        return self._output.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        """End the server and its children. Safe to call more than once."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._output.close()
+
+
+@contextlib.contextmanager
+def serving(log_dir: Path, *flags: str, images_served: bool = True) -> Iterator[TensorBoard]:
+    """Start TensorBoard on ``log_dir``, wait until it serves the run, and always stop it."""
+    server = TensorBoard(log_dir, *flags)
+    try:
+        server.wait_until_loaded(images_served)
+        yield server
+    finally:
+        server.stop()
+
+
+EXPECTED_TAGS = {
+    "images": {f"feature_maps/{layer}" for layer in CONV_OUTPUTS},
+    "histograms": {f"{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
+    | {f"{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
+    "scalars": {f"activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std", "zero_fraction", "nonfinite")}
+    | {f"gradient_stats/{layer}/{stat}" for layer in LAYERS for stat in ("norm", "nonfinite")},
+}
+
+
+@pytest.fixture(scope="module")
+def log_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tensorboard_logs")
+    write_run(root / RUN)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tensorboard(log_root: Path) -> Iterator[TensorBoard]:
+    """One server with TensorBoard's default flags, as a user would start it."""
+    with serving(log_root) as server:
+        yield server
+
+
+# -- the HTTP data API ---------------------------------------------------------------------
+
+
+def test_server_lists_the_run(tensorboard: TensorBoard) -> None:
+    assert tensorboard.json("/data/runs") == [RUN]
+
+
+@pytest.mark.parametrize("plugin", sorted(EXPECTED_TAGS))
+def test_every_tag_is_served_by_its_dashboard(tensorboard: TensorBoard, plugin: str) -> None:
+    served = tensorboard.tags(plugin)
+    missing = EXPECTED_TAGS[plugin] - served
+    assert not missing, f"{plugin} dashboard lacks {sorted(missing)}; it serves {sorted(served)}"
+    assert served == EXPECTED_TAGS[plugin], f"unexpected {plugin} tags: {sorted(served - EXPECTED_TAGS[plugin])}"
+
+
+@pytest.mark.parametrize("layer", sorted(CONV_OUTPUTS))
+def test_feature_map_endpoint_returns_a_png_of_the_grid_size(tensorboard: TensorBoard, layer: str) -> None:
+    entries = tensorboard.image_steps(f"feature_maps/{layer}")
+    data = tensorboard.get(f"/data/plugin/images/individualImage?{entries[-1]['query']}")
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()
+        assert image.mode == "L"
+        assert (image.height, image.width) == expected_grid_size(layer)
+        low, high = image.getextrema()
+        assert low < high  # not a blank picture
+
+
+def test_histograms_have_every_step(tensorboard: TensorBoard) -> None:
+    events = tensorboard.json("/data/plugin/histograms/histograms", run=RUN, tag="gradients/conv1")
+    assert [step for _, step, _ in events] == list(range(STEPS))
+    _, _, buckets = events[-1]
+    assert sum(count for _, _, count in buckets) > 0
+
+
+def test_scalars_have_every_step(tensorboard: TensorBoard) -> None:
+    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="activation_stats/conv1/zero_fraction")
+    assert [step for _, step, _ in points] == list(range(STEPS))
+    assert all(value == 0.0 for _, _, value in points)  # conv1 runs before its ReLU
+
+
+def test_default_flags_keep_only_ten_images_per_tag(tensorboard: TensorBoard) -> None:
+    """TensorBoard samples images per tag: it serves 10 of our 12 steps, always with the last."""
+    steps = [entry["step"] for entry in tensorboard.image_steps("feature_maps/conv1")]
+    assert len(steps) == TENSORBOARD_DEFAULT_IMAGES < STEPS
+    assert steps[-1] == STEPS - 1
+
+
+def test_samples_per_plugin_flag_serves_every_image_step(log_root: Path) -> None:
+    """What the README recommends: ``--samples_per_plugin images=100`` keeps up to 100 per tag."""
+    with serving(log_root, "--samples_per_plugin", "images=100") as server:
+        steps = [entry["step"] for entry in server.image_steps("feature_maps/conv1")]
+    assert steps == list(range(STEPS))
+
+
+def test_samples_per_plugin_zero_hides_every_image(log_root: Path) -> None:
+    """Why the README does not suggest ``images=0``: TensorBoard 2.21 then serves no image at all.
+
+    If a TensorBoard release makes 0 mean "all", this fails: update the README's advice.
+    """
+    with serving(log_root, "--samples_per_plugin", "images=0", images_served=False) as server:
+        assert server.image_steps("feature_maps/conv1") == []
+
+
+def test_server_is_stopped_when_the_block_fails(log_root: Path) -> None:
+    with pytest.raises(KeyError), serving(log_root) as server:
+        raise KeyError("a failing test")
+    assert server.process.poll() is not None
+    with pytest.raises(OSError):
+        server.get("/data/runs")
+
+
+# -- the web page in headless Chromium -------------------------------------------------------
+
+
+def _missing_browser(reason: str) -> None:
+    """Skip loudly, but fail in CI, where scripts/test.sh must have installed the browser."""
+    message = f"BROWSER TEST NOT RUN: {reason}. Run scripts/test.sh, or: apt-get install chromium && pip install playwright"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing_browser("playwright is not installed")
+    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        _missing_browser(f"{CHROMIUM} is missing")
+    profile = tmp_path_factory.mktemp("chromium_profile")
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900},
+        )
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
+
+
+def test_images_dashboard_shows_feature_map_grids(
+    tensorboard: TensorBoard, browser_page: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    page.goto(f"{tensorboard.url}/#images", timeout=30_000)
+    for layer in CONV_OUTPUTS:
+        card = page.locator("tf-image-loader", has_text=f"feature_maps/{layer}")
+        image = card.locator("img")
+        height, width = expected_grid_size(layer)
+        # naturalWidth is 0 until the PNG has loaded and decoded.
+        expect(image).to_have_js_property("naturalWidth", width, timeout=30_000)
+        expect(image).to_have_js_property("naturalHeight", height, timeout=5_000)
+        assert image.bounding_box()["width"] > 0  # laid out, not hidden
+    screenshot = tmp_path_factory.mktemp("screenshots") / "images_dashboard.png"
+    page.screenshot(path=str(screenshot))
+    with Image.open(screenshot) as picture:
+        assert picture.size == (1280, 900)
+    print(f"screenshot: {screenshot}")
