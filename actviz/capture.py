@@ -189,14 +189,15 @@ class StepCapture:
         self._guarded(name, self._capture_output, name, batch_dim, output)
 
     def _capture_output(self, name: str, batch_dim: int, output: Any) -> None:
-        for suffix, tensor in output_tensors(output, self.options.outputs):
+        for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
             tag = name + suffix
             if self.want_stats:
                 self._summarize_into("activations", tag, tensor)
                 if tensor.requires_grad:
                     tensor.register_hook(partial(self._on_output_grad, name, tag))
                     self.expects_backward = True
-            if self.want_images:
+            # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
+            if self.want_images and position == 0:
                 image = render_output(tensor, self.options.max_channels, batch_dim)
                 if image is not None:
                     self._images[tag] = image

@@ -222,7 +222,7 @@ class Watcher:
         if capture is None:
             return
         capture.detach_layer_hooks()
-        if not capture.expects_backward:
+        if not capture.expects_backward or output is None:  # None: the forward raised
             self._finish_capture()
 
     def _on_backward_done(self, capture: StepCapture) -> None:

@@ -1,0 +1,510 @@
+"""actviz.watch end to end: what lands in the event files, when, and what is left behind."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import math
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from conftest import NO_HOOKS, hooks_left, small_cnn, train_step
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+import actviz
+from actviz.rendering import feature_map_grid, grid_layout, heatmap, tile_size
+
+LAYERS = ["0", "2", "3", "6"]  # the small CNN's conv, conv, batch norm and linear
+
+
+def non_inplace_twin(model: nn.Module) -> nn.Module:
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, nn.ReLU):
+            module.inplace = False
+    return twin
+
+
+def capture_outputs(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """Keep each named layer's output with retain_grad, the slow honest way."""
+    outputs: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(module, inputs, output):
+            output.retain_grad()
+            outputs[name] = output
+
+        return hook
+
+    for name in names:
+        model.get_submodule(name).register_forward_hook(keep(name))
+    return outputs
+
+
+def assert_histogram_matches(histogram, values: torch.Tensor, bins: int) -> None:
+    exact = values.detach().double().flatten()
+    assert histogram.num == exact.numel()
+    assert histogram.min == pytest.approx(exact.min().item(), rel=1e-6, abs=1e-9)
+    assert histogram.max == pytest.approx(exact.max().item(), rel=1e-6, abs=1e-9)
+    assert histogram.sum == pytest.approx(exact.sum().item(), rel=1e-4, abs=1e-6)
+    assert histogram.sum_squares == pytest.approx((exact**2).sum().item(), rel=1e-5)
+    if exact.min() == exact.max():  # a constant (a fresh BatchNorm weight) is one bucket
+        assert (histogram.bucket_limit, histogram.bucket) == ([exact.max().item()], [exact.numel()])
+        return
+    edges = np.linspace(exact.min().item(), exact.max().item(), bins + 1)
+    counts, _ = np.histogram(exact.numpy(), bins=edges)
+    assert len(histogram.bucket) == bins
+    assert sum(histogram.bucket) == exact.numel()
+    assert np.abs(np.array(histogram.bucket) - counts).max() <= 1  # float32 rounding at an edge
+    assert histogram.bucket_limit[-1] == histogram.max
+
+
+def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
+    model = small_cnn(inplace=True)
+    twin = non_inplace_twin(model)
+    outputs = capture_outputs(twin, LAYERS)
+    weights_before = {name: p.detach().clone() for name, p in twin.named_parameters()}
+    inputs = torch.randn(4, 3, 8, 8)
+    twin(inputs).square().mean().backward()
+
+    viz = actviz.watch(model, tmp_path, every=1, bins=8, histogram_sample_size=None)
+    model(inputs).square().mean().backward()
+    viz.close()
+
+    run = read_run(tmp_path)
+    for name in LAYERS:
+        output = outputs[name]
+        # Layer "0" feeds an in-place ReLU: the logged values are the conv's, from before it.
+        assert_histogram_matches(run.histogram(f"activations/{name}", 0), output, bins=8)
+        assert_histogram_matches(run.histogram(f"gradients/{name}", 0), output.grad, bins=8)
+        values = output.detach().double()
+        assert run.scalar(f"activation_stats/{name}/mean", 0) == pytest.approx(values.mean().item(), rel=1e-4, abs=1e-6)
+        assert run.scalar(f"activation_stats/{name}/std", 0) == pytest.approx(values.std().item(), rel=1e-4)
+        assert run.scalar(f"activation_stats/{name}/zero_fraction", 0) == (values == 0).double().mean().item()
+        assert run.scalar(f"activation_stats/{name}/nonfinite", 0) == 0
+        assert run.scalar(f"gradient_stats/{name}/norm", 0) == pytest.approx(output.grad.double().norm().item(), rel=1e-5)
+        assert run.scalar(f"gradient_stats/{name}/nonfinite", 0) == 0
+    assert outputs["0"].min() < 0  # so the check above really saw pre-ReLU values
+
+    for name, param in twin.named_parameters():
+        assert_histogram_matches(run.histogram(f"weights/{name}", 0), weights_before[name], bins=8)
+        assert_histogram_matches(run.histogram(f"weight_grads/{name}", 0), param.grad, bins=8)
+
+    for name in ["0", "2", "3"]:
+        expected = feature_map_grid(outputs[name][0])
+        picture = run.image(f"feature_maps/{name}", 0)
+        channels, height, width = outputs[name].shape[1:]
+        assert picture.shape == grid_layout(channels, *tile_size(height, width))
+        assert (picture == expected[0].numpy()).all()
+    assert "feature_maps/6" not in run.image_tags  # 2-D outputs get no picture
+
+
+def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
+    model = small_cnn()
+    viz = actviz.watch(model, tmp_path, every=3, image_every=5)
+    probe = torch.randn(2, 3, 8, 8)
+    for _ in range(11):
+        train_step(model)
+        model.eval()
+        model(probe)  # eval: not a step
+        model.train()
+        with torch.no_grad():
+            model(probe)  # no grad: not a step
+    assert viz.step == 11
+    viz.close()
+    run = read_run(tmp_path)
+    for name in LAYERS:
+        assert run.histogram_steps(f"activations/{name}") == [0, 3, 6, 9]
+        assert run.histogram_steps(f"gradients/{name}") == [0, 3, 6, 9]
+        assert [e.step for e in run.events.Scalars(f"activation_stats/{name}/mean")] == [0, 3, 6, 9]
+    assert run.histogram_steps("weight_grads/0.weight") == [0, 3, 6, 9]
+    for name in ["0", "2", "3"]:
+        assert run.image_steps(f"feature_maps/{name}") == [0, 5, 10]
+
+
+def test_explicit_steps_and_predicates(tmp_path, read_run):
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=[1, 4], image_every=lambda step: step == 2):
+        for _ in range(6):
+            train_step(model)
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [1, 4]
+    assert run.image_steps("feature_maps/0") == [2]
+
+
+def test_manual_steps_for_gradient_accumulation(tmp_path, read_run):
+    model = small_cnn()
+    viz = actviz.watch(model, tmp_path, every=20, auto_step=False)
+    for global_step in range(5):
+        viz.set_step(global_step * 10)
+        for _ in range(3):  # micro-batches: only the first of a scheduled step logs
+            train_step(model)
+    viz.close()
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0, 20, 40]
+    assert run.histogram_steps("gradients/6") == [0, 20, 40]
+
+
+def test_set_step_in_auto_mode_continues_from_there(tmp_path, read_run):
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=5) as viz:
+        train_step(model)
+        viz.set_step(99)
+        train_step(model)
+        train_step(model)
+        assert viz.step == 101
+    assert read_run(tmp_path).histogram_steps("activations/0") == [0, 100]
+    with pytest.raises(ValueError, match="-1"):
+        viz.set_step(-1)
+
+
+def test_non_logging_steps_carry_no_layer_hooks(tmp_path):
+    class Probe(nn.Conv2d):
+        def forward(self, x):
+            self.seen.append(len(self._forward_hooks))
+            return super().forward(x)
+
+    probe = Probe(3, 4, 3)
+    probe.seen = []
+    model = nn.Sequential(probe, nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    with actviz.watch(model, tmp_path, every=2):
+        for _ in range(4):
+            train_step(model)
+            assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}  # the root's step counter only
+            assert len(model._forward_pre_hooks) == 1
+    assert probe.seen == [1, 0, 1, 0]
+
+
+def test_a_step_is_written_when_its_backward_ends(tmp_path, read_run):
+    model = small_cnn()
+    viz = actviz.watch(model, tmp_path, every=1)
+    train_step(model)
+    viz.writer.flush()  # the writer's flush only: the watcher already handed the step over
+    run = read_run(tmp_path)
+    assert run.histogram_steps("gradients/0") == [0]
+    assert run.histogram_steps("weight_grads/6.bias") == [0]
+    viz.close()
+
+
+def test_a_forward_without_backward_still_logs_its_activations(tmp_path, read_run):
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=1) as viz:
+        model(torch.randn(2, 3, 8, 8))  # no backward
+        train_step(model)
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0, 1]
+    assert run.histogram_steps("gradients/0") == [1]
+    assert viz.closed
+
+
+def test_no_batch_outlives_its_step(tmp_path):
+    model = small_cnn()
+    refs = []
+    model[0].register_forward_hook(lambda module, inputs, output: refs.append(weakref.ref(output)))
+    with actviz.watch(model, tmp_path, every=1):
+        train_step(model)
+        gc.collect()
+        assert refs and all(ref() is None for ref in refs)
+
+
+@pytest.mark.parametrize("name", ["alexnet", "vgg11"])
+def test_torchvision_models_with_inplace_relus(name, tmp_path, read_run):
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=10)
+    shapes = {}
+
+    def keep_shape(name):
+        def hook(module, inputs, output):
+            shapes[name] = tuple(output.shape[1:])
+
+        return hook
+
+    shape_hooks = [
+        module.register_forward_hook(keep_shape(layer_name))
+        for layer_name, module in model.named_modules()
+        if isinstance(module, nn.Conv2d)
+    ]
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    viz = actviz.watch(model, tmp_path, every=2, image_every=3)
+    for _ in range(4):
+        loss = nn.functional.cross_entropy(model(torch.randn(2, 3, 64, 64)), torch.tensor([1, 7]))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    viz.close()
+    run = read_run(tmp_path)
+    convs = [n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)]
+    assert len(shapes) == len(convs) >= 5
+    for layer in convs:
+        assert run.image_steps(f"feature_maps/{layer}") == [0, 3]
+        channels, height, width = shapes[layer]
+        expected_size = grid_layout(min(channels, 64), *tile_size(height, width))
+        assert run.image(f"feature_maps/{layer}", 3).shape == expected_size
+    for layer in viz.layer_names:
+        assert run.histogram_steps(f"activations/{layer}") == [0, 2]
+        assert run.histogram_steps(f"gradients/{layer}") == [0, 2]
+        for stat in ("mean", "std", "zero_fraction", "nonfinite"):
+            assert [e.step for e in run.events.Scalars(f"activation_stats/{layer}/{stat}")] == [0, 2]
+        for stat in ("norm", "nonfinite"):
+            assert [e.step for e in run.events.Scalars(f"gradient_stats/{layer}/{stat}")] == [0, 2]
+    for param, _ in model.named_parameters():
+        assert run.histogram_steps(f"weights/{param}") == [0, 2]
+        assert run.histogram_steps(f"weight_grads/{param}") == [0, 2]
+    for handle in shape_hooks:
+        handle.remove()
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
+    model = small_cnn()
+    batches = [torch.randn(2, 3, 8, 8) for _ in range(5)]
+    batches[2][0, 0, 3, 3] = float("nan")  # reaches a 3x3 patch of every conv-0 channel
+    batches[3].fill_(float("nan"))
+    expected_nan = torch.isnan(model[0](batches[2])).sum().item()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: NaN is data, not an error
+        with actviz.watch(model, tmp_path, every=1):
+            for batch in batches:
+                model(batch).sum().backward()
+    run = read_run(tmp_path)
+    nonfinite = [run.scalar("activation_stats/0/nonfinite", step) for step in range(5)]
+    assert nonfinite == [0, 0, expected_nan, 2 * 6 * 8 * 8, 0]
+    assert expected_nan == 2 * 6 * 9 - 6 * 9 == 54  # one sample, 6 channels, 3x3 patch
+    assert run.histogram("activations/0", 2).num == 2 * 6 * 8 * 8 - expected_nan
+    assert run.histogram_steps("activations/0") == [0, 1, 2, 4]  # all-NaN step: scalars only
+    assert math.isnan(run.scalar("activation_stats/0/mean", 3))
+    assert run.scalar("gradient_stats/0/nonfinite", 3) > 0
+
+
+def test_bfloat16_autocast_step(tmp_path, read_run):
+    model = small_cnn()
+    seen = {}
+
+    def keep(module, inputs, output):
+        assert output.dtype == torch.bfloat16
+        seen["out"] = output.detach().float()
+
+    model[2].register_forward_hook(keep)
+    with actviz.watch(model, tmp_path, every=1):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(4, 3, 8, 8)).float().square().mean()
+        loss.backward()
+    run = read_run(tmp_path)
+    out = seen["out"].double()
+    histogram = run.histogram("activations/2", 0)
+    assert histogram.num == out.numel()
+    assert histogram.sum == pytest.approx(out.sum().item(), rel=1e-3, abs=1e-3)
+    assert (histogram.min, histogram.max) == (out.min().item(), out.max().item())
+    assert run.scalar("gradient_stats/2/nonfinite", 0) == 0
+    assert "feature_maps/2" in run.image_tags
+
+
+class SequenceModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, 8)
+        self.lstm = nn.LSTM(8, 6, batch_first=True)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, tokens):
+        output, _ = self.lstm(self.embed(tokens))
+        return self.head(output[:, -1])
+
+
+def test_lstm_first_output_and_all_outputs(tmp_path, read_run):
+    model = SequenceModel()
+    tokens = torch.randint(0, 20, (4, 10))
+    with actviz.watch(model, tmp_path / "first", every=1):
+        model(tokens).sum().backward()
+    run = read_run(tmp_path / "first")
+    assert {"activations/embed", "activations/lstm", "activations/head", "gradients/lstm"} <= run.histogram_tags
+    assert run.histogram("activations/lstm", 0).num == 4 * 10 * 6
+    assert run.image("feature_maps/lstm", 0).shape == (*heatmap(torch.zeros(10, 6)).shape[1:], 3)
+
+    with actviz.watch(model, tmp_path / "all", every=1, outputs="all"):
+        model(tokens).sum().backward()
+    run = read_run(tmp_path / "all")
+    assert {"activations/lstm/0", "activations/lstm/1.0", "activations/lstm/1.1"} <= run.histogram_tags
+    assert run.histogram("activations/lstm/1.0", 0).num == 1 * 4 * 6  # h: (layers, batch, hidden)
+    assert "gradients/lstm/0" in run.histogram_tags
+    assert run.image_tags >= {"feature_maps/lstm/0"} and "feature_maps/lstm/1.0" not in run.image_tags
+
+
+def test_transformer_encoder_layer(tmp_path, read_run):
+    model = nn.Sequential(nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True))
+    with actviz.watch(model, tmp_path, every=1) as viz:
+        model(torch.randn(3, 5, 16)).sum().backward()
+    run = read_run(tmp_path)
+    assert "0.self_attn" in viz.layer_names
+    for layer in ["0.self_attn", "0.linear1", "0.linear2", "0.norm1", "0.norm2"]:
+        assert f"activations/{layer}" in run.histogram_tags
+        assert f"gradients/{layer}" in run.histogram_tags
+        assert f"feature_maps/{layer}" in run.image_tags  # (batch, time, features) -> heat map
+    assert run.histogram("activations/0.linear1", 0).num == 3 * 5 * 32
+    assert run.image("feature_maps/0.linear1", 0).shape == (*heatmap(torch.zeros(5, 32)).shape[1:], 3)
+    assert "weight_grads/0.self_attn.in_proj_weight" in run.histogram_tags
+
+
+class ComplexScale(nn.Module):
+    """A layer whose output actviz cannot summarize (complex), to make its hook fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return torch.complex(x * self.scale, x)
+
+
+def complex_model() -> nn.Module:
+    class Real(nn.Module):
+        def forward(self, z):
+            return z.real
+
+    return nn.Sequential(nn.Linear(4, 4), ComplexScale(), Real(), nn.Linear(4, 1))
+
+
+def test_a_failing_hook_warns_once_and_skips_that_layer(tmp_path, read_run):
+    model = complex_model()
+    with pytest.warns(RuntimeWarning, match=r"actviz skips '1' from now on: .*complex") as caught:
+        with actviz.watch(model, tmp_path, every=1):
+            for _ in range(3):
+                model(torch.randn(2, 4)).sum().backward()
+    assert sum("skips '1'" in str(w.message) for w in caught) == 1
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0, 1, 2]
+    assert run.histogram_steps("activations/3") == [0, 1, 2]
+    assert not any(tag.startswith("activations/1") for tag in run.histogram_tags)
+
+
+def test_strict_reraises(tmp_path):
+    model = complex_model()
+    with actviz.watch(model, tmp_path, every=1, strict=True):
+        with pytest.raises(TypeError, match="complex"):
+            model(torch.randn(2, 4))
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_an_error_in_the_users_forward_leaves_no_layer_hooks(tmp_path, read_run):
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=1):
+        with pytest.raises(RuntimeError):
+            model(torch.randn(2, 5, 8, 8))  # wrong channel count
+        assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}
+        train_step(model)
+    assert read_run(tmp_path).histogram_steps("gradients/0") == [1]
+
+
+def test_close_removes_everything_even_mid_step(tmp_path):
+    model = small_cnn()
+    viz = actviz.watch(model, tmp_path, every=1)
+    model(torch.randn(2, 3, 8, 8))  # a logging step waiting for its backward
+    assert hooks_left(model)["param"] > 0
+    viz.close()
+    assert hooks_left(model) == NO_HOOKS
+    viz.close()  # idempotent
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_an_exception_inside_with_propagates_and_cleans_up(tmp_path):
+    model = small_cnn()
+    with pytest.raises(KeyError, match="user error"):
+        with actviz.watch(model, tmp_path, every=1):
+            model(torch.randn(2, 3, 8, 8))
+            raise KeyError("user error")
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_a_closed_watcher_can_be_garbage_collected(tmp_path):
+    model = small_cnn()
+    viz = actviz.watch(model, tmp_path, every=1)
+    train_step(model)
+    viz.close()
+    ref = weakref.ref(viz)
+    del viz
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_given_writer_is_not_closed_and_an_owned_one_is(tmp_path):
+    model = small_cnn()
+    writer = SummaryWriter(tmp_path / "mine")
+    with actviz.watch(model, writer=writer, every=1):
+        train_step(model)
+    assert writer.file_writer is not None  # still open
+    writer.add_scalar("after", 1.0, 0)
+    writer.close()
+    with actviz.watch(model, tmp_path / "owned") as viz:
+        train_step(model)
+    assert viz.writer.file_writer is None
+
+
+# -- bad input: a clear error from watch() itself, and nothing half-done --------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"every": 0}, ValueError, r"every must be a positive number of steps, got 0"),
+        ({"image_every": -3}, ValueError, r"image_every must be a positive number of steps, got -3"),
+        ({"max_channels": 0}, ValueError, r"max_channels must be positive, got 0"),
+        ({"bins": -1}, ValueError, r"bins must be positive, got -1"),
+        ({"bins": 2.5}, TypeError, r"bins must be an int, got float"),
+        ({"histogram_sample_size": 0}, ValueError, r"histogram_sample_size must be positive"),
+        ({"outputs": "last"}, ValueError, r"outputs must be 'first' or 'all', got 'last'"),
+        ({"layers": ["feature.0"]}, ValueError, r"unknown layer 'feature\.0'; did you mean"),
+        ({"layers": [nn.Conv3d]}, ValueError, r"no layer of type Conv3d"),
+        ({"strict": "yes"}, TypeError, r"strict must be True or False"),
+        ({"writer": "runs/x"}, TypeError, r"writer must be a torch.utils.tensorboard.SummaryWriter, got str"),
+    ],
+)
+def test_bad_arguments(kwargs, error, message, tmp_path):
+    model = torchvision.models.alexnet(num_classes=2)
+    log_dir = tmp_path / "run"
+    with pytest.raises(error, match=message):
+        if "writer" in kwargs:
+            actviz.watch(model, **kwargs)
+        else:
+            actviz.watch(model, log_dir, **kwargs)
+    assert hooks_left(model) == NO_HOOKS
+    assert not log_dir.exists()
+
+
+def test_model_must_be_a_module(tmp_path):
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got function"):
+        actviz.watch(lambda x: x, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_log_dir_and_writer_together(tmp_path):
+    model = small_cnn()
+    writer = SummaryWriter(tmp_path / "mine")
+    with pytest.raises(ValueError, match="log_dir or writer, not both"):
+        actviz.watch(model, tmp_path / "run", writer=writer)
+    writer.close()
+    assert hooks_left(model) == NO_HOOKS and not (tmp_path / "run").exists()
+
+
+def test_log_dir_that_cannot_be_created(tmp_path):
+    model = small_cnn()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError, match=f"cannot create log_dir '{blocker / 'run'}'"):
+        actviz.watch(model, blocker / "run")
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_watching_the_same_model_twice(tmp_path):
+    model = small_cnn()
+    first = actviz.watch(model, tmp_path / "first")
+    with pytest.raises(ValueError, match="already watched"):
+        actviz.watch(model, tmp_path / "second")
+    assert not (tmp_path / "second").exists()
+    assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}
+    first.close()
+    actviz.watch(model, tmp_path / "second").close()  # fine once the first is closed
