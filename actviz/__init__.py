@@ -11,6 +11,7 @@ gradient histograms, parameter histograms and per-layer statistics.
 
 from .capture import CaptureOptions, StepResults
 from .rendering import feature_map_grid, heatmap
+from .report import ReportResult, report
 from .schedule import Schedule
 from .selection import select_layers
 from .summaries import Summary, summarize
@@ -20,6 +21,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "watch",
+    "report",
+    "ReportResult",
     "Watcher",
     "select_layers",
     "summarize",

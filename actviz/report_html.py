@@ -1,0 +1,245 @@
+"""HTML sink for :func:`actviz.report`: one ``index.html`` and its PNG files.
+
+The page is static: inline CSS, system fonts, no JavaScript and nothing fetched
+from the network, so it opens offline in any browser, can be zipped and mailed,
+and prints cleanly. Layout of the folder::
+
+    index.html
+    {run}/input.png          the image as the model saw it
+    {run}/{layer}.png        one feature-map grid per layer
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import math
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .rendering import encode_png
+
+if TYPE_CHECKING:
+    from .report import ImageReport, LayerRecord, ReportResult
+
+__all__ = ["write_html", "format_number"]
+
+_CSS = """
+:root { color-scheme: light; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0969da; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--ink); background: #fff; }
+main { max-width: 1180px; margin: 0 auto; padding: 28px 28px 56px; }
+h1 { font-size: 26px; margin: 0 0 4px; }
+h2 { font-size: 21px; margin: 44px 0 14px; padding-top: 14px; border-top: 2px solid var(--ink); }
+h3 { font-size: 16px; margin: 26px 0 10px; }
+code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace; font-size: 13px; }
+.meta { color: var(--muted); margin: 0 0 10px; }
+.meta dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 10px 0 0; }
+.meta dt { font-weight: 600; color: var(--ink); }
+.meta dd { margin: 0; }
+nav { margin: 14px 0; padding: 10px 14px; background: var(--soft); border: 1px solid var(--line); border-radius: 6px; }
+nav a { margin-right: 14px; }
+a { color: var(--accent); text-decoration: none; }
+a:hover { text-decoration: underline; }
+.failed { border: 1px solid #ff8182; background: #ffebe9; border-radius: 6px; padding: 10px 14px; margin: 14px 0; }
+.failed ul { margin: 4px 0 0; padding-left: 20px; }
+.intro { display: flex; flex-wrap: wrap; gap: 28px; align-items: flex-start; }
+.intro figure { margin: 0; }
+.input img { display: block; width: 224px; height: auto; border: 1px solid var(--line); border-radius: 4px; }
+figcaption { color: var(--muted); font-size: 13px; margin-top: 6px; }
+.preds { min-width: 320px; flex: 1; }
+.preds h3 { margin-top: 0; }
+.note { color: var(--muted); font-style: italic; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; }
+th { background: var(--soft); font-weight: 600; font-size: 13px; }
+td.num, th.num { text-align: right; }
+.stats { width: 100%; font-size: 14px; }
+.stats tbody tr:nth-child(even) { background: #fbfcfd; }
+.bar { position: relative; width: 180px; height: 10px; background: var(--soft); border-radius: 5px; overflow: hidden; }
+.bar span { position: absolute; inset: 0 auto 0 0; background: var(--accent); }
+.warn { color: #bc4c00; font-weight: 600; }
+.maps { display: grid; grid-template-columns: repeat(auto-fill, minmax(340px, 1fr)); gap: 22px; }
+.layer { margin: 0; padding: 12px; border: 1px solid var(--line); border-radius: 6px; break-inside: avoid; }
+.layer header { display: flex; justify-content: space-between; gap: 8px; flex-wrap: wrap; margin-bottom: 8px; }
+.layer header b { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 14px; }
+.layer header span { color: var(--muted); font-size: 13px; }
+.layer img { display: block; width: 100%; height: auto; image-rendering: pixelated; background: #fff; }
+footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px solid var(--line); padding-top: 12px; }
+@media print {
+  main { max-width: none; padding: 0; }
+  nav { display: none; }
+  h2 { break-before: page; }
+  .layer, .intro, table { break-inside: avoid; }
+}
+"""
+
+
+def format_number(value: float) -> str:
+    """Four significant digits, or an en dash for NaN and ±Inf.
+
+    Example:
+        >>> format_number(0.000123456), format_number(1234.5678), format_number(float("nan"))
+        ('0.0001235', '1235', '–')
+    """
+    if not math.isfinite(value):
+        return "–"
+    return f"{value:.4g}"
+
+
+def _file_name(layer: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", layer).strip("_") or "layer"
+
+
+def _anchor(*parts: str) -> str:
+    return "-".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in parts)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "×".join(str(size) for size in shape)
+
+
+def _img(src: str, alt: str, width: int, height: int, css: str = "") -> str:
+    klass = f' class="{css}"' if css else ""
+    return (
+        f'<img{klass} src="{html.escape(src)}" alt="{html.escape(alt)}" width="{width}" height="{height}" '
+        'loading="lazy">'
+    )
+
+
+def _predictions(item: ImageReport) -> str:
+    if not item.predictions:
+        return (
+            '<div class="preds"><h3>Top-5 predictions</h3><p class="note">Not shown: the class names are '
+            "unknown for these weights (random weights or your own model).</p></div>"
+        )
+    rows = "".join(
+        f'<tr><td class="num">{rank}</td><td>{html.escape(label)}</td><td class="num">{p:.1%}</td>'
+        f'<td><div class="bar"><span style="width:{p * 100:.1f}%"></span></div></td></tr>'
+        for rank, (label, p) in enumerate(item.predictions, 1)
+    )
+    return (
+        '<div class="preds"><h3>Top-5 predictions</h3><table><thead><tr><th class="num">#</th><th>class</th>'
+        f'<th class="num">probability</th><th></th></tr></thead><tbody>{rows}</tbody></table></div>'
+    )
+
+
+def _stats_row(item: ImageReport, record: LayerRecord) -> str:
+    summary = record.summary
+    dead = f"{record.dead_channels} / {record.channels}" if record.channels else "–"
+    dead_class = ' class="num warn"' if record.channels and record.dead_channels * 4 >= record.channels else ' class="num"'
+    name = html.escape(record.name)
+    linked = f'<a href="#{_anchor(item.run, record.name)}">{name}</a>' if record.grid is not None else name
+    return (
+        f'<tr><td class="mono">{linked}</td><td>{html.escape(record.type)}</td><td class="mono">{_shape(record.shape)}</td>'
+        f'<td class="num">{format_number(summary.mean)}</td><td class="num">{format_number(summary.std)}</td>'
+        f'<td class="num">{format_number(summary.min)}</td><td class="num">{format_number(summary.max)}</td>'
+        f'<td class="num">{summary.zero_fraction:.1%}</td><td{dead_class}>{dead}</td></tr>'
+    )
+
+
+def _section(item: ImageReport, folder: Path) -> str:
+    run_dir = folder / item.run
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "input.png").write_bytes(encode_png(item.input_image))
+    _, height, width = item.input_image.shape
+    source_w, source_h = item.source_size
+    intro = (
+        '<div class="intro"><figure class="input">'
+        + _img(f"{item.run}/input.png", f"input image {item.path.name}", width, height)
+        + f"<figcaption>Model input: {width}×{height} crop of the {source_w}×{source_h} file</figcaption></figure>"
+        + _predictions(item)
+        + "</div>"
+    )
+    rows = "".join(_stats_row(item, record) for record in item.layers)
+    table = (
+        "<h3>Layer statistics</h3>"
+        '<table class="stats"><thead><tr><th>layer</th><th>type</th><th>output shape</th>'
+        '<th class="num">mean</th><th class="num">std</th><th class="num">min</th><th class="num">max</th>'
+        '<th class="num">zero fraction</th><th class="num">dead channels</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+    )
+    figures = []
+    for record in item.layers:
+        if record.grid is None:
+            continue
+        file_name = f"{item.run}/{_file_name(record.name)}.png"
+        (folder / file_name).write_bytes(encode_png(record.grid))
+        _, grid_h, grid_w = record.grid.shape
+        channels = f"{record.shown_channels} of {record.channels} channels" if record.channels else ""
+        figures.append(
+            f'<figure class="layer" id="{_anchor(item.run, record.name)}"><header><b>{html.escape(record.name)}</b>'
+            f"<span>{html.escape(record.type)} · {_shape(record.shape)}</span></header>"
+            + _img(file_name, f"feature maps of {record.name}", grid_w, grid_h)
+            + f"<figcaption>{channels} · mean {format_number(record.summary.mean)} · "
+            f"zero {record.summary.zero_fraction:.0%} · dead {record.dead_channels}</figcaption></figure>"
+        )
+    maps = '<h3>Feature maps</h3><div class="maps">' + "".join(figures) + "</div>" if figures else ""
+    return (
+        f'<section id="{_anchor(item.run)}"><h2>{html.escape(item.path.name)}</h2>'
+        f"{intro}{table}{maps}</section>"
+    )
+
+
+def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, max_channels: int) -> Path:
+    """Write ``index.html`` and its PNG files for a report into ``folder``; return the page's path.
+
+    Args:
+        result: What :func:`actviz.report` computed.
+        folder: Output folder, created if needed. Files of an earlier report are overwritten.
+        size: Side of the model input, for the page's header.
+        max_channels: Channel limit per grid, for the page's header.
+
+    Example:
+        >>> import actviz
+        >>> result = actviz.report("alexnet", ["tests/data/chelsea.jpg"], logdir=None, size=96, progress=False)
+        >>> write_html(result, "/tmp/actviz-doctest-report", 96, 64).name
+        'index.html'
+    """
+    from . import __version__
+
+    root = Path(folder)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OSError(f"cannot create html folder '{root}': {error.strerror or error}") from error
+    title = f"What {result.model} sees"
+    nav = ""
+    if len(result.images) > 1:
+        nav = "<nav>Images: " + "".join(
+            f'<a href="#{_anchor(item.run)}">{html.escape(item.path.name)}</a>' for item in result.images
+        ) + "</nav>"
+    failed = ""
+    if result.failed:
+        items = "".join(f"<li>{html.escape(reason)}</li>" for reason in result.failed.values())
+        failed = f'<div class="failed"><b>{len(result.failed)} image(s) could not be processed:</b><ul>{items}</ul></div>'
+    weights = result.weights + (" (random initialisation, seed 0)" if result.weights == "none" else "")
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    header = (
+        f"<header><h1>{html.escape(title)}</h1><div class=\"meta\">"
+        f"<dl><dt>model</dt><dd><code>{html.escape(result.model)}</code></dd>"
+        f"<dt>weights</dt><dd>{html.escape(weights)}</dd>"
+        f"<dt>input</dt><dd>{size}×{size} pixels, one forward pass per image</dd>"
+        f"<dt>layers</dt><dd>{len(result.layer_names)} selected; up to {max_channels} channels drawn per layer</dd>"
+        f"<dt>made</dt><dd>{now} with actviz {__version__}</dd></dl></div></header>"
+    )
+    body = "".join(_section(item, root) for item in result.images)
+    footer = (
+        "<footer>Each tile of a grid is one channel of the layer's output for this image, scaled on its own "
+        "from black (its lowest value) to white (its highest); when a layer has more channels than are drawn, "
+        "the strongest by mean |activation| are shown, in channel order. Statistics cover the whole output. "
+        "A <em>dead</em> channel has no positive value for this image, so it is all zero after a ReLU; "
+        "conv outputs are recorded before their in-place ReLU.</footer>"
+    )
+    page = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
+        f"<body><main>{header}{nav}{failed}{body}{footer}</main></body></html>\n"
+    )
+    index = root / "index.html"
+    index.write_text(page, encoding="utf-8")
+    return index

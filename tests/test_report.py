@@ -1,0 +1,356 @@
+"""Tests of actviz.report: capture, images, weights, TensorBoard and HTML output."""
+
+from __future__ import annotations
+
+import builtins
+import io
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+import actviz
+from actviz.rendering import feature_map_grid
+from actviz.report import (
+    ImageError,
+    ReportError,
+    WeightsError,
+    build_model,
+    capture_layers,
+    load_image,
+    make_preprocess,
+    resolve_layers,
+)
+
+DATA = Path(__file__).parent / "data"
+CAT, COFFEE = DATA / "chelsea.jpg", DATA / "coffee.jpg"
+SIZE = 64
+
+
+def _events(run_dir: Path) -> EventAccumulator:
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0, "histograms": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def _png(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)))
+
+
+def _conv_names(model: nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Conv2d)]
+
+
+# -- capture -----------------------------------------------------------------------------------
+
+
+def _tiny_net() -> nn.Sequential:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True), nn.Conv2d(4, 2, 1))
+    with torch.no_grad():
+        net[0].bias[3] = -100.0  # channel 3 never positive: dead
+    return net.eval()
+
+
+def test_capture_conv_is_recorded_before_the_inplace_relu() -> None:
+    net = _tiny_net()
+    x = torch.randn(1, 3, 9, 9)
+    with torch.no_grad():
+        conv_out = net[0](x)
+    records, output = capture_layers(net, x, [("0", net[0]), ("1", net[1])], max_channels=64)
+    conv, relu = records
+    assert conv.shape == (1, 4, 7, 7) and conv.type == "Conv2d" and conv.channels == 4
+    assert conv.summary.mean == pytest.approx(conv_out.mean().item(), abs=1e-5)
+    assert conv.summary.std == pytest.approx(conv_out.std().item(), rel=1e-4)
+    assert conv.summary.min == pytest.approx(conv_out.min().item()) and conv.summary.min < -90
+    assert conv.summary.zero_fraction == 0.0  # pre-ReLU values, although ReLU ran in place afterwards
+    expected_dead = int((conv_out[0].amax(dim=(1, 2)) <= 0).sum())
+    assert conv.dead_channels == expected_dead == 1
+    assert torch.equal(conv.grid, feature_map_grid(conv_out[0]))
+    relu_out = conv_out.clamp(min=0)
+    assert relu.summary.zero_fraction == pytest.approx((relu_out == 0).float().mean().item())
+    assert relu.summary.min == 0.0 and relu.dead_channels == 1
+    assert torch.allclose(output, net[2](relu_out))
+    assert all(len(module._forward_hooks) == 0 for module in net)
+
+
+def test_capture_removes_hooks_when_forward_raises() -> None:
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Linear(2, 2))  # Linear(2) cannot take 7 columns
+    with pytest.raises(RuntimeError):
+        capture_layers(net, torch.randn(1, 3, 9, 9), [("0", net[0]), ("1", net[1])])
+    assert all(len(module._forward_hooks) == 0 for module in net)
+
+
+def test_resolve_layers_keywords_names_and_errors() -> None:
+    with torch.device("meta"):
+        net = torchvision.models.alexnet()
+    assert [n for n, _ in resolve_layers(net, "conv")] == ["features.0", "features.3", "features.6", "features.8", "features.10"]
+    assert [n for n, _ in resolve_layers(net, "relu")] == ["features.1", "features.4", "features.7", "features.9", "features.11", "classifier.2", "classifier.5"]
+    assert [n for n, _ in resolve_layers(net, ["classifier.6", "features.0"])] == ["features.0", "classifier.6"]
+    leaves = [n for n, m in net.named_modules() if n and not list(m.children())]
+    assert [n for n, _ in resolve_layers(net, "all")] == leaves
+    with pytest.raises(ReportError, match=r"unknown layer 'feature\.0'; did you mean 'features\.0'"):
+        resolve_layers(net, ["feature.0"])
+
+
+# -- images ------------------------------------------------------------------------------------
+
+
+def test_load_image_16_bit_is_scaled_not_clipped(tmp_path: Path) -> None:
+    values = np.array([[0, 257, 32896], [65535, 1000, 60000]], dtype=np.uint16)
+    path = tmp_path / "deep.png"
+    Image.fromarray(values).save(path)
+    assert Image.open(path).mode.startswith("I")  # really a 16-bit file
+    rgb = np.asarray(load_image(path))
+    expected = np.round(values / 65535 * 255).astype(np.uint8)  # 0, 1, 128 / 255, 4, 234
+    assert rgb.shape == (2, 3, 3)
+    assert (rgb == expected[:, :, None]).all()
+
+
+def test_load_image_rgba_is_drawn_on_white_and_gray_is_repeated(tmp_path: Path) -> None:
+    rgba = np.array([[[255, 0, 0, 255], [0, 0, 0, 0], [0, 0, 255, 128]]], dtype=np.uint8)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "alpha.png")
+    rgb = np.asarray(load_image(tmp_path / "alpha.png")).astype(int)
+    assert rgb[0, 0].tolist() == [255, 0, 0]  # opaque red stays red
+    assert rgb[0, 1].tolist() == [255, 255, 255]  # transparent black becomes the white background
+    assert rgb[0, 2].tolist() == pytest.approx([127, 127, 255], abs=1)  # half blue over white
+    Image.fromarray(np.array([[10, 200]], dtype=np.uint8), "L").save(tmp_path / "gray.png")
+    assert np.asarray(load_image(tmp_path / "gray.png")).tolist() == [[[10] * 3, [200] * 3]]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(b"this is not an image\n", "not an image"), (CAT.read_bytes()[:3000], "truncated")],
+    ids=["text", "truncated-jpeg"],
+)
+def test_load_image_errors_name_the_file(tmp_path: Path, content: bytes, reason: str) -> None:
+    path = tmp_path / "broken.jpg"
+    path.write_bytes(content)
+    with pytest.raises(ImageError, match=re.escape(str(path)) + ".*" + reason):
+        load_image(path)
+
+
+# -- weights -----------------------------------------------------------------------------------
+
+
+class _Payload:
+    """Unpickling this calls open(marker, "w"): a stand-in for any code a pickle can run."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return builtins.open, (str(self.marker), "w")
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle.dump"])
+def test_malicious_pickle_does_not_run(tmp_path: Path, writer: str) -> None:
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pth"
+    payload = {"features.0.weight": _Payload(marker)}
+    if writer == "torch.save":
+        torch.save(payload, path)
+    else:
+        path.write_bytes(pickle.dumps(payload))
+    with pytest.raises(WeightsError, match="refusing to load .*weights_only"):
+        actviz.report("alexnet", [CAT], weights=path, logdir=None, size=SIZE, progress=False)
+    assert not marker.exists()
+    # The payload is real: an unsafe load would have created the marker.
+    if writer == "torch.save":
+        torch.load(path, weights_only=False)
+    else:
+        pickle.loads(path.read_bytes())
+    assert marker.exists()
+
+
+def test_wrong_architecture_state_dict_names_missing_and_unexpected_keys(tmp_path: Path) -> None:
+    torch.save(torchvision.models.squeezenet1_1().state_dict(), tmp_path / "squeezenet.pth")
+    with torch.device("meta"):
+        alexnet_keys = list(torchvision.models.alexnet().state_dict())
+        squeeze_keys = list(torchvision.models.squeezenet1_1().state_dict())
+    missing = [key for key in alexnet_keys if key not in squeeze_keys]
+    unexpected = [key for key in squeeze_keys if key not in alexnet_keys]
+    with pytest.raises(WeightsError) as caught:
+        build_model("alexnet", tmp_path / "squeezenet.pth")
+    message = str(caught.value)
+    assert f"missing keys ({len(missing)})" in message and repr(missing[0]) in message
+    assert f"unexpected keys ({len(unexpected)})" in message and repr(unexpected[0]) in message
+    assert "features.0.weight: file (64, 3, 3, 3), model (64, 3, 11, 11)" in message  # same key, other shape
+
+
+def test_checkpoint_dict_is_unwrapped_and_loaded(tmp_path: Path) -> None:
+    source = _tiny_net()
+    state = {f"module.{key}": value for key, value in source.state_dict().items()}  # as DataParallel saves
+    torch.save({"epoch": 7, "state_dict": state, "optimizer": {"lr": torch.tensor(0.1)}}, tmp_path / "ckpt.pt")
+    target = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True), nn.Conv2d(4, 2, 1))
+    module, _, categories, described = build_model(target, tmp_path / "ckpt.pt")
+    assert module is target and categories is None and described.endswith("ckpt.pt")
+    assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), target.state_dict().values()))
+
+
+def test_missing_weights_file_and_unknown_model_are_explained(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError, match=r"'.*nope\.pth' does not exist; pass DEFAULT .* none"):
+        build_model("alexnet", tmp_path / "nope.pth")
+    with pytest.raises(ReportError, match=r"unknown model 'vgg61'; did you mean .*'vgg16'"):
+        build_model("vgg61")
+
+
+def test_none_weights_are_seeded_and_leave_the_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    first, *_ = build_model("squeezenet1_1", "none")
+    assert torch.equal(torch.random.get_rng_state(), before)
+    second, *_ = build_model("squeezenet1_1", "none")
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+
+def _check_html(folder: Path, result: actviz.ReportResult) -> str:
+    page = (folder / "index.html").read_text(encoding="utf-8")
+    sources = re.findall(r'<img [^>]*src="([^"]+)"', page)
+    expected = [f"{item.run}/input.png" for item in result.images]
+    expected += [f"{item.run}/{layer.name}.png" for item in result.images for layer in item.layers]
+    assert sorted(sources) == sorted(expected)
+    for source in sources:
+        width, height = Image.open(folder / source).size
+        assert re.search(rf'src="{re.escape(source)}"[^>]*width="{width}" height="{height}"', page)
+    assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
+    return page
+
+
+@pytest.mark.parametrize(
+    ("model", "images", "first_grid"),
+    [
+        # features.0 of AlexNet: (64 + 2*2 - 11) // 4 + 1 = 15 px, drawn 4x = 60 px, 8x8 tiles: 8*62+2 = 498
+        ("alexnet", [CAT, COFFEE], (498, 498)),
+        # features.0 of VGG11: 64 px (3x3, padding 1), drawn as is, 8x8 tiles: 8*66+2 = 530
+        ("vgg11", [CAT], (530, 530)),
+    ],
+)
+def test_report_writes_tensorboard_runs_and_html(
+    tmp_path: Path, model: str, images: list[Path], first_grid: tuple[int, int]
+) -> None:
+    result = actviz.report(
+        model, images, weights="none", logdir=tmp_path / "tb", html=tmp_path / "html", size=SIZE, progress=False
+    )
+    with torch.device("meta"):
+        convs = _conv_names(torchvision.models.get_model(model))
+    assert result.ok and result.layer_names == convs
+    assert [item.run for item in result.images] == [path.stem for path in images]
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == sorted(path.stem for path in images)
+
+    for item, path in zip(result.images, images):
+        events = _events(tmp_path / "tb" / item.run)
+        tags = events.Tags()
+        assert sorted(tags["images"]) == sorted(["input"] + [f"feature_maps/{name}" for name in convs])
+        assert sorted(tags["histograms"]) == sorted(f"activations/{name}" for name in convs)
+        assert "predictions/text_summary" not in tags["tensors"]  # random weights: no class names
+        (input_event,) = events.Images("input")
+        assert (input_event.step, input_event.width, input_event.height) == (0, SIZE, SIZE)
+        first = events.Images(f"feature_maps/{convs[0]}")[0]
+        assert (first.height, first.width) == first_grid
+        for record in item.layers:
+            (event,) = events.Images(f"feature_maps/{record.name}")
+            assert (event.height, event.width) == tuple(record.grid.shape[1:])
+            assert np.array_equal(_png(event.encoded_image_string), record.grid[0].numpy())
+
+    page = _check_html(tmp_path / "html", result)
+    assert page.count('<tr><td class="mono">') == len(convs) * len(images)  # one stats row per layer and image
+    assert "Conv2d" in page and "dead channels" in page and "Top-5" in page
+
+
+def test_report_grid_is_the_watchers_rendering_of_the_conv_output(tmp_path: Path) -> None:
+    net, preprocess, _, _ = build_model("alexnet", "none", size=SIZE)
+    x = preprocess(load_image(CAT)).unsqueeze(0)
+    with torch.no_grad():
+        conv_out = net.features[0](x)
+    actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
+    events = _events(tmp_path / "chelsea")
+    (image,) = events.Images("feature_maps/features.0")
+    assert np.array_equal(_png(image.encoded_image_string), feature_map_grid(conv_out[0])[0].numpy())
+    (mean,) = events.Scalars("activation_stats/features.0/mean")
+    assert mean.value == pytest.approx(conv_out.mean().item(), abs=1e-5)
+    (zeros,) = events.Scalars("activation_stats/features.0/zero_fraction")
+    assert zeros.value == pytest.approx((conv_out == 0).float().mean().item())
+
+
+def test_pretrained_style_state_dict_gets_top5_in_tensorboard_and_html(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    reference = torchvision.models.squeezenet1_1().eval()
+    torch.save(reference.state_dict(), tmp_path / "squeeze.pth")
+    result = actviz.report(
+        "squeezenet1_1", [CAT], weights=tmp_path / "squeeze.pth", logdir=tmp_path / "tb",
+        html=tmp_path / "html", size=SIZE, progress=False,
+    )
+    categories = torchvision.models.SqueezeNet1_1_Weights.DEFAULT.meta["categories"]
+    with torch.no_grad():
+        probabilities = reference(make_preprocess(None, SIZE)(load_image(CAT)).unsqueeze(0))[0].softmax(0)
+    top = probabilities.topk(5)
+    expected = [(categories[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist())]
+    got = result.images[0].predictions
+    assert [label for label, _ in got] == [label for label, _ in expected]
+    assert [p for _, p in got] == pytest.approx([p for _, p in expected], rel=1e-4)
+    (text,) = _events(tmp_path / "tb" / "chelsea").Tensors("predictions/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert all(label in table for label, _ in expected) and f"{expected[0][1]:.1%}" in table
+    page = _check_html(tmp_path / "html", result)
+    assert all(label in page for label, _ in expected)
+
+
+def test_relu_layers_see_post_relu_values_and_model_runs_once_per_image(tmp_path: Path) -> None:
+    calls: list[int] = []
+    net, *_ = build_model("alexnet", "none", size=SIZE)
+    net.register_forward_pre_hook(lambda module, args: calls.append(1))
+    result = actviz.report(net, [CAT, COFFEE], layers="relu", logdir=None, size=SIZE, progress=False)
+    assert len(calls) == 2  # one forward pass per image, whatever the number of layers
+    records = result.images[0].layers
+    assert [r.name for r in records] == [n for n, m in net.named_modules() if isinstance(m, nn.ReLU)]
+    assert all(r.summary.min >= 0 and r.summary.zero_fraction > 0 for r in records)
+    assert records[-1].grid is None and records[-1].shape == (1, 4096)  # classifier ReLU: stats only
+    assert len(net._forward_hooks) == 0 and all(len(m._forward_hooks) == 0 for m in net.modules())
+
+
+def test_bad_image_is_reported_and_the_others_still_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    result = actviz.report(
+        "alexnet", [broken, CAT], logdir=tmp_path / "tb", html=tmp_path / "html", size=SIZE, progress=False
+    )
+    assert not result.ok and list(result.failed) == [str(broken)]
+    assert str(broken) in caplog.text
+    assert [item.run for item in result.images] == ["chelsea"]
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["chelsea"]
+    page = _check_html(tmp_path / "html", result)
+    assert "could not be processed" in page and "broken.png" in page
+
+
+def test_progress_bar_counts_images_times_layers(capsys: pytest.CaptureFixture[str]) -> None:
+    actviz.report("alexnet", [CAT, COFFEE], logdir=None, size=SIZE, progress=True)
+    assert "10/10" in capsys.readouterr().err  # 2 images x 5 conv layers
+    actviz.report("alexnet", [CAT], logdir=None, size=SIZE, progress=False)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_channels": 0}, "max_channels must be a positive int, got 0"),
+        ({"size": 8}, "size must be an int of at least 16 pixels, got 8"),
+        ({"layers": "convs"}, "unknown layer 'convs'"),
+        ({"weights": "DEFAULT", "model": nn.Conv2d(3, 3, 1)}, "needs a torchvision model name"),
+        ({"device": "tpu"}, "unknown device 'tpu'"),
+    ],
+)
+def test_bad_options_raise_clear_errors(kwargs: dict, message: str) -> None:
+    model = kwargs.pop("model", "alexnet")
+    with pytest.raises(ReportError, match=re.escape(message)):
+        actviz.report(model, [CAT], logdir=None, progress=False, **kwargs)
