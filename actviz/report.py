@@ -104,7 +104,9 @@ class LayerRecord:
         shape: Shape of the output, batch of one included (``(1, 64, 55, 55)``).
         summary: Mean, std, zero fraction, min, max and histogram of the whole output.
         channels: Number of channels (dim 1 of a 4-D output, else the last dim).
-        dead_channels: Channels with no positive value for this image (all zero after a ReLU).
+        dead_channels: Channels with no positive value anywhere in this image's output (all zero
+            after a ReLU); ``None`` for outputs without spatial or token positions (a ``Linear``'s),
+            where one value per channel says nothing about being dead.
         grid: The feature-map picture as a ``(1 or 3, H, W)`` ``uint8`` tensor, or ``None``
             for outputs that are not 3-D or 4-D (a ``Linear``'s logits).
         shown_channels: How many channels the grid draws (at most ``max_channels``).
@@ -115,7 +117,7 @@ class LayerRecord:
     shape: tuple[int, ...]
     summary: Summary
     channels: int
-    dead_channels: int
+    dead_channels: int | None
     grid: torch.Tensor | None
     shown_channels: int
 
@@ -489,10 +491,12 @@ def resolve_layers(model: nn.Module, layers: str | Sequence[str] = "conv") -> li
 # -- capture ------------------------------------------------------------------------------------
 
 
-def _dead_channels(tensor: torch.Tensor) -> tuple[int, int]:
+def _dead_channels(tensor: torch.Tensor) -> tuple[int, int | None]:
     """``(channels, channels with no positive value)``; channels are dim 1 of 4-D+ outputs, else the last dim."""
     if tensor.dim() < 2 or tensor.numel() == 0 or tensor.is_complex():
-        return 0, 0
+        return 0, None
+    if tensor.dim() == 2:
+        return tensor.shape[1], None
     channel_dim = 1 if tensor.dim() >= 4 else tensor.dim() - 1
     per_channel = tensor.detach().transpose(0, channel_dim).reshape(tensor.shape[channel_dim], -1)
     peak = torch.nan_to_num(per_channel.float(), nan=0.0).amax(dim=1)
@@ -647,7 +651,8 @@ def _progress_bar(total: int, enabled: bool, desc: str) -> Iterator[Any]:
         if enabled:
             from tqdm.contrib.logging import logging_redirect_tqdm
 
-            with logging_redirect_tqdm():  # warnings print above the bar instead of through it
+            # Messages print above the bar instead of through it (the CLI's handler is on "actviz").
+            with logging_redirect_tqdm(loggers=[logging.root, logging.getLogger("actviz")]):
                 yield bar
         else:
             yield bar

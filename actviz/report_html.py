@@ -129,8 +129,9 @@ def _predictions(item: ImageReport) -> str:
 
 def _stats_row(item: ImageReport, record: LayerRecord) -> str:
     summary = record.summary
-    dead = f"{record.dead_channels} / {record.channels}" if record.channels else "–"
-    dead_class = ' class="num warn"' if record.channels and record.dead_channels * 4 >= record.channels else ' class="num"'
+    known = record.dead_channels is not None and record.channels > 0
+    dead = f"{record.dead_channels} / {record.channels}" if known else "–"
+    dead_class = ' class="num warn"' if known and record.dead_channels * 4 >= record.channels else ' class="num"'
     name = html.escape(record.name)
     linked = f'<a href="#{_anchor(item.run, record.name)}">{name}</a>' if record.grid is not None else name
     return (
@@ -175,7 +176,9 @@ def _section(item: ImageReport, folder: Path) -> str:
             f"<span>{html.escape(record.type)} · {_shape(record.shape)}</span></header>"
             + _img(file_name, f"feature maps of {record.name}", grid_w, grid_h)
             + f"<figcaption>{channels} · mean {format_number(record.summary.mean)} · "
-            f"zero {record.summary.zero_fraction:.0%} · dead {record.dead_channels}</figcaption></figure>"
+            f"zero {record.summary.zero_fraction:.0%}"
+            + ("" if record.dead_channels is None else f" · dead {record.dead_channels}")
+            + "</figcaption></figure>"
         )
     maps = '<h3>Feature maps</h3><div class="maps">' + "".join(figures) + "</div>" if figures else ""
     return (

@@ -315,7 +315,8 @@ def test_relu_layers_see_post_relu_values_and_model_runs_once_per_image(tmp_path
     records = result.images[0].layers
     assert [r.name for r in records] == [n for n, m in net.named_modules() if isinstance(m, nn.ReLU)]
     assert all(r.summary.min >= 0 and r.summary.zero_fraction > 0 for r in records)
-    assert records[-1].grid is None and records[-1].shape == (1, 4096)  # classifier ReLU: stats only
+    last = records[-1]  # classifier ReLU: statistics, but no picture and no dead-channel count
+    assert last.grid is None and last.shape == (1, 4096) and last.channels == 4096 and last.dead_channels is None
     assert len(net._forward_hooks) == 0 and all(len(m._forward_hooks) == 0 for m in net.modules())
 
 
