@@ -1,0 +1,194 @@
+"""The ``actviz`` command line: a thin wrapper over :func:`actviz.report`.
+
+Exit codes: 0 when every image was processed, 1 when at least one image
+failed (the others are still reported), 2 when the report could not start
+(bad option, unknown model, weights that cannot be downloaded or loaded),
+130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+EXIT_OK, EXIT_IMAGE_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_REPORT_EPILOG = """\
+examples:
+  # every conv layer of pretrained AlexNet on one image (weights downloaded once)
+  actviz report --model alexnet --image cat.jpg --html report_html
+
+  # VGG16 offline: random weights (seed 0), ReLU outputs, two images, no progress bar
+  actviz report --model vgg16 --weights none --layers relu --image cat.jpg --image dog.png --quiet
+
+  # weights you downloaded yourself, a few named layers, a smaller input
+  actviz report --model vgg16_bn --weights vgg16_bn.pth --layers features.0 'features.1*' --size 160 --image cat.jpg
+
+  tensorboard --logdir runs/report      # then open the IMAGES tab; one run per image
+
+output:
+  TensorBoard: one run per image in LOGDIR/<image name>, at step 0, with the tags
+    feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/..., input,
+    image (text) and, with pretrained weights, predictions (top-5 text table).
+  HTML: DIR/index.html with the input, top-5, a statistics table and every grid;
+    PNGs next to it in DIR/<image name>/. No JavaScript or network needed.
+
+exit codes: 0 all images done, 1 some image failed, 2 bad option, model or weights.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's line breaks and shows each real default (not None or False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        shown = " ".join(default) if isinstance(default, list) else default
+        return f"{text} (default: {shown})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``actviz`` argument parser, with its ``report`` subcommand."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="actviz",
+        description="See inside PyTorch networks. 'actviz report' shows what every layer of a CNN sees in images.",
+        epilog="Run 'actviz report --help' for the report's options and examples.",
+    )
+    parser.add_argument("--version", action="version", version=f"actviz {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    report = commands.add_parser(
+        "report",
+        help="feature-map report of a torchvision model on images (TensorBoard and HTML)",
+        description=(
+            "Run each image once through a torchvision classification model and write, for every "
+            "selected layer, the feature-map grid (drawn exactly as actviz.watch draws it) and its "
+            "statistics to TensorBoard and, with --html, to a self-contained web page."
+        ),
+        epilog=_REPORT_EPILOG,
+        formatter_class=_Formatter,
+    )
+    report.add_argument(
+        "--model", required=True,
+        help="torchvision classification model: alexnet, vgg11/13/16/19 and their _bn variants, resnet18, ...",
+    )
+    report.add_argument(
+        "--image", dest="images", action="extend", nargs="+", required=True, metavar="FILE",
+        help="image file (JPEG, PNG, ...; grayscale, RGBA and 16-bit work); repeat or list several",
+    )
+    report.add_argument(
+        "--weights", default="DEFAULT", metavar="DEFAULT|none|PATH",
+        help="DEFAULT: torchvision's pretrained weights, downloaded on first use; none: random weights "
+        "with a fixed seed; PATH: a state_dict file, loaded with torch.load(weights_only=True) so it "
+        "cannot run code",
+    )
+    report.add_argument(
+        "--logdir", default="runs/report",
+        help="folder for the TensorBoard runs, one per image",
+    )
+    report.add_argument(
+        "--no-tensorboard", action="store_true", help="do not write TensorBoard runs (use with --html)"
+    )
+    report.add_argument(
+        "--html", metavar="DIR", default=None,
+        help="also write DIR/index.html and its PNG files, viewable offline in any browser",
+    )
+    report.add_argument(
+        "--layers", nargs="+", default=["conv"], metavar="conv|relu|all|NAME",
+        help="conv: every Conv2d (before its ReLU); relu: every ReLU output; all: every leaf module; "
+        "or layer names and globs such as features.0 'features.1*'",
+    )
+    report.add_argument(
+        "--max-channels", type=int, default=64, metavar="N",
+        help="most channels drawn per layer; the strongest by mean |activation| are kept",
+    )
+    report.add_argument(
+        "--size", type=int, default=None, metavar="PIXELS",
+        help="side of the square model input; default: the pretrained weights' crop size, else 224",
+    )
+    report.add_argument("--device", default="cpu", help="cpu or cuda")
+    report.add_argument("--quiet", action="store_true", help="no progress bar and no summary lines")
+    return parser
+
+
+class _Messages(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"actviz: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def _configure_logging(quiet: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Messages())
+    package_logger = logging.getLogger("actviz")
+    package_logger.handlers[:] = [handler]
+    package_logger.setLevel(logging.ERROR if quiet else logging.WARNING)
+    package_logger.propagate = False
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from .report import ReportError, report
+
+    try:
+        result = report(
+            args.model,
+            args.images,
+            weights=args.weights,
+            logdir=None if args.no_tensorboard else args.logdir,
+            html=args.html,
+            layers=args.layers,
+            max_channels=args.max_channels,
+            size=args.size,
+            device=args.device,
+            progress=not args.quiet,
+        )
+    except ReportError as error:
+        print(f"actviz: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as error:  # an output folder that cannot be created
+        print(f"actviz: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.quiet:
+        done = len(result.images)
+        print(f"{result.model}: {done} of {done + len(result.failed)} image(s), {len(result.layer_names)} layers")
+        if result.logdir is not None and result.images:
+            print(f"TensorBoard runs: {result.logdir}   (view: tensorboard --logdir {result.logdir})")
+        if result.html is not None:
+            print(f"HTML report:      {result.html}")
+    if result.failed:
+        print(f"actviz: error: {len(result.failed)} image(s) failed:", file=sys.stderr)
+        for reason in result.failed.values():
+            print(f"  {reason}", file=sys.stderr)
+        return EXIT_IMAGE_FAILED
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``actviz`` command; returns the exit code.
+
+    Example:
+        >>> main(["report", "--model", "alexnet", "--weights", "none", "--size", "64",
+        ...       "--image", "tests/data/chelsea.jpg", "--no-tensorboard", "--quiet"])
+        0
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.max_channels <= 0:
+        parser.error(f"--max-channels must be positive, got {args.max_channels}; for example --max-channels 64")
+    if args.size is not None and args.size < 16:
+        parser.error(f"--size must be at least 16 pixels, got {args.size}; for example --size 224")
+    _configure_logging(args.quiet)
+    try:
+        return _run_report(args)
+    except KeyboardInterrupt:
+        print("actviz: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
