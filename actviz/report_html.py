@@ -197,10 +197,11 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         max_channels: Channel limit per grid, for the page's header.
 
     Example:
-        >>> import actviz
+        >>> import actviz, tempfile
         >>> result = actviz.report("alexnet", ["tests/data/chelsea.jpg"], logdir=None, size=96, progress=False)
-        >>> write_html(result, "/tmp/actviz-doctest-report", 96, 64).name
-        'index.html'
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     sorted(p.name for p in write_html(result, folder, 96, 64).parent.rglob("*.png"))[:3]
+        ['features.0.png', 'features.10.png', 'features.3.png']
     """
     from . import __version__
 

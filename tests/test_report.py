@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import builtins
+import doctest
+import importlib
 import io
 import pickle
 import re
@@ -355,3 +357,10 @@ def test_bad_options_raise_clear_errors(kwargs: dict, message: str) -> None:
     model = kwargs.pop("model", "alexnet")
     with pytest.raises(ReportError, match=re.escape(message)):
         actviz.report(model, [CAT], logdir=None, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["actviz.report", "actviz.report_html", "actviz.cli"])
+def test_docstring_examples(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(DATA.parents[1])  # the examples name tests/data/... from the repository root
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
