@@ -130,7 +130,6 @@ def shoot(url: str, out_dir: Path) -> None:
             filter_tags(page, r"feature_maps/(0|4|8)$")
             cards = page.locator("tf-image-loader:visible")
             cards.first.locator("img").wait_for()
-            page.wait_for_function("() => true")  # one more frame
             page.wait_for_timeout(1500)
             pane = page.locator("tf-category-paginated-view:visible").first
             save_small(pane.screenshot(), out_dir / "images_dashboard.png")

@@ -41,7 +41,10 @@ INPUT_SHAPE = (4, 3, 16, 16)
 #: Output shapes (channels, height, width) of the conv layers for a 16 x 16 input, by hand:
 #: conv1 keeps 16 x 16 with padding 1; conv2 halves it with stride 2.
 CONV_OUTPUTS = {"conv1": (8, 16, 16), "conv2": (16, 8, 8)}
-LAYERS = ("conv1", "conv2", "fc")
+#: ``mix`` (a 1x1 Conv1d over conv2's 64 positions) outputs (4, 64) per sample, drawn as a
+#: viridis heat map enlarged 16 times, the most that keeps the long side within 1024 px.
+HEATMAP_LAYER, HEATMAP_SIZE = "mix", (4 * 16, 64 * 16)
+LAYERS = ("conv1", "conv2", "mix", "fc")
 PARAMETERS = tuple(f"{layer}.{kind}" for layer in LAYERS for kind in ("weight", "bias"))
 STARTUP_TIMEOUT = 60.0
 CHROMIUM = "/usr/bin/chromium"
@@ -62,8 +65,10 @@ def small_cnn() -> nn.Sequential:
             relu1=nn.ReLU(inplace=True),
             conv2=nn.Conv2d(8, 16, 3, stride=2, padding=1),
             relu2=nn.ReLU(inplace=True),
+            positions=nn.Flatten(start_dim=2),
+            mix=nn.Conv1d(16, 4, 1),
             flatten=nn.Flatten(),
-            fc=nn.Linear(16 * 8 * 8, 4),
+            fc=nn.Linear(4 * 64, 4),
         )
     )
 
@@ -82,8 +87,10 @@ def write_run(log_dir: Path) -> None:
             optimizer.step()
 
 
-def expected_grid_size(layer: str) -> tuple[int, int]:
-    """``(height, width)`` of the feature-map grid of ``layer``, from its output shape."""
+def expected_image_size(layer: str) -> tuple[int, int]:
+    """``(height, width)`` of the picture of ``layer``: a heat map, or a grid sized from the output shape."""
+    if layer == HEATMAP_LAYER:
+        return HEATMAP_SIZE
     channels, height, width = CONV_OUTPUTS[layer]
     return grid_layout(channels, *tile_size(height, width))
 
@@ -195,7 +202,7 @@ def serving(log_dir: Path, *flags: str, images_served: bool = True) -> Iterator[
 
 
 EXPECTED_TAGS = {
-    "images": {f"feature_maps/{layer}" for layer in CONV_OUTPUTS},
+    "images": {f"feature_maps/{layer}" for layer in (*CONV_OUTPUTS, HEATMAP_LAYER)},
     "histograms": {f"{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
     | {f"{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
     "scalars": {f"activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std", "zero_fraction", "nonfinite")}
@@ -232,16 +239,16 @@ def test_every_tag_is_served_by_its_dashboard(tensorboard: TensorBoard, plugin: 
     assert served == EXPECTED_TAGS[plugin], f"unexpected {plugin} tags: {sorted(served - EXPECTED_TAGS[plugin])}"
 
 
-@pytest.mark.parametrize("layer", sorted(CONV_OUTPUTS))
-def test_feature_map_endpoint_returns_a_png_of_the_grid_size(tensorboard: TensorBoard, layer: str) -> None:
+@pytest.mark.parametrize("layer", [*CONV_OUTPUTS, HEATMAP_LAYER])
+def test_feature_map_endpoint_returns_a_png_of_the_expected_size(tensorboard: TensorBoard, layer: str) -> None:
     entries = tensorboard.image_steps(f"feature_maps/{layer}")
     data = tensorboard.get(f"/data/plugin/images/individualImage?{entries[-1]['query']}")
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(data)) as image:
         image.load()
-        assert image.mode == "L"
-        assert (image.height, image.width) == expected_grid_size(layer)
-        low, high = image.getextrema()
+        assert image.mode == ("RGB" if layer == HEATMAP_LAYER else "L")
+        assert (image.height, image.width) == expected_image_size(layer)
+        low, high = image.convert("L").getextrema()
         assert low < high  # not a blank picture
 
 
@@ -312,7 +319,7 @@ def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             str(profile), executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 900},
+            headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 1100},
         )
         try:
             yield context.new_page()
@@ -327,10 +334,10 @@ def test_images_dashboard_shows_feature_map_grids(
 
     page = browser_page
     page.goto(f"{tensorboard.url}/#images", timeout=30_000)
-    for layer in CONV_OUTPUTS:
+    for layer in (*CONV_OUTPUTS, HEATMAP_LAYER):
         card = page.locator("tf-image-loader", has_text=f"feature_maps/{layer}")
         image = card.locator("img")
-        height, width = expected_grid_size(layer)
+        height, width = expected_image_size(layer)
         # naturalWidth is 0 until the PNG has loaded and decoded.
         expect(image).to_have_js_property("naturalWidth", width, timeout=30_000)
         expect(image).to_have_js_property("naturalHeight", height, timeout=5_000)
@@ -338,5 +345,5 @@ def test_images_dashboard_shows_feature_map_grids(
     screenshot = tmp_path_factory.mktemp("screenshots") / "images_dashboard.png"
     page.screenshot(path=str(screenshot))
     with Image.open(screenshot) as picture:
-        assert picture.size == (1280, 900)
+        assert picture.size == (1280, 1100)
     print(f"screenshot: {screenshot}")
