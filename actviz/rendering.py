@@ -99,6 +99,12 @@ def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
 
 def _normalize(values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     """Map the finite values to [0, 1] over ``dims``; constants go to 0, NaN to 0, ±Inf to 1 and 0."""
+    if values.device.type == "cpu":  # reading a flag costs nothing here; on an accelerator it would sync
+        low, high = values.amin(dim=dims, keepdim=True), values.amax(dim=dims, keepdim=True)
+        span = high - low
+        if bool(torch.isfinite(span).all()):  # NaN or ±Inf anywhere would make some span non-finite
+            # Where span is 0 the numerator is 0 too, so dividing by 1 leaves the constant at 0.
+            return (values - low).div_(span.masked_fill_(span == 0, 1.0)).clamp_(0.0, 1.0)
     finite = torch.isfinite(values)
     low = torch.where(finite, values, math.inf).amin(dim=dims, keepdim=True)
     high = torch.where(finite, values, -math.inf).amax(dim=dims, keepdim=True)
@@ -158,12 +164,19 @@ def feature_map_grid(
     if max_channels <= 0:
         raise ValueError(f"max_channels must be positive, got {max_channels}")
     values = fmap.detach()
-    values = values[select_channels(values, max_channels)].float()
+    if values.shape[0] > max_channels:
+        values = values[select_channels(values, max_channels)]
+    values = values.float()
+    size = tile_size(*values.shape[-2:], min_tile=min_tile, max_tile=max_tile)
     tiles = _normalize(values, dims=(1, 2)).unsqueeze(1)
-    tiles = _resize(tiles, tile_size(*tiles.shape[-2:], min_tile=min_tile, max_tile=max_tile))
+    if size[0] >= tiles.shape[-2] and size[1] >= tiles.shape[-1]:
+        # Nearest enlarging only repeats pixels, so quantize first and move a quarter of the bytes.
+        tiles = _resize(_to_uint8(tiles), size)
+    else:
+        tiles = _to_uint8(_resize(tiles, size))
     columns = math.ceil(math.sqrt(tiles.shape[0]))
-    grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=1.0)
-    return _to_uint8(grid[:1])
+    grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=255)
+    return grid[:1].contiguous()
 
 
 def _viridis(values: torch.Tensor) -> torch.Tensor:
