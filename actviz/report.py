@@ -39,7 +39,7 @@ import torchvision
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import nn
 from torchvision.transforms._presets import ImageClassification
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns on import in Jupyter without ipywidgets
 
 from .capture import StepResults, output_tensors, render_output
 from .rendering import DEFAULT_MAX_CHANNELS
