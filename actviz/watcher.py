@@ -191,12 +191,16 @@ class Watcher:
             self._report("(watcher)", error)
 
     def _start_step(self, model: nn.Module) -> None:
-        self._finish_capture()  # a step whose backward never came
+        if self._done_handle is not None:
+            return  # the model called itself inside a logging forward: same step
         step = self._next_step
+        if not self.auto_step and step == self._last_started_step:
+            # A later micro-batch, a second forward before one backward (siamese models) or a
+            # nested call: same step, and its pending gradients are still to come.
+            return
+        self._finish_capture()  # a step whose backward never came
         if self.auto_step:
             self._next_step += 1
-        elif step == self._last_started_step:
-            return  # a later micro-batch of a step that already had its chance
         self._last_started_step = step
         want_stats = self._stats_schedule(step)
         want_images = self._image_schedule(step)

@@ -150,6 +150,50 @@ def test_manual_steps_for_gradient_accumulation(tmp_path, read_run):
     assert run.histogram_steps("gradients/6") == [0, 20, 40]
 
 
+def test_two_forwards_then_one_backward_with_manual_steps(tmp_path, read_run):
+    model = small_cnn()  # a siamese use: both halves of a pair go through the same model
+    viz = actviz.watch(model, tmp_path, every=1, auto_step=False)
+    for step in range(2):
+        viz.set_step(step)
+        left, right = model(torch.randn(2, 3, 8, 8)), model(torch.randn(2, 3, 8, 8))
+        (left - right).square().mean().backward()
+    viz.close()
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0, 1]
+    assert run.histogram_steps("gradients/0") == [0, 1]  # from the first forward of each step
+    assert run.histogram("activations/0", 0).num == 2 * 6 * 8 * 8
+
+
+class CallsItself(nn.Module):
+    """Like Lightning's DDP forward redirection: the outer call runs a step that calls the model again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = small_cnn()
+        self.redirect = False
+
+    def forward(self, x):
+        if self.redirect:
+            self.redirect = False
+            return self(x)
+        return self.net(x)
+
+
+@pytest.mark.parametrize("auto_step", [True, False])
+def test_a_model_that_calls_itself_on_a_logging_step(auto_step, tmp_path, read_run):
+    model = CallsItself()
+    viz = actviz.watch(model, tmp_path, every=1, auto_step=auto_step)
+    for step in range(3):
+        viz.set_step(step)
+        model.redirect = True
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+    viz.close()
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/net.0") == [0, 1, 2]
+    assert run.histogram_steps("gradients/net.6") == [0, 1, 2]
+    assert hooks_left(model) == NO_HOOKS
+
+
 def test_set_step_in_auto_mode_continues_from_there(tmp_path, read_run):
     model = small_cnn()
     with actviz.watch(model, tmp_path, every=5) as viz:
