@@ -180,7 +180,8 @@ class StepCapture:
             self._on_error(name, error)
 
     def _summarize_into(self, kind: str, tag: str, tensor: torch.Tensor) -> None:
-        self._vectors[kind][tag] = summarize(tensor, self.options.bins, self.options.sample_size)
+        count_zeros = kind == "activations"  # the only kind whose zero fraction is logged
+        self._vectors[kind][tag] = summarize(tensor, self.options.bins, self.options.sample_size, count_zeros)
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.closed or name in self._seen:  # a module called twice logs its first call

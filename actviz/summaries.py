@@ -55,7 +55,12 @@ def _vector_dtype(device: torch.device) -> torch.dtype:
 
 
 @torch.no_grad()
-def summarize(tensor: torch.Tensor, bins: int = 64, sample_size: int | None = DEFAULT_SAMPLE_SIZE) -> torch.Tensor:
+def summarize(
+    tensor: torch.Tensor,
+    bins: int = 64,
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE,
+    count_zeros: bool = True,
+) -> torch.Tensor:
     """Reduce ``tensor`` to a summary vector on its own device.
 
     Args:
@@ -63,6 +68,8 @@ def summarize(tensor: torch.Tensor, bins: int = 64, sample_size: int | None = DE
         bins: Number of histogram buckets between the finite min and max.
         sample_size: Count buckets on a strided sample of at most this many elements and
             scale the counts to the finite total; ``None`` counts every element.
+        count_zeros: Count exact zeros. It is the slowest reduction on the CPU, so gradients
+            and weights, whose zero fraction nothing reports, skip it (``zeros`` is then NaN).
 
     Returns:
         A 1-D float64 tensor of length ``HEADER_SIZE + bins`` (see the module docstring).
@@ -85,12 +92,12 @@ def summarize(tensor: torch.Tensor, bins: int = 64, sample_size: int | None = DE
 
     stride = sample_stride(numel, sample_size)
     if values.device.type == "cpu":
-        vector = _summarize_finite_cpu(values, bins, stride, out_dtype)
+        vector = _summarize_finite_cpu(values, bins, stride, out_dtype, count_zeros)
         if vector is not None:
             return vector
 
     # On an accelerator a finiteness check would sync with the host, so the masked path always runs.
-    zeros = numel - torch.count_nonzero(values)
+    zeros = numel - torch.count_nonzero(values) if count_zeros else torch.full((), math.nan, device=values.device)
     finite = torch.isfinite(values)
     nonfinite = numel - finite.sum()
     finite_values = torch.where(finite, values, 0).to(out_dtype)  # wider type: squares may overflow
@@ -105,7 +112,9 @@ def summarize(tensor: torch.Tensor, bins: int = 64, sample_size: int | None = DE
     return torch.cat([header, counts.to(out_dtype)])
 
 
-def _summarize_finite_cpu(values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype) -> torch.Tensor | None:
+def _summarize_finite_cpu(
+    values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype, count_zeros: bool
+) -> torch.Tensor | None:
     """The common case on the CPU in few ops: every element finite. ``None`` when some are not.
 
     A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
@@ -120,7 +129,7 @@ def _summarize_finite_cpu(values: torch.Tensor, bins: int, stride: int, out_dtyp
     low, high = torch.aminmax(values)
     span = (high - low).item()  # in the values' dtype, as the masked path computes it
     low_value, high_value = low.item(), high.item()
-    zeros = numel - torch.count_nonzero(values).item()
+    zeros = numel - torch.count_nonzero(values).item() if count_zeros else math.nan
     sample = values[::stride]
     if span > 0:
         # Every value is >= low, so truncation is floor; the clamp puts max in the last bucket.
@@ -161,7 +170,7 @@ class Summary:
 
     num: int
     nonfinite: int
-    zeros: int
+    zeros: int | None
     min: float
     max: float
     sum: float
@@ -172,7 +181,8 @@ class Summary:
     def from_vector(cls, vector: list[float]) -> Summary:
         """Build from a summary vector already copied to the host (a list of floats)."""
         num, nonfinite, zeros, low, high, total, squares = vector[:HEADER_SIZE]
-        return cls(int(num), int(nonfinite), int(zeros), low, high, total, squares, list(vector[HEADER_SIZE:]))
+        zero_count = None if math.isnan(zeros) else int(zeros)
+        return cls(int(num), int(nonfinite), zero_count, low, high, total, squares, list(vector[HEADER_SIZE:]))
 
     @property
     def finite_count(self) -> int:
@@ -195,8 +205,8 @@ class Summary:
 
     @property
     def zero_fraction(self) -> float:
-        """Fraction of all elements that are exactly zero (NaN for an empty tensor)."""
-        return self.zeros / self.num if self.num else math.nan
+        """Fraction of all elements that are exactly zero (NaN for an empty tensor or uncounted zeros)."""
+        return self.zeros / self.num if self.num and self.zeros is not None else math.nan
 
     @property
     def norm(self) -> float:

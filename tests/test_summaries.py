@@ -118,3 +118,13 @@ def test_sample_stride_avoids_feature_map_periods():
         assert all(stride % p for p in (2, 3, 5, 7, 11, 13))
     assert sample_stride(100, 1 << 16) == 1
     assert sample_stride(10**9, None) == 1
+
+
+def test_zero_count_can_be_skipped():
+    tensor = torch.tensor([0.0, 1.0, 0.0, float("nan")])
+    counted = summary_of(tensor)
+    skipped = Summary.from_vector(summarize(tensor, bins=4, sample_size=None, count_zeros=False).tolist())
+    assert counted.zeros == 2 and counted.zero_fraction == 0.5
+    assert skipped.zeros is None and math.isnan(skipped.zero_fraction)
+    assert (skipped.num, skipped.nonfinite, skipped.sum, skipped.bucket_counts) == (
+        counted.num, counted.nonfinite, counted.sum, counted.bucket_counts)
