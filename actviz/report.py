@@ -571,7 +571,7 @@ def capture_layers(
         >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True))
         >>> records, _ = capture_layers(net, torch.randn(1, 3, 8, 8), [("0", net[0])])
         >>> records[0].shape, records[0].grid.shape
-        ((1, 4, 6, 6), torch.Size([1, 102, 102]))
+        ((1, 4, 6, 6), torch.Size([1, 78, 78]))
     """
     recorder = _Recorder(layers, max_channels, on_layer)
     try:

@@ -16,6 +16,8 @@ import nbformat
 import pytest
 from PIL import Image
 
+from actviz.rendering import grid_layout, tile_size
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 #: Per cell; the whole notebook takes well under a minute on two cores.
@@ -65,8 +67,9 @@ def test_notebook_shows_a_feature_map_grid_inline(executed: tuple[nbformat.Noteb
     notebook, _ = executed
     cell = next(cell for cell in _code_cells(notebook) if "feature_map_grid(" in cell.source)
     (picture,) = _images(cell)
-    # 8 channels of 32 x 32, enlarged 2x: 3 x 3 tiles of 64 px and 2 px gaps, drawn at double size.
-    assert picture.size == (2 * (3 * 66 + 2), 2 * (3 * 66 + 2))
+    # 8 channels of 32 x 32 in a 3 x 3 grid, drawn by the notebook at double size.
+    height, width = grid_layout(8, *tile_size(32, 32))
+    assert picture.size == (2 * width, 2 * height)
     low, high = picture.convert("L").getextrema()
     assert low < high
 

@@ -18,9 +18,10 @@ from actviz.rendering import (
 
 
 def test_tile_size_enlarges_small_maps_by_whole_factors_and_shrinks_big_ones():
-    assert tile_size(13, 13) == (52, 52)        # x4
-    assert tile_size(7, 7) == (49, 49)          # x7
-    assert tile_size(48, 48) == (48, 48)
+    assert tile_size(13, 13) == (39, 39)        # x3
+    assert tile_size(7, 7) == (35, 35)          # x5
+    assert tile_size(31, 31) == (62, 62)        # x2
+    assert tile_size(32, 32) == (32, 32)
     assert tile_size(100, 50) == (100, 50)
     assert tile_size(256, 128) == (128, 64)
     assert tile_size(1, 30) == (2, 60)
@@ -50,9 +51,9 @@ def test_each_channel_is_normalised_on_its_own():
 def test_small_maps_are_enlarged_with_sharp_pixels():
     fmap = torch.tensor([[[0.0, 1.0], [2.0, 3.0]]])
     grid = feature_map_grid(fmap)
-    assert grid.shape == (1, 48, 48)  # 2 px x 24, a lone tile has no border
+    assert grid.shape == (1, 32, 32)  # 2 px x 16, a lone tile has no border
     tile = grid[0]
-    expected = torch.tensor([[0, 85], [170, 255]], dtype=torch.uint8).repeat_interleave(24, 0).repeat_interleave(24, 1)
+    expected = torch.tensor([[0, 85], [170, 255]], dtype=torch.uint8).repeat_interleave(16, 0).repeat_interleave(16, 1)
     assert torch.equal(tile, expected)
 
 
@@ -61,7 +62,7 @@ def test_strongest_channels_are_kept_in_channel_order():
     fmap = strengths.view(5, 1, 1) * torch.randn(5, 6, 6).sign()
     assert select_channels(fmap, 3).tolist() == [1, 3, 4]
     assert select_channels(fmap, 10).tolist() == [0, 1, 2, 3, 4]
-    assert feature_map_grid(fmap, max_channels=3).shape == (1, *grid_layout(3, 48, 48))
+    assert feature_map_grid(fmap, max_channels=3).shape == (1, *grid_layout(3, 36, 36))  # 6 px x 6
 
 
 def test_grid_matches_the_kept_channels_drawn_alone():
@@ -79,11 +80,11 @@ def test_nan_inf_and_constant_channels_do_not_break_the_picture():
     before = fmap.clone()
     grid = feature_map_grid(fmap)
     torch.testing.assert_close(fmap, before, equal_nan=True)  # input untouched
-    constant = grid[0, 2:50, 2:50]
+    constant = grid[0, 2:34, 2:34]  # 4 px x 8 = 32 px tiles
     assert (constant == 0).all()
-    varied = grid[0, 2:50, 52:100]
+    varied = grid[0, 2:34, 36:68]
     assert varied[0, 0] == 0  # NaN drawn black
-    assert varied[0, 12] == 255  # +Inf drawn white (pixel (0, 1) at x12 scale)
+    assert varied[0, 8] == 255  # +Inf drawn white (pixel (0, 1) at x8 scale)
     assert varied[-1, -1] == 255  # finite max
 
 
