@@ -21,11 +21,11 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .capture import CaptureOptions, StepCapture
+from .capture import CaptureOptions, StepCapture, StepResults
 from .rendering import DEFAULT_MAX_CHANNELS
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
-from .sinks import TensorBoardSink
+from .sinks import BackgroundSink, TensorBoardSink
 from .summaries import DEFAULT_SAMPLE_SIZE
 
 __all__ = ["Watcher", "watch"]
@@ -80,7 +80,10 @@ class Watcher:
         self.model = model
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(model, [module for _, module in layers])
-        self._sink = sink
+        # strict writes on the training thread, so that a failed write raises there.
+        self._sink: TensorBoardSink | BackgroundSink | None = sink
+        if sink is not None and not strict:
+            self._sink = BackgroundSink(sink, on_error=self._on_background_write_error)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -248,17 +251,23 @@ class Watcher:
         except Exception as error:  # noqa: BLE001 - a full disk must not stop training
             if self.strict:
                 raise
-            if not self._warned_sink:
-                self._warned_sink = True
-                warnings.warn(
-                    f"actviz could not write step {capture.step}: {type(error).__name__}: {error}. "
-                    "Training goes on; later failures are logged at DEBUG level.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            logger.debug("write failed", exc_info=True)
+            self._report_write_error(capture.step, error)
         finally:
             capture.close()
+
+    def _on_background_write_error(self, results: StepResults, error: BaseException) -> None:
+        self._report_write_error(results.step, error)
+
+    def _report_write_error(self, step: int, error: BaseException) -> None:
+        if not self._warned_sink:
+            self._warned_sink = True
+            warnings.warn(
+                f"actviz could not write step {step}: {type(error).__name__}: {error}. "
+                "Training goes on; later failures are logged at DEBUG level.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        logger.debug("write failed", exc_info=error)
 
     def _report(self, name: str, error: BaseException) -> None:
         """A hook failed: re-raise if strict, else warn once and skip ``name`` from now on."""

@@ -224,11 +224,12 @@ def test_non_logging_steps_carry_no_layer_hooks(tmp_path):
     assert probe.seen == [1, 0, 1, 0]
 
 
-def test_a_step_is_written_when_its_backward_ends(tmp_path, read_run):
+def test_a_step_is_handed_over_when_its_backward_ends(tmp_path, read_run):
     model = small_cnn()
     viz = actviz.watch(model, tmp_path, every=1)
-    train_step(model)
-    viz.writer.flush()  # the writer's flush only: the watcher already handed the step over
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    assert hooks_left(model)["param"] == 0  # the end-of-backward callback closed the step
+    viz.flush()
     run = read_run(tmp_path)
     assert run.histogram_steps("gradients/0") == [0]
     assert run.histogram_steps("weight_grads/6.bias") == [0]
