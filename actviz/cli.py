@@ -9,9 +9,10 @@ failed (the others are still reported), 2 when the report could not start
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 __all__ = ["main", "build_parser"]
 
@@ -123,13 +124,24 @@ class _Messages(logging.Formatter):
         return f"actviz: {record.levelname.lower()}: {record.getMessage()}"
 
 
-def _configure_logging(quiet: bool) -> None:
+@contextlib.contextmanager
+def _messages_on_stderr(quiet: bool) -> Iterator[None]:
+    """Print actviz's log messages as ``actviz: warning: ...`` for the command's duration.
+
+    The logger's previous state comes back afterwards, so calling :func:`main` in-process
+    (tests, notebooks) leaves the application's logging as it was.
+    """
+    package_logger = logging.getLogger("actviz")
+    saved = package_logger.handlers[:], package_logger.level, package_logger.propagate
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_Messages())
-    package_logger = logging.getLogger("actviz")
     package_logger.handlers[:] = [handler]
     package_logger.setLevel(logging.ERROR if quiet else logging.WARNING)
     package_logger.propagate = False
+    try:
+        yield
+    finally:
+        package_logger.handlers[:], package_logger.level, package_logger.propagate = saved
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -186,9 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--max-channels must be positive, got {args.max_channels}; for example --max-channels 64")
     if args.size is not None and args.size < 16:
         parser.error(f"--size must be at least 16 pixels, got {args.size}; for example --size 224")
-    _configure_logging(args.quiet)
     try:
-        return _run_report(args)
+        with _messages_on_stderr(args.quiet):
+            return _run_report(args)
     except KeyboardInterrupt:
         print("actviz: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -7,6 +7,7 @@ is the repository root); the others call ``actviz.cli.main`` in-process, which i
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import subprocess
 import sys
@@ -128,3 +129,10 @@ def test_default_weights_offline_gives_a_clear_message(tmp_path: Path) -> None:
     assert "--weights PATH" in done.stderr and "--weights none" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_main_leaves_the_callers_logging_as_it_was() -> None:
+    package_logger = logging.getLogger("actviz")
+    before = package_logger.handlers[:], package_logger.level, package_logger.propagate
+    assert main(["report", "--model", "alexnet", *SMALL, "--image", str(CAT), "--no-tensorboard", "--quiet"]) == 0
+    assert (package_logger.handlers[:], package_logger.level, package_logger.propagate) == before
