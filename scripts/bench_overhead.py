@@ -2,7 +2,8 @@
 """Overhead of actviz against the bare training step and the common alternatives.
 
 Every case runs two copies of the same model (same weights, same batches) in one
-process, one step each in turn: A (bare) then B (monitored), A, B, ... . The cost
+process, one step each in turn: A (bare) then B (monitored), then B, A, then A, B, ...
+(the order within a pair swaps each time, so neither side always runs second). The cost
 of a case is the ratio B/A of each pair; we report its median, min and max over
 the pairs, and the ratio of the summed times. Timing is ``time.perf_counter``
 around forward, backward and optimizer step, with ``torch.set_num_threads`` fixed.
@@ -251,7 +252,7 @@ def _stats(ratios: list[float]) -> dict[str, float]:
 def measure_pairs(
     bare: Trainer, watched: Trainer, batches: Callable[[int], Any], warmup: int, steps: int, budget_s: float
 ) -> dict[str, Any]:
-    """Warm both up, then alternate A B A B ... for ``steps`` pairs (or until ``budget_s`` runs out)."""
+    """Warm both up, then alternate A B B A A B ... for ``steps`` pairs (or until ``budget_s`` runs out)."""
     for i in range(warmup):
         bare.step(batches(i))
         watched.step(batches(i))
@@ -263,8 +264,14 @@ def measure_pairs(
     deadline = time.perf_counter() + budget_s
     for i in range(steps):
         data = batches(warmup + i)
-        times_a.append(bare.step(data))
-        times_b.append(watched.step(data))
+        # A B, then B A: whichever runs second in a pair gets the other's cache and thread
+        # state, so swapping each time cancels that bias instead of charging it to one side.
+        if i % 2 == 0:
+            times_a.append(bare.step(data))
+            times_b.append(watched.step(data))
+        else:
+            times_b.append(watched.step(data))
+            times_a.append(bare.step(data))
         if time.perf_counter() > deadline and len(times_a) >= 5:
             break
     ratios = [b / a for a, b in zip(times_a, times_b)]
