@@ -128,3 +128,16 @@ def test_zero_count_can_be_skipped():
     assert skipped.zeros is None and math.isnan(skipped.zero_fraction)
     assert (skipped.num, skipped.nonfinite, skipped.sum, skipped.bucket_counts) == (
         counted.num, counted.nonfinite, counted.sum, counted.bucket_counts)
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: x,                    # both signs: zeros counted directly
+    lambda x: x.relu(),             # min exactly 0: counted on the eq(0) mask
+    lambda x: -x.relu(),            # max exactly 0
+    lambda x: x.abs() + 1,          # all positive: no zeros, no pass
+    lambda x: -(x.abs() + 1),       # all negative
+])
+def test_zero_count_is_exact_whatever_the_range(make):
+    values = make(torch.randn(10_000, generator=torch.Generator().manual_seed(3)))
+    values[::7] = 0.0 if values.min() <= 0 <= values.max() else values[::7]
+    assert summary_of(values).zeros == int((values == 0).sum())
