@@ -40,6 +40,15 @@ CHROMIUM_FLAGS = [
     "--disable-component-update", "--no-first-run",
 ]
 MAX_BYTES = 300_000
+# (dashboard, tag filter, element that shows the data has loaded, settle time in ms, file)
+SHOTS = [
+    # the conv layers' feature maps at the last logged step
+    ("images", r"feature_maps/(0|4|8)$", "tf-image-loader:visible img", 1500, "images_dashboard.png"),
+    # gradients flowing back into each watched layer, over steps
+    ("histograms", r"^gradients/(0|4|8|13)$", "vz-histogram-timeseries:visible", 2500, "histograms_dashboard.png"),
+    # per-layer gradient norms, one chart per layer
+    ("scalars", r"^gradient_stats/(0|4|8|13)/norm$", "tf-scalar-card:visible", 2500, "scalars_chart.png"),
+]
 TIMEOUT_MS = 60_000
 
 
@@ -125,30 +134,13 @@ def shoot(url: str, out_dir: Path) -> None:
             page = context.new_page()
             page.set_default_timeout(TIMEOUT_MS)
 
-            # Images: the conv layers' feature maps at the last logged step.
-            page.goto(f"{url}/#images")
-            filter_tags(page, r"feature_maps/(0|4|8)$")
-            cards = page.locator("tf-image-loader:visible")
-            cards.first.locator("img").wait_for()
-            page.wait_for_timeout(1500)
-            pane = page.locator("tf-category-paginated-view:visible").first
-            save_small(pane.screenshot(), out_dir / "images_dashboard.png")
-
-            # Histograms: gradients flowing back into each watched layer, over steps.
-            page.goto(f"{url}/#histograms")
-            filter_tags(page, r"^gradients/(0|4|8|13)$")
-            page.locator("vz-histogram-timeseries:visible").first.wait_for()
-            page.wait_for_timeout(2500)
-            pane = page.locator("tf-category-paginated-view:visible").first
-            save_small(pane.screenshot(), out_dir / "histograms_dashboard.png")
-
-            # Scalars: per-layer gradient norms, one chart per layer.
-            page.goto(f"{url}/#scalars")
-            filter_tags(page, r"^gradient_stats/(0|4|8|13)/norm$")
-            page.locator("tf-scalar-card:visible").first.wait_for()
-            page.wait_for_timeout(2500)
-            pane = page.locator("tf-category-paginated-view:visible").first
-            save_small(pane.screenshot(), out_dir / "scalars_chart.png")
+            for dashboard, tags, ready, settle_ms, file_name in SHOTS:
+                page.goto(f"{url}/#{dashboard}")
+                filter_tags(page, tags)
+                page.locator(ready).first.wait_for()
+                page.wait_for_timeout(settle_ms)  # let the charts finish drawing
+                pane = page.locator("tf-category-paginated-view:visible").first
+                save_small(pane.screenshot(), out_dir / file_name)
         finally:
             context.close()
 
