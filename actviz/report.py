@@ -624,7 +624,7 @@ def _write_tensorboard(logdir: Path, item: ImageReport) -> None:
             if record.grid is not None:
                 results.images[record.name] = record.grid
         sink.write(results)
-        sink._image("input", item.input_image, 0)  # the same fast PNG path as the feature maps
+        sink.write_image("input", item.input_image, 0)  # the same fast PNG path as the feature maps
         writer.add_text("image", f"`{item.path}` ({item.source_size[0]}×{item.source_size[1]})", 0)
         if item.predictions:
             writer.add_text("predictions", _predictions_markdown(item.predictions), 0)

@@ -97,7 +97,7 @@ class TensorBoardSink:
         for param, summary in results.weight_grads.items():
             self._histogram(f"weight_grads/{param}", summary, step)
         for layer, image in results.images.items():
-            self._image(f"feature_maps/{layer}", image, step)
+            self.write_image(f"feature_maps/{layer}", image, step)
 
     def _histogram(self, tag: str, summary: Summary, step: int) -> None:
         if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
@@ -111,7 +111,8 @@ class TensorBoardSink:
     def _scalar(self, tag: str, value: float, step: int) -> None:
         self.writer.add_scalar(tag, value, step)
 
-    def _image(self, tag: str, image: torch.Tensor, step: int) -> None:
+    def write_image(self, tag: str, image: torch.Tensor, step: int) -> None:
+        """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag``."""
         # add_image would re-encode through a LANCZOS resize at PNG level 6; a fast level is
         # several times cheaper. Fall back to add_image for writers without a file writer.
         get_file_writer = getattr(self.writer, "_get_file_writer", None)
