@@ -364,3 +364,15 @@ def test_docstring_examples(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(DATA.parents[1])  # the examples name tests/data/... from the repository root
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("name", ["vgg13", "vgg16", "vgg19", "vgg11_bn", "vgg13_bn", "vgg16_bn", "vgg19_bn"])
+def test_every_guaranteed_vgg_variant_reports_each_conv(name: str) -> None:
+    # alexnet and vgg11 are covered end to end above; here each other VGG runs once, small.
+    result = actviz.report(name, [CAT], logdir=None, size=32, progress=False)
+    with torch.device("meta"):
+        convs = [n for n, m in getattr(torchvision.models, name)().named_modules() if isinstance(m, nn.Conv2d)]
+    assert result.ok and result.layer_names == convs
+    (item,) = result.images
+    assert [record.name for record in item.layers] == convs
+    assert all(record.grid is not None and record.shape[0] == 1 for record in item.layers)
