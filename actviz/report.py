@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import logging
-import math
 import os
 import pickle
 import re
@@ -722,7 +721,7 @@ def report(
     resolved_device = _check_options(max_channels, device)
     built = _build(model, weights, size)
     selected = resolve_layers(built.module, layers)
-    module = built.module.to(resolved_device)
+    built.module.to(resolved_device)  # in place: modules move their own parameters
     paths = [Path(image) for image in images]
     result = ReportResult(
         model=built.name,
