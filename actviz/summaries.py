@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "sample_stride"]
@@ -95,8 +96,15 @@ def summarize(
         vector = _summarize_finite_cpu(values, bins, stride, out_dtype, count_zeros)
         if vector is not None:
             return vector
-
     # On an accelerator a finiteness check would sync with the host, so the masked path always runs.
+    return _summarize_masked(values, bins, stride, out_dtype, count_zeros)
+
+
+def _summarize_masked(
+    values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype, count_zeros: bool
+) -> torch.Tensor:
+    """Any 1-D float tensor, NaN and ±Inf included, on any device, without a host sync."""
+    numel = values.numel()
     zeros = numel - torch.count_nonzero(values) if count_zeros else torch.full((), math.nan, device=values.device)
     finite = torch.isfinite(values)
     nonfinite = numel - finite.sum()
@@ -112,47 +120,60 @@ def summarize(
     return torch.cat([header, counts.to(out_dtype)])
 
 
+#: From this many elements on, torch's multi-threaded ``sum`` and ``aminmax`` beat numpy's;
+#: below it numpy's lower per-call cost wins.
+_TORCH_REDUCTION_MIN = 1 << 15
+
+
 def _summarize_finite_cpu(
     values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype, count_zeros: bool
 ) -> torch.Tensor | None:
-    """The common case on the CPU in few ops: every element finite. ``None`` when some are not.
+    """The common case on the CPU: every element finite. ``None`` when some are not.
 
     A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
-    Per-op dispatch dominates for the many small tensors of a step, so the header is built
-    from host numbers and the buckets from one ``bincount``; the values equal the masked path's.
+    A step summarizes dozens of tensors, most of them small, so per-call cost matters:
+    the work is done on a numpy view of the same memory (torch's ``sum`` and ``aminmax``
+    only for large tensors, where its threads pay). The numbers equal the masked path's,
+    up to float rounding in the sums.
     """
-    total = values.sum().item()
-    total_squares = torch.dot(values, values).item()
+    try:
+        array = values.numpy()
+    except (RuntimeError, TypeError):  # a tensor subclass without a numpy view: use the general path
+        return None
+    numel = array.size
+    large = numel >= _TORCH_REDUCTION_MIN
+    total = values.sum().item() if large else float(array.sum(dtype=np.float64))
+    with np.errstate(over="ignore"):  # an overflow to Inf sends the tensor to the float64 path
+        total_squares = float(np.dot(array, array))
     if not math.isfinite(total + total_squares):
         return None
-    numel = values.numel()
-    low, high = torch.aminmax(values)
-    span = (high - low).item()  # in the values' dtype, as the masked path computes it
-    low_value, high_value = low.item(), high.item()
-    zeros = _count_zeros(values, low_value, high_value) if count_zeros else math.nan
-    sample = values[::stride]
-    if span > 0:
-        # Every value is >= low, so truncation is floor; the clamp puts max in the last bucket.
-        index = sample.sub(low_value).div_(span / bins).to(torch.long).clamp_(max=bins - 1)
-        counts = torch.bincount(index, minlength=bins).to(out_dtype)
+    if large:
+        low_tensor, high_tensor = torch.aminmax(values)
+        low, high = low_tensor.numpy()[()], high_tensor.numpy()[()]
     else:
-        counts = torch.zeros(bins, dtype=out_dtype)
-        counts[0] = sample.numel()
+        low, high = array.min(), array.max()
+    span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
+    zeros = _count_zeros(array, float(low), float(high)) if count_zeros else math.nan
+    sample = array[::stride]
+    if span > 0:
+        # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
+        index = ((sample - low) / array.dtype.type(span / bins)).astype(np.intp)
+        np.minimum(index, bins - 1, out=index)
+        counts = np.bincount(index, minlength=bins).astype(np.float64)
+    else:
+        counts = np.zeros(bins)
+        counts[0] = sample.size
     if stride > 1:
-        counts.mul_(numel / sample.numel())
-    header = torch.tensor([numel, 0, zeros, low_value, high_value, total, total_squares], dtype=out_dtype)
-    return torch.cat([header, counts])
+        counts *= numel / sample.size
+    header = [numel, 0, zeros, float(low), float(high), total, total_squares]
+    return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
 
 
-def _count_zeros(values: torch.Tensor, low: float, high: float) -> int:
-    """Exact zero count of a finite CPU tensor, choosing the fast kernel from its range."""
+def _count_zeros(array: np.ndarray, low: float, high: float) -> int:
+    """Exact zero count of a finite array. numpy counts a bool mask several times faster than torch."""
     if low > 0 or high < 0:
         return 0
-    if low == 0 or high == 0:
-        # Likely a ReLU's output, half zeros: count_nonzero's branches then mispredict and
-        # it runs ~10x slower than counting the branch-free eq(0) mask.
-        return int(torch.count_nonzero(values.eq(0)))
-    return values.numel() - int(torch.count_nonzero(values))
+    return int(np.count_nonzero(array == 0))
 
 
 def _bucket_counts(

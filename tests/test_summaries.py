@@ -1,6 +1,7 @@
 """Histogram and moment math, checked against values worked out by hand."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -141,3 +142,28 @@ def test_zero_count_is_exact_whatever_the_range(make):
     values = make(torch.randn(10_000, generator=torch.Generator().manual_seed(3)))
     values[::7] = 0.0 if values.min() <= 0 <= values.max() else values[::7]
     assert summary_of(values).zeros == int((values == 0).sum())
+
+
+@pytest.mark.parametrize("numel", [1, 31, 5_000, 300_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_fast_path_agrees_with_the_masked_path(numel, dtype):
+    from actviz.summaries import _summarize_finite_cpu, _summarize_masked
+
+    values = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=dtype).relu_()
+    stride = sample_stride(numel, 1 << 12)
+    fast = Summary.from_vector(_summarize_finite_cpu(values, 16, stride, torch.float64, True).tolist())
+    masked = Summary.from_vector(_summarize_masked(values, 16, stride, torch.float64, True).tolist())
+    assert (fast.num, fast.nonfinite, fast.zeros, fast.min, fast.max) == (
+        masked.num, masked.nonfinite, masked.zeros, masked.min, masked.max)
+    assert fast.sum == pytest.approx(masked.sum, rel=1e-5)
+    assert fast.sum_squares == pytest.approx(masked.sum_squares, rel=1e-5)
+    assert np.abs(np.array(fast.bucket_counts) - masked.bucket_counts).max() <= stride  # float32 edge rounding
+
+
+def test_float32_squares_that_overflow_take_the_float64_path_quietly():
+    values = torch.tensor([3e19, -3e19, 1.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        summary = summary_of(values)
+    assert summary.sum_squares == pytest.approx(2 * 3e19**2 + 1, rel=1e-6)
+    assert summary.nonfinite == 0
