@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 
 from .capture import StepResults
@@ -80,36 +81,35 @@ class TensorBoardSink:
         self._closed = False
 
     def write(self, results: StepResults) -> None:
-        """Write every histogram, scalar and image of one step."""
+        """Write every histogram, scalar and image of one step, as one TensorBoard event.
+
+        One ``Summary`` with many values is what TensorFlow's merged summaries write, and
+        every TensorBoard loader reads it; it saves an event, a checksum and a queue
+        hand-off per value. Writers without a file writer get one ``add_*`` call per value.
+        """
+        values = _step_values(results)
         step = results.step
-        for layer, summary in results.activations.items():
-            self._histogram(f"activations/{layer}", summary, step)
-            self._scalar(f"activation_stats/{layer}/mean", summary.mean, step)
-            self._scalar(f"activation_stats/{layer}/std", summary.std, step)
-            self._scalar(f"activation_stats/{layer}/zero_fraction", summary.zero_fraction, step)
-            self._scalar(f"activation_stats/{layer}/nonfinite", summary.nonfinite, step)
-        for layer, summary in results.gradients.items():
-            self._histogram(f"gradients/{layer}", summary, step)
-            self._scalar(f"gradient_stats/{layer}/norm", summary.norm, step)
-            self._scalar(f"gradient_stats/{layer}/nonfinite", summary.nonfinite, step)
-        for param, summary in results.weights.items():
-            self._histogram(f"weights/{param}", summary, step)
-        for param, summary in results.weight_grads.items():
-            self._histogram(f"weight_grads/{param}", summary, step)
-        for layer, image in results.images.items():
-            self.write_image(f"feature_maps/{layer}", image, step)
-
-    def _histogram(self, tag: str, summary: Summary, step: int) -> None:
-        if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
+        get_file_writer = getattr(self.writer, "_get_file_writer", None)
+        if get_file_writer is not None:
+            values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
+            get_file_writer().add_summary(SummaryProto(value=values), step)
             return
-        limits, counts = summary.histogram()
-        self.writer.add_histogram_raw(
-            tag, min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
-            sum_squares=summary.sum_squares, bucket_limits=limits, bucket_counts=counts, global_step=step,
-        )
+        for value in values:
+            self._write_one(value, step)
+        for layer, image in results.images.items():
+            self.writer.add_image(f"feature_maps/{layer}", image, step, dataformats="CHW")
 
-    def _scalar(self, tag: str, value: float, step: int) -> None:
-        self.writer.add_scalar(tag, value, step)
+    def _write_one(self, value: SummaryProto.Value, step: int) -> None:
+        """Write one scalar or histogram value through the writer's public methods."""
+        if value.WhichOneof("value") == "simple_value":
+            self.writer.add_scalar(value.tag, value.simple_value, step)
+            return
+        histo = value.histo
+        self.writer.add_histogram_raw(
+            value.tag, min=histo.min, max=histo.max, num=histo.num, sum=histo.sum,
+            sum_squares=histo.sum_squares, bucket_limits=list(histo.bucket_limit),
+            bucket_counts=list(histo.bucket), global_step=step,
+        )
 
     def write_image(self, tag: str, image: torch.Tensor, step: int) -> None:
         """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag``."""
@@ -119,11 +119,7 @@ class TensorBoardSink:
         if get_file_writer is None:
             self.writer.add_image(tag, image, step, dataformats="CHW")
             return
-        channels, height, width = image.shape
-        proto = SummaryProto.Image(
-            height=height, width=width, colorspace=channels, encoded_image_string=encode_png(image)
-        )
-        get_file_writer().add_summary(SummaryProto(value=[SummaryProto.Value(tag=tag, image=proto)]), step)
+        get_file_writer().add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
 
     def flush(self) -> None:
         if not self._closed:
@@ -137,6 +133,52 @@ class TensorBoardSink:
         if self.owns_writer:
             self.writer.close()
         self._closed = True
+
+
+def _step_values(results: StepResults) -> list[SummaryProto.Value]:
+    """The histogram and scalar ``Summary.Value`` protos of one step, tagged as in the module docstring."""
+    values: list[SummaryProto.Value] = []
+    for layer, summary in results.activations.items():
+        values += _histogram_values(f"activations/{layer}", summary)
+        values += _scalar_values({
+            f"activation_stats/{layer}/mean": summary.mean,
+            f"activation_stats/{layer}/std": summary.std,
+            f"activation_stats/{layer}/zero_fraction": summary.zero_fraction,
+            f"activation_stats/{layer}/nonfinite": summary.nonfinite,
+        })
+    for layer, summary in results.gradients.items():
+        values += _histogram_values(f"gradients/{layer}", summary)
+        values += _scalar_values({
+            f"gradient_stats/{layer}/norm": summary.norm,
+            f"gradient_stats/{layer}/nonfinite": summary.nonfinite,
+        })
+    for param, summary in results.weights.items():
+        values += _histogram_values(f"weights/{param}", summary)
+    for param, summary in results.weight_grads.items():
+        values += _histogram_values(f"weight_grads/{param}", summary)
+    return values
+
+
+def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:
+    if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
+        return []
+    limits, counts = summary.histogram()
+    histo = HistogramProto(
+        min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
+        sum_squares=summary.sum_squares, bucket_limit=limits, bucket=counts,
+    )
+    return [SummaryProto.Value(tag=tag, histo=histo)]
+
+
+def _scalar_values(scalars: dict[str, float]) -> list[SummaryProto.Value]:
+    # simple_value, as SummaryWriter.add_scalar writes by default
+    return [SummaryProto.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+
+
+def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
+    channels, height, width = image.shape
+    proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=encode_png(image))
+    return SummaryProto.Value(tag=tag, image=proto)
 
 
 class BackgroundSink:

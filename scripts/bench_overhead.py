@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 import actviz
+from actviz.capture import StepResults
 from actviz.selection import select_layers
 from actviz.sinks import TensorBoardSink, use_fast_crc
 from actviz.summaries import Summary, summarize
@@ -375,7 +376,7 @@ def histogram_benchmark(sizes: list[int], tmp: Path, quick: bool) -> list[dict[s
 
             def actviz_summary() -> None:
                 summary = Summary.from_vector(summarize(tensor).tolist())
-                sink._histogram("bench/actviz", summary, 0)  # noqa: SLF001 - the sink's real write path
+                sink.write(StepResults(0, weights={"actviz": summary}))  # one histogram, the sink's real path
 
             def summarize_only() -> None:
                 summarize(tensor).tolist()
