@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from actviz.rendering import (
+    _resize,
     encode_png,
     feature_map_grid,
     grid_layout,
@@ -55,6 +56,13 @@ def test_small_maps_are_enlarged_with_sharp_pixels():
     tile = grid[0]
     expected = torch.tensor([[0, 85], [170, 255]], dtype=torch.uint8).repeat_interleave(16, 0).repeat_interleave(16, 1)
     assert torch.equal(tile, expected)
+
+
+@pytest.mark.parametrize("size", [(6, 4), (3, 8), (9, 12)])
+def test_whole_factor_enlarging_repeats_pixels_as_nearest_interpolation_does(size):
+    images = torch.arange(2 * 1 * 3 * 4, dtype=torch.uint8).reshape(2, 1, 3, 4)
+    expected = torch.nn.functional.interpolate(images, size=size, mode="nearest")
+    assert torch.equal(_resize(images, size), expected)
 
 
 def test_strongest_channels_are_kept_in_channel_order():
