@@ -7,6 +7,10 @@ reduces every tensor inside the hook (see :mod:`actviz.summaries` and
 activations are reduced before the next layer runs, so a later in-place op
 cannot change what was logged.
 
+A BatchNorm, InstanceNorm or GroupNorm layer fed directly by a tensor drawn in the
+same step gets no picture: it shifts and scales each channel, and every channel is
+normalised on its own when drawn, so its grid would repeat its input's.
+
 Gradients with respect to a layer's output come from ``output.register_hook``
 called inside the forward hook. Module backward hooks are not used: they raise
 on the in-place ReLU that follows every conv in AlexNet and VGG
@@ -16,6 +20,7 @@ on the in-place ReLU that follows every conv in AlexNet and VGG
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -26,7 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .rendering import feature_map_grid, heatmap
-from .summaries import Summary, summarize
+from .summaries import DEFAULT_SAMPLE_SIZE, Summary, summarize
 
 __all__ = ["CaptureOptions", "StepCapture", "StepResults", "output_tensors", "render_output"]
 
@@ -41,7 +46,7 @@ class CaptureOptions:
     """What a logging step reduces each tensor to."""
 
     bins: int = 64
-    sample_size: int | None = 1 << 16
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE
     max_channels: int = 64
     outputs: Literal["first", "all"] = "first"
 
@@ -109,6 +114,12 @@ def render_output(tensor: torch.Tensor, max_channels: int, batch_dim: int = 0) -
     return heatmap(tensor.select(batch_dim, 0))
 
 
+#: Layers that map each channel of each sample through an affine function (BatchNorm in training
+#: and eval, InstanceNorm, GroupNorm). With every channel normalised on its own, their grid is
+#: their input's grid again, pixel for pixel (inverted where the weight is negative).
+PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm)
+
+
 def _batch_dim(module: nn.Module) -> int:
     # nn.LSTM, nn.GRU, nn.MultiheadAttention and nn.Transformer* put time first unless batch_first=True.
     return 1 if getattr(module, "batch_first", True) is False else 0
@@ -157,6 +168,8 @@ class StepCapture:
             "activations": {}, "gradients": {}, "weights": {}, "weight_grads": {}
         }
         self._images: dict[str, torch.Tensor] = {}
+        # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
+        self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._attach(layers, parameters)
 
     # -- hooks -------------------------------------------------------------------------------
@@ -187,9 +200,18 @@ class StepCapture:
         if self.closed or name in self._seen:  # a module called twice logs its first call
             return
         self._seen.add(name)
-        self._guarded(name, self._capture_output, name, batch_dim, output)
+        redraws_input = self.want_images and isinstance(module, PER_CHANNEL_AFFINE) and self._is_drawn(inputs)
+        self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
 
-    def _capture_output(self, name: str, batch_dim: int, output: Any) -> None:
+    def _is_drawn(self, inputs: Any) -> bool:
+        """True if the first input is a tensor drawn this step and not changed in place since."""
+        first = inputs[0] if isinstance(inputs, tuple) and inputs else None
+        if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
+            return False
+        drawn = self._drawn.get(id(first))
+        return drawn is not None and drawn[0]() is first and drawn[1] == first._version
+
+    def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
             tag = name + suffix
             if self.want_stats:
@@ -198,10 +220,11 @@ class StepCapture:
                     tensor.register_hook(partial(self._on_output_grad, name, tag))
                     self.expects_backward = True
             # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
-            if self.want_images and position == 0:
+            if self.want_images and draw and position == 0:
                 image = render_output(tensor, self.options.max_channels, batch_dim)
                 if image is not None:
                     self._images[tag] = image
+                    self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         if self.closed or tag in self._vectors["gradients"]:
@@ -252,6 +275,7 @@ class StepCapture:
         results.images = dict(zip(self._images, _to_host(list(self._images.values()))))
         self._vectors = {kind: {} for kind in self._vectors}
         self._images = {}
+        self._drawn = {}
         return results
 
 

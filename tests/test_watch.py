@@ -95,13 +95,16 @@ def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
         assert_histogram_matches(run.histogram(f"weights/{name}", 0), weights_before[name], bins=8)
         assert_histogram_matches(run.histogram(f"weight_grads/{name}", 0), param.grad, bins=8)
 
-    for name in ["0", "2", "3"]:
+    for name in ["0", "2"]:
         expected = feature_map_grid(outputs[name][0])
         picture = run.image(f"feature_maps/{name}", 0)
         channels, height, width = outputs[name].shape[1:]
         assert picture.shape == grid_layout(channels, *tile_size(height, width))
         assert (picture == expected[0].numpy()).all()
     assert "feature_maps/6" not in run.image_tags  # 2-D outputs get no picture
+    assert "feature_maps/3" not in run.image_tags  # the BatchNorm after conv 2: the same picture again
+    repeat = feature_map_grid(outputs["3"][0]).int() - feature_map_grid(outputs["2"][0]).int()
+    assert repeat.abs().max() <= 1  # equal up to rounding, as its weights are still positive
 
 
 def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
@@ -123,7 +126,7 @@ def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
         assert run.histogram_steps(f"gradients/{name}") == [0, 3, 6, 9]
         assert [e.step for e in run.events.Scalars(f"activation_stats/{name}/mean")] == [0, 3, 6, 9]
     assert run.histogram_steps("weight_grads/0.weight") == [0, 3, 6, 9]
-    for name in ["0", "2", "3"]:
+    for name in ["0", "2"]:
         assert run.image_steps(f"feature_maps/{name}") == [0, 5, 10]
 
 
@@ -553,3 +556,26 @@ def test_watching_the_same_model_twice(tmp_path):
     assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}
     first.close()
     actviz.watch(model, tmp_path / "second").close()  # fine once the first is closed
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm2d(4), nn.InstanceNorm2d(4, affine=True), nn.GroupNorm(2, 4)])
+def test_a_norm_layer_repeating_a_drawn_grid_is_not_drawn_again(tmp_path, read_run, norm):
+    direct = nn.Sequential(nn.Conv2d(3, 4, 3), norm, nn.ReLU())
+    with actviz.watch(direct, tmp_path / "direct", every=1):
+        direct(torch.randn(2, 3, 10, 10)).sum().backward()
+    run = read_run(tmp_path / "direct")
+    assert "feature_maps/0" in run.image_tags and "feature_maps/1" not in run.image_tags
+    assert run.histogram_steps("activations/1") == [0]  # its statistics are still logged
+
+
+def test_a_norm_layer_gets_its_picture_when_its_input_was_not_drawn_as_it_is(tmp_path, read_run):
+    # conv -> in-place ReLU -> BatchNorm: the BN sees the conv's tensor, changed since it was drawn
+    changed = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(inplace=True), nn.BatchNorm2d(4))
+    with actviz.watch(changed, tmp_path / "changed", every=1):
+        changed(torch.randn(2, 3, 10, 10)).sum().backward()
+    assert {"feature_maps/0", "feature_maps/2"} <= read_run(tmp_path / "changed").image_tags
+    # the BatchNorm watched alone: nothing drawn before it
+    alone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    with actviz.watch(alone, tmp_path / "alone", every=1, layers=[nn.BatchNorm2d]):
+        alone(torch.randn(2, 3, 10, 10)).sum().backward()
+    assert read_run(tmp_path / "alone").image_tags == {"feature_maps/1"}
