@@ -186,14 +186,24 @@ def feature_map_grid(
     return grid[:1].contiguous()
 
 
-def _viridis(values: torch.Tensor) -> torch.Tensor:
-    """Map ``(H, W)`` values in [0, 1] to a ``(3, H, W)`` float RGB image in [0, 1]."""
-    palette = torch.tensor(_VIRIDIS, dtype=torch.float32, device=values.device) / 255.0
-    position = values * (len(_VIRIDIS) - 1)
-    lower = position.floor().long().clamp_(0, len(_VIRIDIS) - 2)
+def _viridis_table() -> torch.Tensor:
+    """``(256, 3)`` ``uint8`` colours: viridis interpolated linearly between its nine points."""
+    palette = torch.tensor(_VIRIDIS, dtype=torch.float64)
+    position = torch.linspace(0, len(_VIRIDIS) - 1, 256, dtype=torch.float64)
+    lower = position.floor().long().clamp_(max=len(_VIRIDIS) - 2)
     fraction = (position - lower).unsqueeze(-1)
     colours = palette[lower] * (1 - fraction) + palette[lower + 1] * fraction
-    return colours.permute(2, 0, 1)
+    return colours.round_().to(torch.uint8)
+
+
+_VIRIDIS_TABLE = _viridis_table()
+
+
+def _viridis(values: torch.Tensor) -> torch.Tensor:
+    """Map ``(H, W)`` values in [0, 1] to a ``(3, H, W)`` ``uint8`` RGB image, 256 levels."""
+    table = _VIRIDIS_TABLE.to(values.device)
+    levels = values.mul(255).round_().to(torch.long)
+    return table[levels].permute(2, 0, 1)
 
 
 def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
@@ -228,8 +238,11 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
     if matrix.dim() != 2 or matrix.numel() == 0:
         raise ValueError(f"matrix must be a non-empty 2-D tensor, got shape {tuple(matrix.shape)}")
     values = _normalize(matrix.detach().float(), dims=(0, 1))
-    image = _resize(_viridis(values).unsqueeze(0), _heatmap_size(*values.shape))[0]
-    return _to_uint8(image)
+    size = _heatmap_size(*values.shape)
+    if size[0] >= values.shape[0] and size[1] >= values.shape[1]:
+        # Enlarging only repeats pixels: colour the small matrix, then repeat its bytes.
+        return _resize(_viridis(values).unsqueeze(0), size)[0].contiguous()
+    return _viridis(_resize(values[None, None], size)[0, 0]).contiguous()
 
 
 def encode_png(image: torch.Tensor, compress_level: int = 1) -> bytes:
