@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from .rendering import feature_map_grid, heatmap
-from .summaries import DEFAULT_SAMPLE_SIZE, Summary, summarize
+from .summaries import DEFAULT_SAMPLE_SIZE, Summary, summarize, summarize_many
 
 __all__ = ["CaptureOptions", "StepCapture", "StepResults", "output_tensors", "render_output"]
 
@@ -168,6 +168,8 @@ class StepCapture:
             "activations": {}, "gradients": {}, "weights": {}, "weight_grads": {}
         }
         self._images: dict[str, torch.Tensor] = {}
+        # Parameter gradients as accumulated, summarized together in collect().
+        self._weight_grads: dict[str, torch.Tensor] = {}
         # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._attach(layers, parameters)
@@ -180,8 +182,8 @@ class StepCapture:
             self._layer_handles.append(module.register_forward_hook(hook))
         if not self.want_stats:
             return
+        self._summarize_all("weights", parameters)
         for name, param in parameters:
-            self._guarded(name, self._summarize_into, "weights", name, param)
             if param.requires_grad:
                 self._param_handles.append(param.register_post_accumulate_grad_hook(partial(self._on_param_grad, name)))
                 self.expects_backward = True
@@ -191,6 +193,17 @@ class StepCapture:
             function(*args)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
+
+    def _summarize_all(self, kind: str, named: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Summarize many tensors in one call (most parameters are small: per-call cost dominates)."""
+        options = self.options
+        try:
+            vectors = summarize_many([tensor for _, tensor in named], options.bins, options.sample_size, False)
+        except Exception:  # noqa: BLE001 - find the one that fails, and report it by name
+            for tag, tensor in named:
+                self._guarded(tag, self._summarize_into, kind, tag, tensor)
+            return
+        self._vectors[kind].update(zip([tag for tag, _ in named], vectors))
 
     def _summarize_into(self, kind: str, tag: str, tensor: torch.Tensor) -> None:
         count_zeros = kind == "activations"  # the only kind whose zero fraction is logged
@@ -233,10 +246,11 @@ class StepCapture:
         self._guarded(name, self._summarize_into, "gradients", tag, grad)
 
     def _on_param_grad(self, name: str, param: nn.Parameter) -> None:
-        if self.closed or name in self._vectors["weight_grads"] or param.grad is None:
+        # Kept until the backward pass ends, then summarized together (see collect).
+        if self.closed or name in self._weight_grads or param.grad is None:
             return
         self._queue_backward_callback()
-        self._guarded(name, self._summarize_into, "weight_grads", name, param.grad)
+        self._weight_grads[name] = param.grad
 
     def _queue_backward_callback(self) -> None:
         """Ask autograd to call ``on_backward_done`` when this backward pass ends (as DDP does)."""
@@ -265,8 +279,13 @@ class StepCapture:
         self._param_handles.clear()
 
     def collect(self) -> StepResults:
-        """Close, copy every result to the host in one transfer per device and dtype, and return them."""
+        """Close, copy every result to the host in one transfer per device and dtype, and return them.
+
+        Called when the backward pass ends, so the parameter gradients are still the ones it made.
+        """
         self.close()
+        self._summarize_all("weight_grads", list(self._weight_grads.items()))
+        self._weight_grads = {}
         keyed = [(kind, tag, vector) for kind, slots in self._vectors.items() for tag, vector in slots.items()]
         host_vectors = _to_host([vector for _, _, vector in keyed])
         results = StepResults(self.step)

@@ -18,12 +18,13 @@ bucket also holds ``max``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-__all__ = ["HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "sample_stride"]
+__all__ = ["HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "summarize_many", "sample_stride"]
 
 HEADER_SIZE = 7
 
@@ -157,7 +158,7 @@ def _summarize_finite_cpu(
     sample = array[::stride]
     if span > 0:
         # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
-        index = ((sample - low) / array.dtype.type(span / bins)).astype(np.intp)
+        index = ((sample - low) / array.dtype.type(float(span) / bins)).astype(np.intp)
         np.minimum(index, bins - 1, out=index)
         counts = np.bincount(index, minlength=bins).astype(np.float64)
     else:
@@ -168,6 +169,74 @@ def _summarize_finite_cpu(
     header = [numel, 0, zeros, float(low), float(high), total, total_squares]
     return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
 
+
+
+def summarize_many(
+    tensors: Sequence[torch.Tensor],
+    bins: int = 64,
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE,
+    count_zeros: bool = True,
+) -> list[torch.Tensor]:
+    """``[summarize(t, bins, sample_size, count_zeros) for t in tensors]``, with the small ones done together.
+
+    A model has dozens of biases and norm weights of a few hundred elements, where the cost
+    of one :func:`summarize` call is all overhead. Small, finite float32/float64 CPU tensors
+    of the same dtype are reduced in one set of NumPy calls over their concatenation;
+    the others (and any with NaN or Inf) go through :func:`summarize` one by one. Sums and
+    sums of squares are accumulated in float64.
+
+    Example:
+        >>> small, big = torch.arange(4.0), torch.ones(100_000)
+        >>> [Summary.from_vector(v.tolist()).sum for v in summarize_many([small, big], bins=2)]
+        [6.0, 100000.0]
+    """
+    vectors: list[torch.Tensor | None] = [None] * len(tensors)
+    together: dict[torch.dtype, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        numel = tensor.numel()
+        small = 0 < numel < _TORCH_REDUCTION_MIN and (sample_size is None or numel <= sample_size)
+        if small and tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
+            together.setdefault(tensor.dtype, []).append(index)
+        else:
+            vectors[index] = summarize(tensor, bins, sample_size, count_zeros)
+    for indices in together.values():
+        try:
+            arrays = [tensors[i].detach().reshape(-1).numpy() for i in indices]
+        except (RuntimeError, TypeError):  # tensor subclasses without a numpy view
+            arrays = None
+        found = _summarize_together(arrays, bins, count_zeros) if arrays else [None] * len(indices)
+        for i, vector in zip(indices, found):
+            vectors[i] = vector if vector is not None else summarize(tensors[i], bins, sample_size, count_zeros)
+    return vectors  # type: ignore[return-value]
+
+
+def _summarize_together(arrays: list[np.ndarray], bins: int, count_zeros: bool) -> list[torch.Tensor | None]:
+    """Summary vectors of small 1-D arrays of one dtype, every element counted; ``None`` for any not finite."""
+    sizes = np.array([array.size for array in arrays])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    flat = np.concatenate(arrays)
+    wide = flat.astype(np.float64)
+    totals = np.add.reduceat(wide, starts)
+    squares = np.add.reduceat(wide * wide, starts)
+    finite = np.isfinite(totals + squares)
+    with np.errstate(invalid="ignore"):  # NaN in a tensor that is then left to summarize()
+        lows, highs = np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts)
+        spans = highs - lows
+        zeros = np.add.reduceat(flat == 0, starts, dtype=np.int64) if count_zeros else np.full(len(arrays), np.nan)
+        widths = (spans.astype(np.float64) / bins).astype(flat.dtype)  # as _summarize_finite_cpu's width
+        constant = ~(spans > 0)
+        widths[constant] = 1
+        segment = np.repeat(np.arange(len(arrays)), sizes)
+        # Every value is >= its low, so truncation is floor; the minimum puts max in the last bucket.
+        index = ((flat - lows[segment]) / widths[segment]).astype(np.intp)
+    np.minimum(index, bins - 1, out=index)
+    index[constant[segment] | ~finite[segment]] = 0  # a constant tensor is one bucket
+    counts = np.bincount(segment * bins + index, minlength=len(arrays) * bins).reshape(len(arrays), bins)
+    table = np.empty((len(arrays), HEADER_SIZE + bins), dtype=np.float64)
+    table[:, 0], table[:, 1], table[:, 2] = sizes, 0, zeros
+    table[:, 3], table[:, 4], table[:, 5], table[:, 6] = lows, highs, totals, squares
+    table[:, HEADER_SIZE:] = counts
+    return [torch.from_numpy(row) if ok else None for row, ok in zip(table, finite)]
 
 def _count_zeros(array: np.ndarray, low: float, high: float) -> int:
     """Exact zero count of a finite array. numpy counts a bool mask several times faster than torch."""

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from actviz.summaries import HEADER_SIZE, Summary, sample_stride, summarize
+from actviz.summaries import HEADER_SIZE, Summary, sample_stride, summarize, summarize_many
 
 
 def summary_of(tensor, bins=4, sample_size=None) -> Summary:
@@ -167,3 +167,29 @@ def test_float32_squares_that_overflow_take_the_float64_path_quietly():
         summary = summary_of(values)
     assert summary.sum_squares == pytest.approx(2 * 3e19**2 + 1, rel=1e-6)
     assert summary.nonfinite == 0
+
+
+def test_summarize_many_gives_what_summarize_gives_one_by_one():
+    generator = torch.Generator().manual_seed(5)
+    tensors = [
+        torch.randn(32, generator=generator),                # a bias
+        torch.zeros(64),                                     # a constant: one bucket
+        torch.randn(16, 6, 3, 3, generator=generator),       # a conv weight
+        torch.tensor([1.0, float("nan"), float("inf")]),     # not finite: summarized alone
+        torch.randn(100_000, generator=generator),           # large: summarized alone
+        torch.randn(128, generator=generator).double(),      # another dtype, another group
+        torch.randn(1000, generator=generator).relu(),       # half zeros
+    ]
+    for count_zeros in (True, False):
+        together = summarize_many(tensors, bins=16, count_zeros=count_zeros)
+        assert len(together) == len(tensors)
+        for tensor, vector in zip(tensors, together):
+            alone = Summary.from_vector(summarize(tensor, bins=16, count_zeros=count_zeros).tolist())
+            many = Summary.from_vector(vector.tolist())
+            assert (many.num, many.nonfinite, many.zeros, many.min, many.max) == (
+                alone.num, alone.nonfinite, alone.zeros, alone.min, alone.max)
+            assert many.bucket_counts == alone.bucket_counts
+            assert many.sum == pytest.approx(alone.sum, rel=1e-9, abs=1e-9)
+            assert many.sum_squares == pytest.approx(alone.sum_squares, rel=1e-6)
+    by_hand = Summary.from_vector(summarize_many([torch.tensor([0.0, 1.0, 3.0, 4.0])], bins=2)[0].tolist())
+    assert (by_hand.zeros, by_hand.sum, by_hand.sum_squares, by_hand.bucket_counts) == (1, 8.0, 26.0, [2.0, 2.0])
