@@ -2,10 +2,13 @@
 
 A :class:`StepCapture` exists only for a step that logs. It attaches forward
 hooks to the watched layers and post-accumulate-grad hooks to their parameters,
-reduces every tensor inside the hook (see :mod:`actviz.summaries` and
-:mod:`actviz.rendering`), and keeps one result per tag. No hook holds a batch:
-activations are reduced before the next layer runs, so a later in-place op
-cannot change what was logged.
+reduces every activation and output gradient inside its hook (see
+:mod:`actviz.summaries` and :mod:`actviz.rendering`), and keeps one result per
+tag. No hook holds a batch: activations are reduced before the next layer runs,
+so a later in-place op cannot change what was logged. Parameters and their
+gradients, mostly small tensors, are summarized together: the weights when the
+step starts, the gradients (already held by the parameters) when the backward
+pass ends.
 
 A BatchNorm, InstanceNorm or GroupNorm layer fed directly by a tensor drawn in the
 same step gets no picture: it shifts and scales each channel, and every channel is
