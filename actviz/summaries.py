@@ -170,7 +170,6 @@ def _summarize_finite_cpu(
     return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
 
 
-
 def summarize_many(
     tensors: Sequence[torch.Tensor],
     bins: int = 64,
@@ -237,6 +236,7 @@ def _summarize_together(arrays: list[np.ndarray], bins: int, count_zeros: bool) 
     table[:, 3], table[:, 4], table[:, 5], table[:, 6] = lows, highs, totals, squares
     table[:, HEADER_SIZE:] = counts
     return [torch.from_numpy(row) if ok else None for row, ok in zip(table, finite)]
+
 
 def _count_zeros(array: np.ndarray, low: float, high: float) -> int:
     """Exact zero count of a finite array. numpy counts a bool mask several times faster than torch."""
