@@ -201,7 +201,7 @@ class StepCapture:
         """Summarize many tensors in one call (most parameters are small: per-call cost dominates)."""
         options = self.options
         try:
-            vectors = summarize_many([tensor for _, tensor in named], options.bins, options.sample_size, False)
+            vectors = summarize_many([tensor for _, tensor in named], options.bins, options.sample_size, count_zeros=False)
         except Exception:  # noqa: BLE001 - find the one that fails, and report it by name
             for tag, tensor in named:
                 self._guarded(tag, self._summarize_into, kind, tag, tensor)
