@@ -24,9 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "summarize_many", "sample_stride"]
+try:  # the optional C extension (see setup.py); without it everything runs in NumPy and torch
+    from . import _fused
+except ImportError:  # pragma: no cover - depends on how actviz was installed
+    _fused = None
+
+__all__ = ["FUSED", "HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "summarize_many", "sample_stride"]
 
 HEADER_SIZE = 7
+
+#: True when float32 tensors on the CPU are summarized by the one-pass C loop in
+#: :mod:`actviz._fused` (built at install time; it needs AVX2 and FMA).
+FUSED: bool = bool(_fused is not None and _fused.VECTORIZED)
 
 #: Bucket counts come from at most this many elements, taken with a fixed
 #: stride; the moments, min and max always use every element. At the default
@@ -134,17 +143,46 @@ def _summarize_finite_cpu(
     """The common case on the CPU: every element finite. ``None`` when some are not.
 
     A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
-    A step summarizes dozens of tensors, most of them small, so per-call cost matters:
-    the work is done on a numpy view of the same memory (torch's ``sum`` and ``aminmax``
-    only for large tensors, where its threads pay). The numbers equal the masked path's,
-    up to float rounding in the sums.
+    A float32 tensor takes one pass of the :mod:`actviz._fused` C loop when it is built
+    (see :data:`FUSED`); otherwise the work is done on a NumPy view of the same memory
+    (torch's ``sum`` and ``aminmax`` only for large tensors, where its threads pay). The
+    numbers equal the masked path's, up to float rounding in the sums.
     """
     try:
         array = values.numpy()
     except (RuntimeError, TypeError):  # a tensor subclass without a numpy view: use the general path
         return None
     numel = array.size
-    large = numel >= _TORCH_REDUCTION_MIN
+    fused = FUSED and array.dtype == np.float32 and array.flags.c_contiguous
+    if fused:
+        total, total_squares, low_value, high_value, zeros = _fused.moments(array, count_zeros)
+        if not math.isfinite(total + total_squares):
+            return None
+        low, high = np.float32(low_value), np.float32(high_value)
+    else:
+        moments = _numpy_moments(values, array, count_zeros)
+        if moments is None:
+            return None
+        total, total_squares, low, high, zeros = moments
+    span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
+    counts = np.zeros(bins)
+    if span > 0:
+        width = array.dtype.type(float(span) / bins)
+        sampled = _sampled_bucket_counts(array, stride, low, width, counts, fused)
+    else:
+        sampled = -(-numel // stride)
+        counts[0] = sampled
+    if stride > 1:
+        counts *= numel / sampled
+    header = [numel, 0, zeros, float(low), float(high), total, total_squares]
+    return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
+
+
+def _numpy_moments(
+    values: torch.Tensor, array: np.ndarray, count_zeros: bool
+) -> tuple[float, float, np.generic, np.generic, float] | None:
+    """``(sum, sum_squares, min, max, zeros)`` of a finite array, or ``None`` if it is not finite."""
+    large = array.size >= _TORCH_REDUCTION_MIN
     total = values.sum().item() if large else float(array.sum(dtype=np.float64))
     with np.errstate(over="ignore"):  # an overflow to Inf sends the tensor to the float64 path
         total_squares = float(np.dot(array, array))
@@ -155,21 +193,22 @@ def _summarize_finite_cpu(
         low, high = low_tensor.numpy()[()], high_tensor.numpy()[()]
     else:
         low, high = array.min(), array.max()
-    span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
     zeros = _count_zeros(array, float(low), float(high)) if count_zeros else math.nan
+    return total, total_squares, low, high, zeros
+
+
+def _sampled_bucket_counts(
+    array: np.ndarray, stride: int, low: np.generic, width: np.generic, counts: np.ndarray, fused: bool
+) -> int:
+    """Add the bucket counts of ``array[::stride]`` to ``counts``; return how many elements were sampled."""
+    if fused:
+        return _fused.bucket_counts(array, stride, float(low), float(width), counts)
     sample = array[::stride]
-    if span > 0:
-        # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
-        index = ((sample - low) / array.dtype.type(float(span) / bins)).astype(np.intp)
-        np.minimum(index, bins - 1, out=index)
-        counts = np.bincount(index, minlength=bins).astype(np.float64)
-    else:
-        counts = np.zeros(bins)
-        counts[0] = sample.size
-    if stride > 1:
-        counts *= numel / sample.size
-    header = [numel, 0, zeros, float(low), float(high), total, total_squares]
-    return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
+    # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
+    index = ((sample - low) / width).astype(np.intp)
+    np.minimum(index, counts.size - 1, out=index)
+    counts += np.bincount(index, minlength=counts.size)
+    return sample.size
 
 
 def summarize_many(

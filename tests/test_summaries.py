@@ -7,7 +7,17 @@ import numpy as np
 import pytest
 import torch
 
+import actviz.summaries
 from actviz.summaries import DEFAULT_SAMPLE_SIZE, HEADER_SIZE, Summary, sample_stride, summarize, summarize_many
+
+
+@pytest.fixture(autouse=True, params=["fused", "numpy"])
+def cpu_path(request, monkeypatch):
+    """Run every test here on both CPU paths: the C loop of actviz._fused, and NumPy alone."""
+    if request.param == "fused" and not actviz.summaries.FUSED:
+        pytest.skip("actviz._fused is not built here, or this CPU lacks AVX2/FMA")
+    monkeypatch.setattr(actviz.summaries, "FUSED", request.param == "fused")
+    return request.param
 
 
 def summary_of(tensor, bins=4, sample_size=None) -> Summary:
@@ -176,12 +186,14 @@ def test_cpu_fast_path_agrees_with_the_masked_path(numel, dtype):
     assert np.abs(np.array(fast.bucket_counts) - masked.bucket_counts).max() <= stride  # float32 edge rounding
 
 
-def test_float32_squares_that_overflow_take_the_float64_path_quietly():
-    values = torch.tensor([3e19, -3e19, 1.0])
+@pytest.mark.parametrize("repeat", [1, 2048])  # short, and long enough for the C loop's vector part
+def test_float32_squares_that_overflow_take_the_float64_path_quietly(repeat):
+    values = torch.tensor([3e19, -3e19] * repeat + [1.0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         summary = summary_of(values)
-    assert summary.sum_squares == pytest.approx(2 * 3e19**2 + 1, rel=1e-6)
+    assert summary.sum_squares == pytest.approx(repeat * 2 * 3e19**2 + 1, rel=1e-6)
+    assert abs(summary.sum - 1.0) <= 2 * repeat * 3e19 * 2**-52  # float64 rounding of the partial sums
     assert summary.nonfinite == 0
 
 

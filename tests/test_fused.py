@@ -1,0 +1,104 @@
+"""The optional C extension actviz._fused, checked against NumPy on the same arrays."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import actviz.summaries
+
+
+def test_the_extension_is_built_and_used_here():
+    # scripts/install.sh builds it; without a C compiler actviz still works, on its NumPy path
+    # (set ACTVIZ_ALLOW_NO_EXTENSION=1 to run the suite on such a machine).
+    if os.environ.get("ACTVIZ_ALLOW_NO_EXTENSION"):
+        pytest.importorskip("actviz._fused")
+    import actviz._fused
+
+    assert actviz._fused.VECTORIZED == actviz.summaries.FUSED
+    if not actviz._fused.VECTORIZED:
+        pytest.skip("this CPU has no AVX2/FMA")
+
+
+def fused():
+    actviz_fused = pytest.importorskip("actviz._fused")
+
+    if not actviz_fused.VECTORIZED:
+        pytest.skip("this CPU has no AVX2/FMA")
+    return actviz_fused
+
+
+# Lengths around the 16-element vector step and the 4,096-element block, so every tail is covered.
+@pytest.mark.parametrize("numel", [1, 15, 16, 17, 4095, 4096, 4097, 100_003])
+@pytest.mark.parametrize("count_zeros", [True, False])
+def test_moments_equal_numpy(numel, count_zeros):
+    generator = torch.Generator().manual_seed(numel)
+    array = (torch.randn(numel, generator=generator) * 3 + 1).relu().numpy()  # about a third exactly 0
+    total, squares, low, high, zeros = fused().moments(array, count_zeros)
+    wide = array.astype(np.float64)
+    assert total == pytest.approx(wide.sum(), rel=1e-12, abs=1e-9)
+    assert squares == pytest.approx((wide * wide).sum(), rel=1e-6)
+    assert (low, high) == (array.min(), array.max())
+    if count_zeros:
+        assert zeros == np.count_nonzero(array == 0)
+    else:
+        assert math.isnan(zeros)
+
+
+def test_negative_zero_is_a_zero_and_the_minimum_is_found_in_the_tail():
+    array = np.full(4096 + 3, 2.0, dtype=np.float32)
+    array[[5, 4096 + 1]] = [-0.0, -7.5]
+    total, _, low, high, zeros = fused().moments(array, True)
+    assert (low, high, zeros) == (-7.5, 2.0, 1)
+    assert total == 2.0 * (4096 + 1) - 7.5
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_makes_the_sum_not_finite(bad):
+    array = np.arange(1000, dtype=np.float32)
+    array[500] = bad
+    total, squares, *_ = fused().moments(array, True)
+    assert not math.isfinite(total + squares)
+
+
+def test_squares_that_overflow_float32_are_not_finite():
+    # The caller then summarizes in float64 (see test_summaries).
+    array = np.full(4096, 3e19, dtype=np.float32)
+    array[1::2] = -3e19
+    total, squares, *_ = fused().moments(array, True)
+    assert total == 0 and not math.isfinite(squares)
+
+
+@pytest.mark.parametrize("stride", [1, 7, 31])
+def test_bucket_counts_equal_the_numpy_path(stride):
+    array = torch.randn(50_001, generator=torch.Generator().manual_seed(stride)).numpy()
+    low, high, bins = array.min(), array.max(), 16
+    width = np.float32(float(high - low) / bins)
+    counts = np.zeros(bins)
+    sampled = fused().bucket_counts(array, stride, float(low), float(width), counts)
+    sample = array[::stride]
+    index = np.minimum(((sample - low) / width).astype(np.intp), bins - 1)
+    assert sampled == sample.size
+    assert counts.tolist() == np.bincount(index, minlength=bins).astype(np.float64).tolist()
+
+
+def test_wrong_buffers_are_refused_by_name():
+    module = fused()
+    with pytest.raises(TypeError, match="float32"):
+        module.moments(np.zeros(4), True)
+    with pytest.raises(ValueError, match="non-empty"):
+        module.moments(np.zeros(0, dtype=np.float32), True)
+    with pytest.raises(ValueError, match="contiguous"):
+        module.moments(np.zeros(8, dtype=np.float32)[::2], True)
+    with pytest.raises(TypeError, match="float64"):
+        module.bucket_counts(np.ones(4, dtype=np.float32), 1, 0.0, 1.0, np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="stride"):
+        module.bucket_counts(np.ones(4, dtype=np.float32), 0, 0.0, 1.0, np.zeros(4))
+
+
+def test_a_strided_tensor_takes_the_numpy_path():
+    values = torch.arange(20.0)[::2]  # a 1-D view with stride 2: no C-contiguous buffer
+    summary = actviz.summaries.Summary.from_vector(actviz.summaries.summarize(values, bins=2).tolist())
+    assert (summary.sum, summary.min, summary.max, summary.zeros) == (90.0, 0.0, 18.0, 1)
