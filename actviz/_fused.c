@@ -11,8 +11,8 @@
  *
  * The sum is taken in float64, as NumPy's float64 sum would give it. Sums of squares,
  * which cannot cancel, are taken in float32 over blocks of 4,096 elements (256 per
- * lane) and added up in float64. NaN and Inf make the sum non-finite; the caller then uses its masked path,
- * so min and max need no NaN handling here.
+ * lane) and added up in float64. NaN and Inf make the sum non-finite; the caller then
+ * uses its masked path, so min and max need no NaN handling here.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
