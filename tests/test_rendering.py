@@ -136,3 +136,15 @@ def test_png_round_trip():
     assert (decoded == colour.permute(1, 2, 0).numpy()).all()
     with pytest.raises(ValueError):
         encode_png(torch.zeros(2, 4, 4, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 1, 9), (3, 7, 1), (1, 40, 33), (3, 40, 33)])
+def test_png_round_trip_of_noise_and_repeated_rows(shape):
+    # Noise makes the "Sub" filter wrap below 0; the copied rows take the "Up" filter.
+    image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    if shape[1] > 2:
+        image[:, 1] = image[:, 0]
+        image[:, -1] = image[:, -2]
+    decoded = np.asarray(Image.open(io.BytesIO(encode_png(image))))
+    expected = image[0].numpy() if shape[0] == 1 else image.permute(1, 2, 0).numpy()
+    assert decoded.shape == expected.shape and (decoded == expected).all()
