@@ -200,10 +200,10 @@ _VIRIDIS_TABLE = _viridis_table()
 
 
 def _viridis(values: torch.Tensor) -> torch.Tensor:
-    """Map ``(H, W)`` values in [0, 1] to a ``(3, H, W)`` ``uint8`` RGB image, 256 levels."""
+    """Map ``(H, W)`` values in [0, 1] to an ``(H, W, 3)`` ``uint8`` RGB image, 256 levels."""
     table = _VIRIDIS_TABLE.to(values.device)
     levels = values.mul(255).round_().to(torch.long)
-    return table[levels].permute(2, 0, 1)
+    return table[levels]
 
 
 def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
@@ -227,7 +227,8 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
 
     Returns:
-        A ``(3, height, width)`` ``uint8`` tensor.
+        A ``(3, height, width)`` ``uint8`` tensor, stored channels-last (``.permute(1, 2, 0)``
+        is contiguous), which is the order a PNG wants.
 
     Example:
         >>> heatmap(torch.randn(10, 32)).shape
@@ -239,10 +240,15 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"matrix must be a non-empty 2-D tensor, got shape {tuple(matrix.shape)}")
     values = _normalize(matrix.detach().float(), dims=(0, 1))
     size = _heatmap_size(*values.shape)
-    if size[0] >= values.shape[0] and size[1] >= values.shape[1]:
-        # Enlarging only repeats pixels: colour the small matrix, then repeat its bytes.
-        return _resize(_viridis(values).unsqueeze(0), size)[0].contiguous()
-    return _viridis(_resize(values[None, None], size)[0, 0]).contiguous()
+    rows, columns = values.shape
+    if size[0] >= rows and size[1] >= columns:  # _heatmap_size enlarges by a whole factor
+        # Colour the small matrix, then repeat each RGB pixel, channels-last, in one copy.
+        factor = size[0] // rows
+        small = _viridis(values)[:, None, :, None, :]
+        colours = small.expand(rows, factor, columns, factor, 3).reshape(size[0], size[1], 3)
+    else:
+        colours = _viridis(_resize(values[None, None], size)[0, 0])
+    return colours.permute(2, 0, 1)
 
 
 def encode_png(image: torch.Tensor, compress_level: int = 1) -> bytes:
