@@ -7,7 +7,8 @@
  * sample into histogram buckets exactly as summaries._summarize_finite_cpu does in NumPy.
  *
  * The loop uses AVX2 and FMA and is picked at run time; VECTORIZED is False on CPUs
- * without them (and off x86-64), and actviz then keeps to its NumPy code.
+ * without them (and off x86-64, or when built with -DACTVIZ_NO_SIMD), and actviz then
+ * keeps to its NumPy code.
  *
  * The sum is taken in float64, as NumPy's float64 sum would give it. Sums of squares,
  * which cannot cancel, are taken in float32 over blocks of 4,096 elements (256 per
@@ -19,7 +20,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(ACTVIZ_NO_SIMD)
 #define ACTVIZ_X86 1
 #include <immintrin.h>
 #endif
@@ -91,8 +92,12 @@ __attribute__((target("avx2,fma"))) static void moments_avx2(const float *x, int
 }
 
 static int has_avx2(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static int known = -1;
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return known;
 }
 #else
 static int has_avx2(void) { return 0; }
@@ -125,7 +130,7 @@ static PyObject *moments(PyObject *self, PyObject *args) {
     }
     Py_buffer view;
     if (get_float_buffer(object, &view) < 0) return NULL;
-    moments_t m;
+    moments_t m = {0};
 #ifdef ACTVIZ_X86
     Py_BEGIN_ALLOW_THREADS
     moments_avx2((const float *)view.buf, view.len / 4, count_zeros, &m);

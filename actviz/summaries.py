@@ -18,6 +18,7 @@ bucket also holds ``max``.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,8 +35,9 @@ __all__ = ["FUSED", "HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize"
 HEADER_SIZE = 7
 
 #: True when float32 tensors on the CPU are summarized by the one-pass C loop in
-#: :mod:`actviz._fused` (built at install time; it needs AVX2 and FMA).
-FUSED: bool = bool(_fused is not None and _fused.VECTORIZED)
+#: :mod:`actviz._fused` (built at install time; it needs AVX2 and FMA). Set the
+#: environment variable ``ACTVIZ_PURE_PYTHON=1`` to keep to NumPy and torch.
+FUSED: bool = bool(_fused is not None and _fused.VECTORIZED and not os.environ.get("ACTVIZ_PURE_PYTHON"))
 
 #: Bucket counts come from at most this many elements, taken with a fixed
 #: stride; the moments, min and max always use every element. At the default

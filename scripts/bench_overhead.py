@@ -54,6 +54,7 @@ import torch
 from torch import nn
 
 import actviz
+import actviz.summaries
 from actviz.capture import StepResults
 from actviz.selection import select_layers
 from actviz.sinks import TensorBoardSink, use_fast_crc
@@ -470,7 +471,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = []
     meta = report["meta"]
     lines.append(f"`{meta['command']}` — torch {meta['torch']}, {meta['threads']} threads, "
-                 f"{meta['cpu_count']} CPUs, load average at start {meta['load_start']}, at end {meta.get('load_end')}")
+                 f"{meta['cpu_count']} CPUs, load average at start {meta['load_start']}, at end {meta.get('load_end')}, "
+                 f"C summary loop {'on' if meta.get('fused_summaries') else 'off'}")
     lines.append("")
     lines.append("Ratios to the bare training step (median [min–max] of per-pair ratios; Σ = ratio of summed times).")
     lines.append("")
@@ -620,6 +622,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_start": _load(),
             "wandb": wandb_available(),
             "fast_crc": fast_crc,
+            "fused_summaries": actviz.summaries.FUSED,
         },
         "models": {},
     }

@@ -43,4 +43,7 @@ def test_quick_run_writes_json_with_every_case(tmp_path):
     assert all(row["speedup"] > 0 for row in report["histogram"])
     assert report["memory"]["steps"] == 2
     assert "non-logging step (median, worst model)" in report["bars"]
+    import actviz.summaries
+
+    assert report["meta"]["fused_summaries"] == actviz.summaries.FUSED  # which summary path was timed
     assert "| actviz_logging |" in (tmp_path / "bench.md").read_text()

@@ -2,6 +2,8 @@
 
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ def test_the_extension_is_built_and_used_here():
         pytest.importorskip("actviz._fused")
     import actviz._fused
 
-    assert actviz._fused.VECTORIZED == actviz.summaries.FUSED
+    assert actviz.summaries.FUSED == (actviz._fused.VECTORIZED and not os.environ.get("ACTVIZ_PURE_PYTHON"))
     if not actviz._fused.VECTORIZED:
         pytest.skip("this CPU has no AVX2/FMA")
 
@@ -102,3 +104,11 @@ def test_a_strided_tensor_takes_the_numpy_path():
     values = torch.arange(20.0)[::2]  # a 1-D view with stride 2: no C-contiguous buffer
     summary = actviz.summaries.Summary.from_vector(actviz.summaries.summarize(values, bins=2).tolist())
     assert (summary.sum, summary.min, summary.max, summary.zeros) == (90.0, 0.0, 18.0, 1)
+
+
+def test_pure_python_switch_turns_the_c_loop_off():
+    code = "import actviz.summaries as s; print(s.FUSED)"
+    environment = {**os.environ, "ACTVIZ_PURE_PYTHON": "1"}
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.strip() == "False"
