@@ -5,6 +5,8 @@
  * and on a training step the data is no longer in cache, so each extra pass costs
  * a trip to memory. bucket_counts(array, stride, low, width, out) counts the strided
  * sample into histogram buckets exactly as summaries._summarize_finite_cpu does in NumPy.
+ * summarize(array, stride, count_zeros, out) does both and writes the whole summary
+ * vector, so a hook makes one call.
  *
  * The loop uses AVX2 and FMA and is picked at run time; VECTORIZED is False on CPUs
  * without them (and off x86-64, or when built with -DACTVIZ_NO_SIMD), and actviz then
@@ -103,6 +105,29 @@ static int has_avx2(void) {
 static int has_avx2(void) { return 0; }
 #endif
 
+/* Add the strided sample x[0], x[stride], ... to counts; return how many were sampled. */
+static int64_t count_buckets(const float *x, int64_t n, int64_t stride, float low, float width, double *counts, int64_t bins) {
+    int64_t sampled = 0;
+    for (int64_t i = 0; i < n; i += stride, sampled++) {
+        /* Every value is >= low, so truncation is floor; max goes into the last bucket. */
+        int64_t index = (int64_t)((x[i] - low) / width);
+        index = index < 0 ? 0 : (index >= bins ? bins - 1 : index);
+        counts[index] += 1.0;
+    }
+    return sampled;
+}
+
+/* A writable float64 buffer of at least `size` elements, or -1 with a Python error set. */
+static int get_vector_buffer(PyObject *object, Py_buffer *view, Py_ssize_t size) {
+    if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return -1;
+    if (view->itemsize != 8 || view->len < 8 * size || strchr(view->format ? view->format : "B", 'd') == NULL) {
+        PyErr_Format(PyExc_TypeError, "out must be a writable float64 buffer of at least %zd elements", size);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
 /* A C-contiguous, non-empty float32 buffer, or NULL with a Python error set. */
 static int get_float_buffer(PyObject *object, Py_buffer *view) {
     if (PyObject_GetBuffer(object, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
@@ -152,34 +177,86 @@ static PyObject *bucket_counts(PyObject *self, PyObject *args) {
     }
     Py_buffer view, out;
     if (get_float_buffer(object, &view) < 0) return NULL;
-    if (PyObject_GetBuffer(out_object, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+    if (get_vector_buffer(out_object, &out, 1) < 0) {
         PyBuffer_Release(&view);
         return NULL;
     }
-    if (out.itemsize != 8 || out.len < 8 || strchr(out.format ? out.format : "B", 'd') == NULL) {
-        PyErr_SetString(PyExc_TypeError, "out must be a non-empty, writable float64 buffer");
-        PyBuffer_Release(&view);
-        PyBuffer_Release(&out);
-        return NULL;
-    }
-    const float *x = (const float *)view.buf;
-    const int64_t n = view.len / 4, bins = out.len / 8;
-    double *counts = (double *)out.buf;
-    int64_t sampled = 0;
+    int64_t sampled;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t i = 0; i < n; i += stride, sampled++) {
-        /* Every value is >= low, so truncation is floor; max goes into the last bucket. */
-        int64_t index = (int64_t)((x[i] - low) / width);
-        index = index < 0 ? 0 : (index >= bins ? bins - 1 : index);
-        counts[index] += 1.0;
-    }
+    sampled = count_buckets((const float *)view.buf, view.len / 4, stride, low, width, (double *)out.buf, out.len / 8);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     PyBuffer_Release(&out);
     return PyLong_FromLongLong(sampled);
 }
 
+/* The header layout of actviz.summaries: num, nonfinite, zeros, min, max, sum, sum_squares. */
+#define HEADER_SIZE 7
+
+static PyObject *summarize(PyObject *self, PyObject *args) {
+    PyObject *object, *out_object;
+    Py_ssize_t stride;
+    int count_zeros;
+    if (!PyArg_ParseTuple(args, "OnpO:summarize", &object, &stride, &count_zeros, &out_object)) return NULL;
+    if (stride < 1) {
+        PyErr_Format(PyExc_ValueError, "stride must be >= 1, got %zd", stride);
+        return NULL;
+    }
+    if (!has_avx2()) {
+        PyErr_SetString(PyExc_RuntimeError, "this CPU has no AVX2/FMA; use the NumPy path");
+        return NULL;
+    }
+    Py_buffer view, out;
+    if (get_float_buffer(object, &view) < 0) return NULL;
+    if (get_vector_buffer(out_object, &out, HEADER_SIZE + 1) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const float *x = (const float *)view.buf;
+    const int64_t n = view.len / 4, bins = out.len / 8 - HEADER_SIZE;
+    double *vector = (double *)out.buf, *counts = vector + HEADER_SIZE;
+    moments_t m = {0};
+    int finite = 0;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef ACTVIZ_X86
+    moments_avx2(x, n, count_zeros, &m);
+#endif
+    finite = isfinite(m.sum + m.sum_squares);
+    if (finite) {
+        for (int64_t i = 0; i < bins; i++) counts[i] = 0.0;
+        const float span = m.high - m.low; /* in float32, as NumPy computes it on float32 scalars */
+        int64_t sampled;
+        if (span > 0) {
+            sampled = count_buckets(x, n, stride, m.low, (float)((double)span / bins), counts, bins);
+        } else {
+            sampled = (n + stride - 1) / stride;
+            counts[0] = (double)sampled;
+        }
+        if (stride > 1) {
+            const double scale = (double)n / (double)sampled;
+            for (int64_t i = 0; i < bins; i++) counts[i] *= scale;
+        }
+        vector[0] = (double)n;
+        vector[1] = 0.0;
+        vector[2] = m.zeros < 0 ? NAN : (double)m.zeros;
+        vector[3] = m.low;
+        vector[4] = m.high;
+        vector[5] = m.sum;
+        vector[6] = m.sum_squares;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    return PyBool_FromLong(finite);
+}
+
 static PyMethodDef methods[] = {
+    {"summarize", summarize, METH_VARARGS,
+     "summarize(array, stride, count_zeros, out) -> finite\n\n"
+     "Fill out (float64, HEADER_SIZE + bins long) with the summary vector of a non-empty C-contiguous\n"
+     "float32 buffer, as actviz.summaries lays it out: moments in one pass, then the buckets of every\n"
+     "stride-th element scaled to the full count. Returns False, leaving out unspecified, when the array\n"
+     "holds NaN or Inf or its sum of squares overflows float32; the caller then uses its masked path."},
     {"moments", moments, METH_VARARGS,
      "moments(array, count_zeros) -> (sum, sum_squares, min, max, zeros)\n\n"
      "One pass over a non-empty C-contiguous float32 buffer. zeros is NaN when count_zeros is False.\n"

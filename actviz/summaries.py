@@ -69,7 +69,6 @@ def _vector_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
-@torch.no_grad()
 def summarize(
     tensor: torch.Tensor,
     bins: int = 64,
@@ -154,23 +153,21 @@ def _summarize_finite_cpu(
         array = values.numpy()
     except (RuntimeError, TypeError):  # a tensor subclass without a numpy view: use the general path
         return None
+    if FUSED and array.dtype == np.float32 and array.flags.c_contiguous:
+        vector = np.empty(HEADER_SIZE + bins)
+        if not _fused.summarize(array, stride, count_zeros, vector):
+            return None
+        return torch.from_numpy(vector).to(out_dtype)
+    moments = _numpy_moments(values, array, count_zeros)
+    if moments is None:
+        return None
+    total, total_squares, low, high, zeros = moments
     numel = array.size
-    fused = FUSED and array.dtype == np.float32 and array.flags.c_contiguous
-    if fused:
-        total, total_squares, low_value, high_value, zeros = _fused.moments(array, count_zeros)
-        if not math.isfinite(total + total_squares):
-            return None
-        low, high = np.float32(low_value), np.float32(high_value)
-    else:
-        moments = _numpy_moments(values, array, count_zeros)
-        if moments is None:
-            return None
-        total, total_squares, low, high, zeros = moments
     span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
     counts = np.zeros(bins)
     if span > 0:
         width = array.dtype.type(float(span) / bins)
-        sampled = _sampled_bucket_counts(array, stride, low, width, counts, fused)
+        sampled = _sampled_bucket_counts(array, stride, low, width, counts)
     else:
         sampled = -(-numel // stride)
         counts[0] = sampled
@@ -199,12 +196,8 @@ def _numpy_moments(
     return total, total_squares, low, high, zeros
 
 
-def _sampled_bucket_counts(
-    array: np.ndarray, stride: int, low: np.generic, width: np.generic, counts: np.ndarray, fused: bool
-) -> int:
+def _sampled_bucket_counts(array: np.ndarray, stride: int, low: np.generic, width: np.generic, counts: np.ndarray) -> int:
     """Add the bucket counts of ``array[::stride]`` to ``counts``; return how many elements were sampled."""
-    if fused:
-        return _fused.bucket_counts(array, stride, float(low), float(width), counts)
     sample = array[::stride]
     # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
     index = ((sample - low) / width).astype(np.intp)

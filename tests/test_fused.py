@@ -112,3 +112,36 @@ def test_pure_python_switch_turns_the_c_loop_off():
     finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert finished.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("count_zeros", [True, False])
+@pytest.mark.parametrize(
+    "make, stride",
+    [
+        (lambda g: torch.randn(100_003, generator=g).relu(), 13),  # sampled buckets, scaled up
+        (lambda g: torch.randn(5_000, generator=g), 1),
+        (lambda g: torch.full((4097,), 2.5), 7),                    # constant: one bucket
+        (lambda g: torch.tensor([-1.0, 0.0, 3.0]), 1),              # shorter than one vector
+    ],
+)
+def test_summarize_writes_the_vector_the_numpy_path_writes(make, stride, count_zeros, monkeypatch):
+    values = make(torch.Generator().manual_seed(stride))
+    vector = np.empty(actviz.summaries.HEADER_SIZE + 16)
+    assert fused().summarize(values.numpy(), stride, count_zeros, vector) is True
+    monkeypatch.setattr(actviz.summaries, "FUSED", False)
+    expected = actviz.summaries._summarize_finite_cpu(values, 16, stride, torch.float64, count_zeros).numpy()
+    header = actviz.summaries.HEADER_SIZE
+    np.testing.assert_array_equal(vector[:5], expected[:5])  # num, nonfinite, zeros (or NaN), min, max
+    np.testing.assert_allclose(vector[5:header], expected[5:header], rtol=1e-6, atol=1e-6)  # sums
+    np.testing.assert_array_equal(vector[header:], expected[header:])  # the same buckets, the same scaling
+
+
+def test_summarize_reports_nan_and_refuses_a_short_vector():
+    module = fused()
+    array = np.ones(100, dtype=np.float32)
+    array[50] = np.nan
+    assert module.summarize(array, 1, True, np.empty(7 + 4)) is False
+    with pytest.raises(TypeError, match="at least 8 elements"):
+        module.summarize(np.ones(4, dtype=np.float32), 1, True, np.empty(7))
+    with pytest.raises(ValueError, match="stride"):
+        module.summarize(np.ones(4, dtype=np.float32), 0, True, np.empty(9))

@@ -221,3 +221,10 @@ def test_summarize_many_gives_what_summarize_gives_one_by_one():
             assert many.sum_squares == pytest.approx(alone.sum_squares, rel=1e-6)
     by_hand = Summary.from_vector(summarize_many([torch.tensor([0.0, 1.0, 3.0, 4.0])], bins=2)[0].tolist())
     assert (by_hand.zeros, by_hand.sum, by_hand.sum_squares, by_hand.bucket_counts) == (1, 8.0, 26.0, [2.0, 2.0])
+
+
+def test_a_tensor_that_requires_grad_builds_no_graph():
+    weight = torch.randn(300, requires_grad=True)
+    for tensor in (weight, weight * 2, torch.tensor([1.0, float("nan")], requires_grad=True)):
+        vector = summarize(tensor, bins=4)
+        assert not vector.requires_grad and vector.grad_fn is None
