@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_overhead.py"
 
 
@@ -43,6 +45,9 @@ def test_quick_run_writes_json_with_every_case(tmp_path):
     assert all(row["speedup"] > 0 for row in report["histogram"])
     assert report["memory"]["steps"] == 2
     assert "non-logging step (median, worst model)" in report["bars"]
+    hook = report["idle_hook"]
+    assert hook["forwards"] > 0 and hook["bare_forward_us"] > 0
+    assert hook["watched_forward_us"] == pytest.approx(hook["bare_forward_us"] + hook["hook_us"])
     import actviz.summaries
 
     assert report["meta"]["fused_summaries"] == actviz.summaries.FUSED  # which summary path was timed
