@@ -13,6 +13,11 @@ Layout of the vector::
 ``num`` counts every element; the others leave NaN and ±Inf out. Bucket ``i``
 covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the last
 bucket also holds ``max``.
+
+On the CPU a finite float32 tensor is summarized by one call into the optional C
+extension :mod:`actviz._fused`, which reads it once (see :data:`FUSED`); other CPU
+tensors by NumPy on a view of the same memory; NaN, Inf and accelerator tensors by
+masked torch ops.
 """
 
 from __future__ import annotations
