@@ -1,12 +1,11 @@
 /* One pass over a float32 array for actviz's tensor summaries.
  *
- * moments(array, count_zeros) reads each element once and returns
- * (sum, sum_squares, min, max, zeros). NumPy and torch need one pass per number,
- * and on a training step the data is no longer in cache, so each extra pass costs
- * a trip to memory. bucket_counts(array, stride, low, width, out) counts the strided
- * sample into histogram buckets exactly as summaries._summarize_finite_cpu does in NumPy.
- * summarize(array, stride, count_zeros, out) does both and writes the whole summary
- * vector, so a hook makes one call.
+ * summarize(array, stride, count_zeros, out) writes the summary vector that
+ * actviz.summaries lays out. It reads each element once for the sum, sum of squares,
+ * min, max and zero count; NumPy and torch need one pass per number, and on a
+ * training step the data is no longer in cache, so each extra pass costs a trip to
+ * memory. It then counts the strided sample into histogram buckets exactly as
+ * summaries._summarize_finite_cpu does in NumPy.
  *
  * The loop uses AVX2 and FMA and is picked at run time; VECTORIZED is False on CPUs
  * without them (and off x86-64, or when built with -DACTVIZ_NO_SIMD), and actviz then
@@ -145,51 +144,6 @@ static int get_float_buffer(PyObject *object, Py_buffer *view) {
     return 0;
 }
 
-static PyObject *moments(PyObject *self, PyObject *args) {
-    PyObject *object;
-    int count_zeros;
-    if (!PyArg_ParseTuple(args, "Op:moments", &object, &count_zeros)) return NULL;
-    if (!has_avx2()) {
-        PyErr_SetString(PyExc_RuntimeError, "this CPU has no AVX2/FMA; use the NumPy path");
-        return NULL;
-    }
-    Py_buffer view;
-    if (get_float_buffer(object, &view) < 0) return NULL;
-    moments_t m = {0};
-#ifdef ACTVIZ_X86
-    Py_BEGIN_ALLOW_THREADS
-    moments_avx2((const float *)view.buf, view.len / 4, count_zeros, &m);
-    Py_END_ALLOW_THREADS
-#endif
-    PyBuffer_Release(&view);
-    if (m.zeros < 0) return Py_BuildValue("(ddddd)", m.sum, m.sum_squares, (double)m.low, (double)m.high, NAN);
-    return Py_BuildValue("(ddddL)", m.sum, m.sum_squares, (double)m.low, (double)m.high, (long long)m.zeros);
-}
-
-static PyObject *bucket_counts(PyObject *self, PyObject *args) {
-    PyObject *object, *out_object;
-    Py_ssize_t stride;
-    float low, width;
-    if (!PyArg_ParseTuple(args, "OnffO:bucket_counts", &object, &stride, &low, &width, &out_object)) return NULL;
-    if (stride < 1 || !(width > 0)) {
-        PyErr_Format(PyExc_ValueError, "stride must be >= 1 and width > 0, got %zd and %f", stride, (double)width);
-        return NULL;
-    }
-    Py_buffer view, out;
-    if (get_float_buffer(object, &view) < 0) return NULL;
-    if (get_vector_buffer(out_object, &out, 1) < 0) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    int64_t sampled;
-    Py_BEGIN_ALLOW_THREADS
-    sampled = count_buckets((const float *)view.buf, view.len / 4, stride, low, width, (double *)out.buf, out.len / 8);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&view);
-    PyBuffer_Release(&out);
-    return PyLong_FromLongLong(sampled);
-}
-
 /* The header layout of actviz.summaries: num, nonfinite, zeros, min, max, sum, sum_squares. */
 #define HEADER_SIZE 7
 
@@ -257,14 +211,6 @@ static PyMethodDef methods[] = {
      "float32 buffer, as actviz.summaries lays it out: moments in one pass, then the buckets of every\n"
      "stride-th element scaled to the full count. Returns False, leaving out unspecified, when the array\n"
      "holds NaN or Inf or its sum of squares overflows float32; the caller then uses its masked path."},
-    {"moments", moments, METH_VARARGS,
-     "moments(array, count_zeros) -> (sum, sum_squares, min, max, zeros)\n\n"
-     "One pass over a non-empty C-contiguous float32 buffer. zeros is NaN when count_zeros is False.\n"
-     "NaN or Inf in the array make sum or sum_squares non-finite (min and max are then meaningless)."},
-    {"bucket_counts", bucket_counts, METH_VARARGS,
-     "bucket_counts(array, stride, low, width, out) -> sampled\n\n"
-     "Add 1 to out[int((array[i] - low) / width)] (clamped to the last bucket) for i = 0, stride, 2*stride, ...\n"
-     "All arithmetic is float32, as NumPy does it on float32 arrays. out is a float64 buffer."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,14 +32,21 @@ def fused():
     return actviz_fused
 
 
+def summary_vector(array, stride=1, count_zeros=True, bins=4):
+    """The C loop's vector for a float32 array, or None when it reports NaN, Inf or overflow."""
+    vector = np.empty(actviz.summaries.HEADER_SIZE + bins)
+    return vector if fused().summarize(array, stride, count_zeros, vector) else None
+
+
 # Lengths around the 16-element vector step and the 4,096-element block, so every tail is covered.
 @pytest.mark.parametrize("numel", [1, 15, 16, 17, 4095, 4096, 4097, 100_003])
 @pytest.mark.parametrize("count_zeros", [True, False])
 def test_moments_equal_numpy(numel, count_zeros):
     generator = torch.Generator().manual_seed(numel)
     array = (torch.randn(numel, generator=generator) * 3 + 1).relu().numpy()  # about a third exactly 0
-    total, squares, low, high, zeros = fused().moments(array, count_zeros)
+    num, nonfinite, zeros, low, high, total, squares = summary_vector(array, count_zeros=count_zeros)[:7]
     wide = array.astype(np.float64)
+    assert (num, nonfinite) == (numel, 0)
     assert total == pytest.approx(wide.sum(), rel=1e-12, abs=1e-9)
     assert squares == pytest.approx((wide * wide).sum(), rel=1e-6)
     assert (low, high) == (array.min(), array.max())
@@ -52,52 +59,39 @@ def test_moments_equal_numpy(numel, count_zeros):
 def test_negative_zero_is_a_zero_and_the_minimum_is_found_in_the_tail():
     array = np.full(4096 + 3, 2.0, dtype=np.float32)
     array[[5, 4096 + 1]] = [-0.0, -7.5]
-    total, _, low, high, zeros = fused().moments(array, True)
+    _, _, zeros, low, high, total, _ = summary_vector(array)[:7]
     assert (low, high, zeros) == (-7.5, 2.0, 1)
     assert total == 2.0 * (4096 + 1) - 7.5
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
-def test_nan_or_inf_makes_the_sum_not_finite(bad):
+def test_nan_or_inf_is_reported(bad):
     array = np.arange(1000, dtype=np.float32)
     array[500] = bad
-    total, squares, *_ = fused().moments(array, True)
-    assert not math.isfinite(total + squares)
+    assert summary_vector(array) is None
 
 
-def test_squares_that_overflow_float32_are_not_finite():
+def test_squares_that_overflow_float32_are_reported():
     # The caller then summarizes in float64 (see test_summaries).
     array = np.full(4096, 3e19, dtype=np.float32)
     array[1::2] = -3e19
-    total, squares, *_ = fused().moments(array, True)
-    assert total == 0 and not math.isfinite(squares)
-
-
-@pytest.mark.parametrize("stride", [1, 7, 31])
-def test_bucket_counts_equal_the_numpy_path(stride):
-    array = torch.randn(50_001, generator=torch.Generator().manual_seed(stride)).numpy()
-    low, high, bins = array.min(), array.max(), 16
-    width = np.float32(float(high - low) / bins)
-    counts = np.zeros(bins)
-    sampled = fused().bucket_counts(array, stride, float(low), float(width), counts)
-    sample = array[::stride]
-    index = np.minimum(((sample - low) / width).astype(np.intp), bins - 1)
-    assert sampled == sample.size
-    assert counts.tolist() == np.bincount(index, minlength=bins).astype(np.float64).tolist()
+    assert summary_vector(array) is None
 
 
 def test_wrong_buffers_are_refused_by_name():
-    module = fused()
+    module, out = fused(), np.empty(12)
     with pytest.raises(TypeError, match="float32"):
-        module.moments(np.zeros(4), True)
+        module.summarize(np.zeros(4), 1, True, out)
     with pytest.raises(ValueError, match="non-empty"):
-        module.moments(np.zeros(0, dtype=np.float32), True)
+        module.summarize(np.zeros(0, dtype=np.float32), 1, True, out)
     with pytest.raises(ValueError, match="contiguous"):
-        module.moments(np.zeros(8, dtype=np.float32)[::2], True)
+        module.summarize(np.zeros(8, dtype=np.float32)[::2], 1, True, out)
     with pytest.raises(TypeError, match="float64"):
-        module.bucket_counts(np.ones(4, dtype=np.float32), 1, 0.0, 1.0, np.zeros(4, dtype=np.float32))
+        module.summarize(np.ones(4, dtype=np.float32), 1, True, np.zeros(12, dtype=np.float32))
+    with pytest.raises(TypeError, match="at least 8 elements"):
+        module.summarize(np.ones(4, dtype=np.float32), 1, True, np.empty(7))
     with pytest.raises(ValueError, match="stride"):
-        module.bucket_counts(np.ones(4, dtype=np.float32), 0, 0.0, 1.0, np.zeros(4))
+        module.summarize(np.ones(4, dtype=np.float32), 0, True, out)
 
 
 def test_a_strided_tensor_takes_the_numpy_path():
@@ -134,14 +128,3 @@ def test_summarize_writes_the_vector_the_numpy_path_writes(make, stride, count_z
     np.testing.assert_array_equal(vector[:5], expected[:5])  # num, nonfinite, zeros (or NaN), min, max
     np.testing.assert_allclose(vector[5:header], expected[5:header], rtol=1e-6, atol=1e-6)  # sums
     np.testing.assert_array_equal(vector[header:], expected[header:])  # the same buckets, the same scaling
-
-
-def test_summarize_reports_nan_and_refuses_a_short_vector():
-    module = fused()
-    array = np.ones(100, dtype=np.float32)
-    array[50] = np.nan
-    assert module.summarize(array, 1, True, np.empty(7 + 4)) is False
-    with pytest.raises(TypeError, match="at least 8 elements"):
-        module.summarize(np.ones(4, dtype=np.float32), 1, True, np.empty(7))
-    with pytest.raises(ValueError, match="stride"):
-        module.summarize(np.ones(4, dtype=np.float32), 0, True, np.empty(9))
