@@ -169,15 +169,17 @@ def _summarize_finite_cpu(
     total, total_squares, low, high, zeros = moments
     numel = array.size
     span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
-    counts = np.zeros(bins)
+    sample = array[::stride]
     if span > 0:
-        width = array.dtype.type(float(span) / bins)
-        sampled = _sampled_bucket_counts(array, stride, low, width, counts)
+        # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
+        index = ((sample - low) / array.dtype.type(float(span) / bins)).astype(np.intp)
+        np.minimum(index, bins - 1, out=index)
+        counts = np.bincount(index, minlength=bins).astype(np.float64)
     else:
-        sampled = -(-numel // stride)
-        counts[0] = sampled
+        counts = np.zeros(bins)
+        counts[0] = sample.size
     if stride > 1:
-        counts *= numel / sampled
+        counts *= numel / sample.size
     header = [numel, 0, zeros, float(low), float(high), total, total_squares]
     return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
 
@@ -199,16 +201,6 @@ def _numpy_moments(
         low, high = array.min(), array.max()
     zeros = _count_zeros(array, float(low), float(high)) if count_zeros else math.nan
     return total, total_squares, low, high, zeros
-
-
-def _sampled_bucket_counts(array: np.ndarray, stride: int, low: np.generic, width: np.generic, counts: np.ndarray) -> int:
-    """Add the bucket counts of ``array[::stride]`` to ``counts``; return how many elements were sampled."""
-    sample = array[::stride]
-    # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
-    index = ((sample - low) / width).astype(np.intp)
-    np.minimum(index, counts.size - 1, out=index)
-    counts += np.bincount(index, minlength=counts.size)
-    return sample.size
 
 
 def summarize_many(
