@@ -9,13 +9,15 @@ Then ``tensorboard --logdir runs`` shows feature-map grids, activation and
 gradient histograms, parameter histograms and per-layer statistics.
 """
 
-from .capture import CaptureOptions, StepResults
+from .api import watch
+from .options import CaptureOptions
 from .rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
+from .results import StepResults, Summary
 from .schedule import Schedule
 from .selection import select_layers
-from .summaries import Summary, summarize
-from .watcher import Watcher, watch
+from .summaries import summarize
+from .watcher import Watcher
 
 __version__ = "0.1.0"
 

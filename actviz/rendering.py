@@ -1,32 +1,35 @@
 """Rendering: pure functions that turn one sample's activations into a picture.
 
-Every function takes a tensor and returns a new ``uint8`` image tensor shaped
-``(channels, height, width)``; inputs are never modified. Pictures are made on
-the tensor's device and copied to the host only to encode them.
+The public functions take a tensor and return a new ``uint8`` image tensor shaped
+``(channels, height, width)``; inputs are never modified. A picture is made in two
+halves. :func:`picture_source` runs in the hook, on the tensor's device: it picks the
+channels to draw and copies them (a few kernel ops, no host sync). The rest (per-channel
+normalisation, quantisation, enlarging and ``make_grid``'s layout) runs on the host, on
+the writer thread, once the step's results have come back in one copy.
+:func:`feature_map_grid` and :func:`heatmap` are the two halves in one call.
 """
 
 from __future__ import annotations
 
 import math
-import struct
-import zlib
+from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchvision.utils import make_grid
+
+from .options import DEFAULT_MAX_CHANNELS
 
 __all__ = [
     "DEFAULT_MAX_CHANNELS",
     "feature_map_grid",
     "grid_layout",
     "heatmap",
-    "encode_png",
+    "picture_source",
     "select_channels",
     "tile_size",
 ]
 
-DEFAULT_MAX_CHANNELS = 64
 #: Tiles smaller than this (longest side, pixels) are enlarged by a whole factor.
 MIN_TILE = 32
 #: Tiles larger than this are shrunk by area averaging.
@@ -170,10 +173,22 @@ def feature_map_grid(
         raise ValueError(f"fmap must be a non-empty (C, H, W) tensor, got shape {tuple(fmap.shape)}")
     if max_channels <= 0:
         raise ValueError(f"max_channels must be positive, got {max_channels}")
-    values = fmap.detach()
-    if values.shape[0] > max_channels:
-        values = values[select_channels(values, max_channels)]
-    values = values.float()
+    return draw_grid(grid_channels(fmap.detach(), max_channels), min_tile, max_tile, padding)
+
+
+def grid_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
+    """The device half of :func:`feature_map_grid`: a copy of the channels to draw, in their dtype."""
+    if fmap.shape[0] > max_channels:
+        return fmap.index_select(0, select_channels(fmap, max_channels))
+    return fmap.clone()
+
+
+@torch.no_grad()
+def draw_grid(
+    channels: torch.Tensor, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE, padding: int = GRID_PADDING
+) -> torch.Tensor:
+    """The host half of :func:`feature_map_grid`: every channel of a ``(C, H, W)`` tensor, tiled."""
+    values = channels.float()
     size = tile_size(*values.shape[-2:], min_tile=min_tile, max_tile=max_tile)
     tiles = _normalize(values, dims=(1, 2)).unsqueeze(1)
     if size[0] >= tiles.shape[-2] and size[1] >= tiles.shape[-1]:
@@ -184,6 +199,33 @@ def feature_map_grid(
     columns = math.ceil(math.sqrt(tiles.shape[0]))
     grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=255)
     return grid[:1].contiguous()
+
+
+def picture_source(
+    tensor: torch.Tensor, max_channels: int, batch_dim: int = 0
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None:
+    """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
+
+    ``source`` is a copy, on the tensor's device, of what the picture needs: the chosen
+    channels of sample 0 for a 4-D output, sample 0's matrix for a 3-D one. ``draw(source)``
+    makes the picture, the same as :func:`feature_map_grid` or :func:`heatmap` of sample 0.
+
+    Example:
+        >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
+        >>> tuple(source.shape), tuple(draw(source).shape)
+        ((64, 5, 5), (1, 298, 298))
+    """
+    if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
+        return None
+    if tensor.dim() == 4:
+        return draw_grid, grid_channels(tensor.detach()[0], max_channels)
+    return heatmap, tensor.detach().select(batch_dim, 0).clone()
+
+
+def render_output(tensor: torch.Tensor, max_channels: int, batch_dim: int = 0) -> torch.Tensor | None:
+    """Picture of one sample of a layer output: a channel grid for 4-D, a heat map for 3-D, else ``None``."""
+    found = picture_source(tensor, max_channels, batch_dim)
+    return None if found is None else found[0](found[1])
 
 
 def _viridis_table() -> torch.Tensor:
@@ -249,48 +291,3 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
     else:
         colours = _viridis(_resize(values[None, None], size)[0, 0])
     return colours.permute(2, 0, 1)
-
-
-def encode_png(image: torch.Tensor, compress_level: int = 1) -> bytes:
-    """Encode a ``(1 or 3, H, W)`` ``uint8`` tensor as a grayscale or RGB PNG.
-
-    A minimal encoder for pictures enlarged by repeating pixels. A row equal to the
-    one above it is stored with PNG's "Up" filter, which turns it into zeros; other
-    rows use the "Sub" filter, which turns a repeated pixel into zeros. zlib then
-    compresses with run-length matching only, at a fast level. On feature-map grids
-    and heat maps the files are within about 10% of PIL's level-1 PNGs, made in
-    under half the time.
-
-    Example:
-        >>> encode_png(torch.zeros(1, 2, 3, dtype=torch.uint8))[:8]
-        b'\\x89PNG\\r\\n\\x1a\\n'
-    """
-    if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] not in (1, 3):
-        raise ValueError(f"expected a (1 or 3, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")
-    channels, height, width = image.shape
-    pixels = image.cpu().permute(1, 2, 0).reshape(height, width * channels).numpy()
-    rows = np.empty((height, width * channels + 1), dtype=np.uint8)  # a filter-type byte, then the row
-    # "Sub": each byte minus the same byte of the pixel to its left (wrapping, as PNG wants).
-    rows[:, 1 : 1 + channels] = pixels[:, :channels]
-    np.subtract(pixels[:, channels:], pixels[:, :-channels], out=rows[:, 1 + channels :])
-    repeated = np.zeros(height, dtype=bool)
-    repeated[1:] = (pixels[1:] == pixels[:-1]).all(axis=1)
-    rows[:, 0] = np.where(repeated, _FILTER_UP, _FILTER_SUB)
-    rows[repeated, 1:] = 0  # "Up": each byte minus the byte above it
-    colour_type = 0 if channels == 1 else 2  # grayscale or truecolour, 8 bits per sample
-    header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    compressor = zlib.compressobj(compress_level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_RLE)
-    return b"".join([
-        _PNG_SIGNATURE,
-        _png_chunk(b"IHDR", header),
-        _png_chunk(b"IDAT", compressor.compress(rows.tobytes()) + compressor.flush()),
-        _png_chunk(b"IEND", b""),
-    ])
-
-
-_FILTER_SUB, _FILTER_UP = 1, 2
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))

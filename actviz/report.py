@@ -40,11 +40,13 @@ from torch import nn
 from torchvision.transforms._presets import ImageClassification
 from tqdm import tqdm  # not tqdm.auto: it warns on import in Jupyter without ipywidgets
 
-from .capture import StepResults, output_tensors, render_output
-from .rendering import DEFAULT_MAX_CHANNELS
+from .capture import output_tensors
+from .options import DEFAULT_MAX_CHANNELS
+from .rendering import render_output
+from .results import StepResults, Summary
 from .selection import layer_display_name, select_layers
 from .sinks import TensorBoardSink
-from .summaries import Summary, summarize
+from .summaries import summarize
 
 __all__ = [
     "LAYER_KEYWORDS",

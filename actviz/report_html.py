@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .rendering import encode_png
+from .png import encode_png
 
 if TYPE_CHECKING:
     from .report import ImageReport, LayerRecord, ReportResult

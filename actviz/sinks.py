@@ -16,20 +16,20 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 
-from .capture import StepResults
-from .rendering import encode_png
-from .summaries import Summary
+from .png import encode_png
+from .results import StepResults, Summary
 
 __all__ = ["TensorBoardSink", "BackgroundSink", "use_fast_crc"]
 
@@ -181,30 +181,40 @@ def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
     return SummaryProto.Value(tag=tag, image=proto)
 
 
-class BackgroundSink:
-    """Runs another sink's writes on one worker thread, in order.
+class PendingResults(Protocol):
+    """A step on its way to the host (:class:`actviz.transfer.PendingStep`)."""
 
-    PNG encoding and protobuf building then overlap the next training steps instead of
-    lengthening the logging step; on a GPU machine the CPU is mostly idle while the
-    device computes, so they come almost for free. At most ``max_pending`` steps wait;
-    a further :meth:`write` blocks until one is written, so memory stays bounded.
+    step: int
+
+    def resolve(self) -> StepResults: ...
+
+
+class BackgroundSink:
+    """Finishes steps and runs another sink's writes on one worker thread, in order.
+
+    Waiting for a step's copy from the device, counting its buckets, drawing and
+    PNG-encoding its pictures and building protobufs then overlap the next training
+    steps instead of lengthening the logging step; on a GPU machine the CPU is mostly
+    idle while the device computes, so they come almost for free. At most
+    ``max_pending`` steps wait; a further :meth:`write` blocks until one is written, so
+    memory stays bounded.
 
     Args:
         sink: The sink doing the writing, e.g. a :class:`TensorBoardSink`.
-        on_error: Called on the worker thread with the step's results and the exception
-            when a write fails. The thread goes on with the next step.
+        on_error: Called on the worker thread with the pending step and the exception
+            when finishing or writing it fails. The thread goes on with the next step.
         max_pending: Most steps queued at once.
     """
 
     def __init__(
         self,
         sink: TensorBoardSink,
-        on_error: Callable[[StepResults, BaseException], None],
+        on_error: Callable[[Any, BaseException], None],
         max_pending: int = 2,
     ) -> None:
         self.sink = sink
         self._on_error = on_error
-        self._queue: queue.Queue[StepResults | None] = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue[PendingResults | None] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -212,23 +222,26 @@ class BackgroundSink:
     def writer(self) -> Any:
         return self.sink.writer
 
-    def write(self, results: StepResults) -> None:
-        """Queue one step's results for writing."""
+    def write(self, pending: PendingResults) -> None:
+        """Queue one step for finishing and writing."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="actviz-writer", daemon=True)
             self._thread.start()
             atexit.register(_close_at_exit, weakref.ref(self))
-        self._queue.put(results)
+        self._queue.put(pending)
 
     def _run(self) -> None:
         while True:
-            results = self._queue.get()
+            pending = self._queue.get()
             try:
-                if results is None:
+                if pending is None:
                     return
-                self.sink.write(results)
+                results = pending.resolve()
+                if not results.is_empty():
+                    self.sink.write(results)
             except Exception as error:  # noqa: BLE001 - the thread must outlive a failed write
-                self._on_error(results, error)
+                with contextlib.suppress(Exception):  # e.g. its warning turned into an error by a filter
+                    self._on_error(pending, error)
             finally:
                 self._queue.task_done()
 

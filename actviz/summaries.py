@@ -1,58 +1,52 @@
-"""Tensor summaries: one small vector per tensor, computed on the tensor's device.
+"""Tensor summaries, made in two halves so that a GPU never waits for the host.
 
-:func:`summarize` is what the hooks call. It reduces a tensor of any size and
-dtype to a vector of ``HEADER_SIZE + bins`` numbers without syncing with the
-host on a GPU, so a step can collect all its summaries and copy them back in
-one transfer. :func:`Summary.from_vector` turns a vector, once on the host,
-into the numbers TensorBoard's histogram proto wants.
+* :func:`reduce_tensor` runs inside the hook, on the tensor's device. Its core,
+  :func:`reduce_values`, is a pure tensor function with no Python branch on tensor
+  values: for a float32 tensor it dispatches five kernel-launching ops (``nan_to_num``,
+  one ``_foreach_norm(ord=0)`` counting the non-zero elements before and after it,
+  ``var_mean``, ``aminmax`` and the copy of a strided sample). The small results stay
+  on the device until the step ends and go to the host in one copy
+  (:mod:`actviz.transfer`). :func:`reduce_tensors` reduces many tensors (parameters
+  and their gradients) in nine ops per device, dtype and 128 MB.
+* :func:`finish` runs on the host, on the writer thread. It turns those numbers and
+  the sample into a :class:`~actviz.results.Summary`, counting the sample's buckets
+  between the finite min and max.
 
-Layout of the vector::
+NaN and ±Inf are counted, then replaced by 0 for the sums, min and max. Where that 0
+could be the min (or max) itself, because no element is 0 and every finite one has the
+same sign, the min (or max) comes from the sample's finite values instead (exact when
+the sample is the whole tensor). Sums of squares of float32 tensors are accumulated in
+float32 on this path: a norm above about 1.8e19 reads as inf.
 
-    [num, nonfinite, zeros, min, max, sum, sum_squares, count_0, ..., count_{bins-1}]
-
-``num`` counts every element; the others leave NaN and ±Inf out. Bucket ``i``
-covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the last
-bucket also holds ``max``.
-
-On the CPU a finite float32 tensor is summarized by one call into the optional C
-extension :mod:`actviz._fused`, which reads it once (see :data:`FUSED`); other CPU
-tensors by NumPy on a view of the same memory; NaN, Inf and accelerator tensors by
-masked torch ops.
+On the CPU a finite float32 or float64 tensor takes a NumPy shortcut that gives the
+same numbers in fewer passes; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-try:  # the optional C extension (see setup.py); without it everything runs in NumPy and torch
-    from . import _fused
-except ImportError:  # pragma: no cover - depends on how actviz was installed
-    _fused = None
+from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
+from .results import HEADER_SIZE, Summary
 
-__all__ = ["FUSED", "HEADER_SIZE", "DEFAULT_SAMPLE_SIZE", "Summary", "summarize", "summarize_many", "sample_stride"]
-
-HEADER_SIZE = 7
-
-#: True when float32 tensors on the CPU are summarized by the one-pass C loop in
-#: :mod:`actviz._fused` (built at install time; it needs AVX2 and FMA). Set the
-#: environment variable ``ACTVIZ_PURE_PYTHON=1`` to keep to NumPy and torch.
-FUSED: bool = bool(_fused is not None and _fused.VECTORIZED and not os.environ.get("ACTVIZ_PURE_PYTHON"))
-
-#: Bucket counts come from at most this many elements, taken with a fixed
-#: stride; the moments, min and max always use every element. At the default
-#: 64 bins that is 256 sampled values per bucket on average: a bucket holding
-#: 1/64 of the values is counted within about 6% (one standard error).
-DEFAULT_SAMPLE_SIZE = 1 << 14
+__all__ = [
+    "HEADER_SIZE", "Reduction", "finish", "flat_view", "reduce_tensor", "reduce_tensors", "reduce_values",
+    "sample_stride", "summarize",
+]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
 # walks through every spatial position instead of hitting the same one in each channel.
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
+#: From this many elements on, torch's threaded reductions beat NumPy's in the CPU shortcut.
+_TORCH_REDUCTION_MIN = 1 << 15
+#: Most bytes a flat buffer of :func:`reduce_tensors` holds (it needs two at a time).
+CHUNK_BYTES = 128 << 20
 
 
 def sample_stride(numel: int, sample_size: int | None) -> int:
@@ -70,297 +64,260 @@ def sample_stride(numel: int, sample_size: int | None) -> int:
     return stride
 
 
-def _vector_dtype(device: torch.device) -> torch.dtype:
+def flat_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of ``tensor`` as a 1-D tensor in memory order: a view unless it has gaps.
+
+    A channels-last activation is read as it lies in memory instead of being copied.
+    """
+    if tensor.is_contiguous():
+        return tensor.view(-1)
+    order = sorted(range(tensor.dim()), key=lambda dim: (tensor.stride(dim), tensor.size(dim)), reverse=True)
+    permuted = tensor.permute(order)
+    return permuted.view(-1) if permuted.is_contiguous() else tensor.reshape(-1)
+
+
+def _wide(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+
+
+@dataclass
+class Reduction:
+    """One tensor reduced on its device: a few numbers and a strided sample.
+
+    ``header`` holds 0-dim tensors on the device until the step's copy to the host
+    (:meth:`receive`), then host values; ``form`` says what they are (see :meth:`numbers`).
+    """
+
+    numel: int
+    stride: int
+    form: str
+    header: list[Any]
+    sample: Any
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """The tensors still to be copied to the host: the header's, then the sample."""
+        if self.form == "numbers":
+            return []
+        return [*self.header, self.sample]
+
+    def receive(self, host_tensors: Any) -> None:
+        """Take this reduction's tensors back, in :meth:`device_tensors` order, from an iterator."""
+        if self.form != "numbers":
+            self.header = [float(next(host_tensors)) for _ in self.header]
+            self.sample = next(host_tensors)
+
+    def numbers(self) -> tuple[float, int | None, float, float, float, float]:
+        """``(nonfinite, zeros, min, max, sum, sum_squares)`` on the host, min and max still raw."""
+        header, numel = self.header, self.numel
+        if self.form == "numbers":  # the CPU shortcut's: already these
+            return tuple(header)  # type: ignore[return-value]
+        header = [float(value) for value in header]  # 0-dim host tensors or floats
+        nonzero, finite_nonzero = header[0], header[1]
+        if self.form == "var_mean":
+            variance, mean = header[2], header[3]
+            total, squares, low, high = mean * numel, (variance + mean * mean) * numel, header[4], header[5]
+        elif self.form == "sums":
+            total, squares, low, high = header[2:6]
+        else:  # "split_sums", from reduce_tensors: sum = 2 * sum(relu) - sum(abs)
+            positive, absolute, squares, high, negated_low = header[2:7]
+            total, low = 2 * positive - absolute, -negated_low
+        return nonzero - finite_nonzero, int(numel - nonzero), low, high, total, squares
+
+
+def reduce_values(values: torch.Tensor, stride: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """The device half of a summary of a 1-D tensor: six 0-dim tensors and a strided sample.
+
+    A pure tensor function: it never reads a value on the host, so it neither syncs
+    with a GPU nor branches on data, and ``torch.compile`` can fuse it. The header is
+    ``(nonzero, finite_nonzero, variance, mean, min, max)`` of ``z``, the values with
+    NaN and ±Inf replaced by 0, for float32 and float64; float16 and bfloat16 give
+    ``(..., sum, sum_squares, ...)`` accumulated in float64 instead.
+    """
+    wide = _wide(values.device)
+    if not values.is_floating_point():  # integers and bools: nothing to mask
+        values = values.to(wide)
+    zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
+    nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
+    if values.dtype in (torch.float32, torch.float64):
+        first, second = torch.var_mean(zeroed, correction=0)
+    else:  # 16-bit floats: var_mean would answer in 16 bits
+        first = zeroed.sum(dtype=wide)
+        (second,) = torch._foreach_powsum([zeroed], 2, dtype=wide)
+    low, high = torch.aminmax(zeroed)
+    return (nonzero, finite_nonzero, first, second, low, high), values[::stride].clone()
+
+
+def reduce_tensor(tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True) -> Reduction:
+    """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
+
+    Args:
+        tensor: Any real tensor. It is not modified, and nothing keeps it alive.
+        sample_size: Most elements in the sample the buckets are counted on; ``None`` for all.
+        count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
+
+    Raises:
+        TypeError: A complex tensor.
+    """
+    if tensor.is_complex():
+        raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
+    values = flat_view(tensor.detach())
+    numel = values.numel()
+    if numel == 0:
+        return Reduction(0, 1, "numbers", [0.0, 0, math.nan, math.nan, 0.0, 0.0], torch.empty(0))
+    stride = sample_stride(numel, sample_size)
+    if values.device.type == "cpu" and cpu_shortcuts():
+        found = _reduce_on_cpu(values, stride, count_zeros)
+        if found is not None:
+            return found
+    header, sample = reduce_values(values, stride)
+    form = "var_mean" if values.dtype in (torch.float32, torch.float64) or not values.is_floating_point() else "sums"
+    return Reduction(numel, stride, form, list(header), sample)
+
+
+def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Reduction | None:
+    """The CPU shortcut for a finite float32/float64 tensor; ``None`` for any other.
+
+    A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
+    Sums of squares that overflow float32 are redone in float64.
+    """
+    if values.dtype not in (torch.float32, torch.float64):
+        return None
+    try:
+        array = values.numpy()
+    except (RuntimeError, TypeError):  # a tensor subclass without a NumPy view
+        return None
+    large = array.size >= _TORCH_REDUCTION_MIN
+    if large:  # torch's threaded reductions
+        squares, total = float(torch.dot(values, values)), float(values.sum())
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares, total = float(np.dot(array, array)), float(array.sum(dtype=np.float64))
+    if not math.isfinite(total):
+        return None
+    if not math.isfinite(squares):  # float32 squares that overflow: redo them in float64
+        wide = array.astype(np.float64)
+        squares = float(np.dot(wide, wide))
+    if large:
+        low, high = (float(bound) for bound in torch.aminmax(values))
+    else:
+        low, high = float(array.min()), float(array.max())
+    zeros = None
+    if count_zeros:
+        zeros = 0 if low > 0 or high < 0 else int(np.count_nonzero(array == 0))
+    sample = torch.from_numpy(array[::stride].copy())  # a copy: a later in-place op must not change it
+    return Reduction(array.size, stride, "numbers", [0, zeros, low, high, total, squares], sample)
+
+
+def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE) -> list[Reduction]:
+    """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
+
+    Floating tensors of one device and dtype are reduced together, up to 128 MB at a
+    time: one copy into a flat buffer, then ``_foreach`` reductions over views of it
+    (nine ops in all). Larger tensors and other dtypes go one at a time, and so does
+    every CPU tensor while the CPU shortcut is on, where a plain loop measures faster.
+    Zeros are not counted by the shortcut.
+    """
+    reductions: list[Reduction | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    shortcut = cpu_shortcuts()
+    for index, tensor in enumerate(tensors):
+        numel, size = tensor.numel(), tensor.numel() * tensor.element_size()
+        alone = numel == 0 or not tensor.is_floating_point() or size > CHUNK_BYTES
+        if alone or (shortcut and tensor.device.type == "cpu"):  # on the CPU a plain loop is faster
+            reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
+        else:
+            groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+    for indices in groups.values():
+        chunk: list[int] = []
+        chunk_bytes = 0
+        for index in [*indices, None]:
+            size = 0 if index is None else tensors[index].numel() * tensors[index].element_size()
+            if chunk and (index is None or chunk_bytes + size > CHUNK_BYTES):
+                found = _reduce_together([tensors[i] for i in chunk], sample_size)
+                for i, reduction in zip(chunk, found):
+                    reductions[i] = reduction
+                chunk, chunk_bytes = [], 0
+            if index is not None:
+                chunk.append(index)
+                chunk_bytes += size
+    return reductions  # type: ignore[return-value]
+
+
+def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
+    """Non-empty floating tensors of one device and dtype, together: nine ops, two buffers of their size."""
+    views = [flat_view(tensor.detach()) for tensor in tensors]
+    sizes = [view.numel() for view in views]
+    strides = [sample_stride(size, sample_size) for size in sizes]
+    wide = _wide(views[0].device)
+    samples = torch.cat([view[::stride] for view, stride in zip(views, strides)])
+    samples = samples.split([-(-size // stride) for size, stride in zip(sizes, strides)])
+    zeroed = torch.cat(views).nan_to_num_(0.0, 0.0, 0.0)
+    parts = list(zeroed.split(sizes))
+    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # L0: non-zero count
+    squares = torch._foreach_powsum(parts, 2, dtype=wide)
+    scratch = torch.clamp_min(zeroed, 0)
+    positive_and_absolute = torch._foreach_powsum(list(scratch.split(sizes)) + parts, 1, dtype=wide)
+    torch.neg(zeroed, out=scratch)
+    extremes = torch._foreach_max(parts + list(scratch.split(sizes)))  # max, then -min
+    count = len(views)
+    return [
+        Reduction(
+            sizes[i], strides[i], "split_sums",
+            [counts[i], counts[count + i], positive_and_absolute[i], positive_and_absolute[count + i], squares[i],
+             extremes[i], extremes[count + i]],
+            samples[i],
+        )
+        for i in range(count)
+    ]
+
+
+def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
+    """The host half of a summary: numbers and bucket counts, once the reduction is on the host.
+
+    Bucket ``i`` covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the
+    last also holds ``max``. Counts come from the sample's finite values, scaled to the
+    finite total when the sample is not the whole tensor.
+    """
+    nonfinite, zeros, low, high, total, squares = reduction.numbers()
+    numel = reduction.numel
+    finite_count = numel - int(nonfinite)
+    sample = reduction.sample
+    sample = sample.to(torch.float64).numpy() if isinstance(sample, torch.Tensor) else np.asarray(sample, float)
+    if nonfinite:
+        sample = sample[np.isfinite(sample)]
+    if finite_count == 0:
+        low = high = math.nan
+    elif nonfinite and zeros == 0 and sample.size:  # the 0 standing in for NaN/Inf may be min or max
+        low = float(sample.min()) if low == 0 else low
+        high = float(sample.max()) if high == 0 else high
+    counts = np.zeros(bins)
+    if finite_count and sample.size:
+        if high > low:
+            index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
+            counts = np.bincount(np.minimum(index, bins - 1, out=index), minlength=bins).astype(float)
+        else:
+            counts[0] = sample.size
+        if reduction.stride > 1:
+            counts *= finite_count / sample.size
+    return Summary(numel, int(nonfinite), zeros, float(low), float(high), float(total), float(squares), counts.tolist())
 
 
 def summarize(
     tensor: torch.Tensor,
-    bins: int = 64,
+    bins: int = DEFAULT_BINS,
     sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     count_zeros: bool = True,
 ) -> torch.Tensor:
-    """Reduce ``tensor`` to a summary vector on its own device.
+    """Summary vector of one tensor, on the host (see :meth:`actviz.results.Summary.vector`).
 
-    Args:
-        tensor: Any real tensor: float16/bfloat16/float32/float64, integer or bool. It is not modified.
-        bins: Number of histogram buckets between the finite min and max.
-        sample_size: Count buckets on a strided sample of at most this many elements and
-            scale the counts to the finite total; ``None`` counts every element.
-        count_zeros: Count exact zeros. It is the slowest reduction on the CPU, so gradients
-            and weights, whose zero fraction nothing reports, skip it (``zeros`` is then NaN).
-
-    Returns:
-        A 1-D float64 tensor of length ``HEADER_SIZE + bins`` (see the module docstring).
+    For one tensor at a time: it waits for the device. The watcher reduces on the device
+    and copies a whole step back at once instead.
 
     Example:
         >>> vec = summarize(torch.tensor([0.0, 1.0, 2.0, float("nan")]), bins=2)
         >>> Summary.from_vector(vec.tolist()).finite_count, Summary.from_vector(vec.tolist()).bucket_counts
         (3, [1.0, 2.0])
     """
-    if tensor.is_complex():
-        raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
-    values = tensor.detach().reshape(-1)
-    if values.dtype not in (torch.float32, torch.float64):
-        values = values.float()
-    out_dtype = _vector_dtype(values.device)
-    numel = values.numel()
-    if numel == 0:
-        header = torch.tensor([0, 0, 0, math.nan, math.nan, 0, 0], dtype=out_dtype, device=values.device)
-        return torch.cat([header, torch.zeros(bins, dtype=out_dtype, device=values.device)])
-
-    stride = sample_stride(numel, sample_size)
-    if values.device.type == "cpu":
-        vector = _summarize_finite_cpu(values, bins, stride, out_dtype, count_zeros)
-        if vector is not None:
-            return vector
-    # On an accelerator a finiteness check would sync with the host, so the masked path always runs.
-    return _summarize_masked(values, bins, stride, out_dtype, count_zeros)
-
-
-def _summarize_masked(
-    values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype, count_zeros: bool
-) -> torch.Tensor:
-    """Any 1-D float tensor, NaN and ±Inf included, on any device, without a host sync."""
-    numel = values.numel()
-    zeros = numel - torch.count_nonzero(values) if count_zeros else torch.full((), math.nan, device=values.device)
-    finite = torch.isfinite(values)
-    nonfinite = numel - finite.sum()
-    finite_values = torch.where(finite, values, 0).to(out_dtype)  # wider type: squares may overflow
-    total = finite_values.sum()
-    total_squares = torch.dot(finite_values, finite_values)
-    low = torch.where(finite, values, math.inf).amin()
-    high = torch.where(finite, values, -math.inf).amax()
-
-    counts = _bucket_counts(values, low, high, bins, stride, numel - nonfinite)
-    numel_tensor = torch.full((), numel, dtype=out_dtype, device=values.device)
-    header = torch.stack([t.to(out_dtype) for t in (numel_tensor, nonfinite, zeros, low, high, total, total_squares)])
-    return torch.cat([header, counts.to(out_dtype)])
-
-
-#: From this many elements on, torch's multi-threaded ``sum`` and ``aminmax`` beat numpy's;
-#: below it numpy's lower per-call cost wins.
-_TORCH_REDUCTION_MIN = 1 << 15
-
-
-def _summarize_finite_cpu(
-    values: torch.Tensor, bins: int, stride: int, out_dtype: torch.dtype, count_zeros: bool
-) -> torch.Tensor | None:
-    """The common case on the CPU: every element finite. ``None`` when some are not.
-
-    A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
-    A float32 tensor takes one pass of the :mod:`actviz._fused` C loop when it is built
-    (see :data:`FUSED`); otherwise the work is done on a NumPy view of the same memory
-    (torch's ``sum`` and ``aminmax`` only for large tensors, where its threads pay). The
-    numbers equal the masked path's, up to float rounding in the sums.
-    """
-    try:
-        array = values.numpy()
-    except (RuntimeError, TypeError):  # a tensor subclass without a numpy view: use the general path
-        return None
-    if FUSED and array.dtype == np.float32 and array.flags.c_contiguous:
-        vector = np.empty(HEADER_SIZE + bins)
-        if not _fused.summarize(array, stride, count_zeros, vector):
-            return None
-        return torch.from_numpy(vector).to(out_dtype)
-    moments = _numpy_moments(values, array, count_zeros)
-    if moments is None:
-        return None
-    total, total_squares, low, high, zeros = moments
-    numel = array.size
-    span = high - low  # a numpy scalar of the values' dtype, as the masked path computes it
-    sample = array[::stride]
-    if span > 0:
-        # Every value is >= low, so truncation is floor; the minimum puts max in the last bucket.
-        index = ((sample - low) / array.dtype.type(float(span) / bins)).astype(np.intp)
-        np.minimum(index, bins - 1, out=index)
-        counts = np.bincount(index, minlength=bins).astype(np.float64)
-    else:
-        counts = np.zeros(bins)
-        counts[0] = sample.size
-    if stride > 1:
-        counts *= numel / sample.size
-    header = [numel, 0, zeros, float(low), float(high), total, total_squares]
-    return torch.from_numpy(np.concatenate([header, counts])).to(out_dtype)
-
-
-def _numpy_moments(
-    values: torch.Tensor, array: np.ndarray, count_zeros: bool
-) -> tuple[float, float, np.generic, np.generic, float] | None:
-    """``(sum, sum_squares, min, max, zeros)`` of a finite array, or ``None`` if it is not finite."""
-    large = array.size >= _TORCH_REDUCTION_MIN
-    total = values.sum().item() if large else float(array.sum(dtype=np.float64))
-    with np.errstate(over="ignore"):  # an overflow to Inf sends the tensor to the float64 path
-        total_squares = float(np.dot(array, array))
-    if not math.isfinite(total + total_squares):
-        return None
-    if large:
-        low_tensor, high_tensor = torch.aminmax(values)
-        low, high = low_tensor.numpy()[()], high_tensor.numpy()[()]
-    else:
-        low, high = array.min(), array.max()
-    zeros = _count_zeros(array, float(low), float(high)) if count_zeros else math.nan
-    return total, total_squares, low, high, zeros
-
-
-def summarize_many(
-    tensors: Sequence[torch.Tensor],
-    bins: int = 64,
-    sample_size: int | None = DEFAULT_SAMPLE_SIZE,
-    count_zeros: bool = True,
-) -> list[torch.Tensor]:
-    """``[summarize(t, bins, sample_size, count_zeros) for t in tensors]``, with the small ones done together.
-
-    A model has dozens of biases and norm weights of a few hundred elements, where the cost
-    of one :func:`summarize` call is all overhead. Small, finite float32/float64 CPU tensors
-    of the same dtype are reduced in one set of NumPy calls over their concatenation;
-    the others (and any with NaN or Inf) go through :func:`summarize` one by one. Sums and
-    sums of squares are accumulated in float64.
-
-    Example:
-        >>> small, big = torch.arange(4.0), torch.ones(100_000)
-        >>> [Summary.from_vector(v.tolist()).sum for v in summarize_many([small, big], bins=2)]
-        [6.0, 100000.0]
-    """
-    vectors: list[torch.Tensor | None] = [None] * len(tensors)
-    together: dict[torch.dtype, list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        numel = tensor.numel()
-        small = 0 < numel < _TORCH_REDUCTION_MIN and (sample_size is None or numel <= sample_size)
-        if small and tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
-            together.setdefault(tensor.dtype, []).append(index)
-        else:
-            vectors[index] = summarize(tensor, bins, sample_size, count_zeros)
-    for indices in together.values():
-        try:
-            arrays = [tensors[i].detach().reshape(-1).numpy() for i in indices]
-        except (RuntimeError, TypeError):  # tensor subclasses without a numpy view
-            arrays = None
-        found = _summarize_together(arrays, bins, count_zeros) if arrays else [None] * len(indices)
-        for i, vector in zip(indices, found):
-            vectors[i] = vector if vector is not None else summarize(tensors[i], bins, sample_size, count_zeros)
-    return vectors  # type: ignore[return-value]
-
-
-def _summarize_together(arrays: list[np.ndarray], bins: int, count_zeros: bool) -> list[torch.Tensor | None]:
-    """Summary vectors of small 1-D arrays of one dtype, every element counted; ``None`` for any not finite."""
-    sizes = np.array([array.size for array in arrays])
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    flat = np.concatenate(arrays)
-    wide = flat.astype(np.float64)
-    totals = np.add.reduceat(wide, starts)
-    squares = np.add.reduceat(wide * wide, starts)
-    finite = np.isfinite(totals + squares)
-    with np.errstate(invalid="ignore"):  # NaN in a tensor that is then left to summarize()
-        lows, highs = np.minimum.reduceat(flat, starts), np.maximum.reduceat(flat, starts)
-        spans = highs - lows
-        zeros = np.add.reduceat(flat == 0, starts, dtype=np.int64) if count_zeros else np.full(len(arrays), np.nan)
-        widths = (spans.astype(np.float64) / bins).astype(flat.dtype)  # as _summarize_finite_cpu's width
-        constant = ~(spans > 0)
-        widths[constant] = 1
-        segment = np.repeat(np.arange(len(arrays)), sizes)
-        # Every value is >= its low, so truncation is floor; the minimum puts max in the last bucket.
-        index = ((flat - lows[segment]) / widths[segment]).astype(np.intp)
-    np.minimum(index, bins - 1, out=index)
-    index[constant[segment] | ~finite[segment]] = 0  # a constant tensor is one bucket
-    counts = np.bincount(segment * bins + index, minlength=len(arrays) * bins).reshape(len(arrays), bins)
-    table = np.empty((len(arrays), HEADER_SIZE + bins), dtype=np.float64)
-    table[:, 0], table[:, 1], table[:, 2] = sizes, 0, zeros
-    table[:, 3], table[:, 4], table[:, 5], table[:, 6] = lows, highs, totals, squares
-    table[:, HEADER_SIZE:] = counts
-    return [torch.from_numpy(row) if ok else None for row, ok in zip(table, finite)]
-
-
-def _count_zeros(array: np.ndarray, low: float, high: float) -> int:
-    """Exact zero count of a finite array. numpy counts a bool mask several times faster than torch."""
-    if low > 0 or high < 0:
-        return 0
-    return int(np.count_nonzero(array == 0))
-
-
-def _bucket_counts(
-    values: torch.Tensor, low: torch.Tensor, high: torch.Tensor, bins: int, stride: int, finite_count: torch.Tensor
-) -> torch.Tensor:
-    """Bucket counts of ``values[::stride]``, scaled so they add up to ``finite_count``. No host sync."""
-    sample = values[::stride]
-    weight = torch.isfinite(sample).to(sample.dtype)
-    width = torch.where(high > low, (high - low) / bins, torch.ones_like(high))
-    position = torch.nan_to_num((sample - low) / width, nan=0.0, posinf=0.0, neginf=0.0)
-    index = position.floor_().clamp_(0, bins - 1).long()
-    counts = torch.zeros(bins, dtype=sample.dtype, device=sample.device).scatter_add_(0, index, weight)
-    if stride == 1:
-        return counts
-    sampled = weight.sum()
-    return counts * (finite_count.to(sample.dtype) / sampled.clamp(min=1))
-
-
-@dataclass(frozen=True)
-class Summary:
-    """Host-side numbers of one summarized tensor.
-
-    ``num`` counts every element; ``min``, ``max``, ``sum``, ``sum_squares`` and the
-    bucket counts are over the finite elements only.
-    """
-
-    num: int
-    nonfinite: int
-    zeros: int | None
-    min: float
-    max: float
-    sum: float
-    sum_squares: float
-    bucket_counts: list[float]
-
-    @classmethod
-    def from_vector(cls, vector: list[float]) -> Summary:
-        """Build from a summary vector already copied to the host (a list of floats)."""
-        num, nonfinite, zeros, low, high, total, squares = vector[:HEADER_SIZE]
-        zero_count = None if math.isnan(zeros) else int(zeros)
-        return cls(int(num), int(nonfinite), zero_count, low, high, total, squares, list(vector[HEADER_SIZE:]))
-
-    @property
-    def finite_count(self) -> int:
-        return self.num - self.nonfinite
-
-    @property
-    def mean(self) -> float:
-        """Mean of the finite elements (NaN when there are none)."""
-        return self.sum / self.finite_count if self.finite_count else math.nan
-
-    @property
-    def std(self) -> float:
-        """Sample standard deviation (Bessel-corrected, like ``torch.std``) of the finite elements."""
-        count = self.finite_count
-        if count == 0:
-            return math.nan
-        if count == 1:
-            return 0.0
-        return math.sqrt(max(0.0, (self.sum_squares - self.sum * self.sum / count) / (count - 1)))
-
-    @property
-    def zero_fraction(self) -> float:
-        """Fraction of all elements that are exactly zero (NaN for an empty tensor or uncounted zeros)."""
-        return self.zeros / self.num if self.num and self.zeros is not None else math.nan
-
-    @property
-    def norm(self) -> float:
-        """L2 norm of the finite elements."""
-        return math.sqrt(max(0.0, self.sum_squares))
-
-    @property
-    def has_histogram(self) -> bool:
-        """False for an empty or all-non-finite tensor, which gets scalars but no histogram."""
-        return self.finite_count > 0
-
-    def bucket_limits(self) -> list[float]:
-        """Upper edge of each bucket, as TensorBoard's ``HistogramProto.bucket_limit`` wants."""
-        width = (self.max - self.min) / len(self.bucket_counts)
-        limits = [self.min + (i + 1) * width for i in range(len(self.bucket_counts))]
-        limits[-1] = self.max
-        return limits
-
-    def histogram(self) -> tuple[list[float], list[float]]:
-        """``(bucket_limits, bucket_counts)``; a constant tensor gets one bucket."""
-        if self.max <= self.min:
-            return [self.max], [float(self.finite_count)]
-        return self.bucket_limits(), self.bucket_counts
+    reduction = reduce_tensor(tensor, sample_size, count_zeros)
+    reduction.receive(iter([t.cpu() for t in reduction.device_tensors()]))
+    return torch.tensor(finish(reduction, bins).vector(), dtype=torch.float64)

@@ -54,11 +54,11 @@ import torch
 from torch import nn
 
 import actviz
-import actviz.summaries
-from actviz.capture import StepResults
+from actviz.options import cpu_shortcuts
+from actviz.results import StepResults, Summary
 from actviz.selection import select_layers
 from actviz.sinks import TensorBoardSink, use_fast_crc
-from actviz.summaries import Summary, summarize
+from actviz.summaries import summarize
 
 CASES = [
     "bare",
@@ -502,7 +502,7 @@ def markdown(report: dict[str, Any]) -> str:
     meta = report["meta"]
     lines.append(f"`{meta['command']}` — torch {meta['torch']}, {meta['threads']} threads, "
                  f"{meta['cpu_count']} CPUs, load average at start {meta['load_start']}, at end {meta.get('load_end')}, "
-                 f"C summary loop {'on' if meta.get('fused_summaries') else 'off'}")
+                 f"CPU shortcuts {'on' if meta.get('cpu_shortcuts') else 'off'}")
     lines.append("")
     lines.append("Ratios to the bare training step (median [min–max] of per-pair ratios; Σ = ratio of summed times).")
     lines.append("")
@@ -670,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_start": _load(),
             "wandb": wandb_available(),
             "fast_crc": fast_crc,
-            "fused_summaries": actviz.summaries.FUSED,
+            "cpu_shortcuts": cpu_shortcuts(),
         },
         "models": {},
     }

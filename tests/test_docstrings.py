@@ -6,7 +6,10 @@ import importlib
 import pytest
 
 MODULES = [
+    "actviz.api",
     "actviz.capture",
+    "actviz.options",
+    "actviz.png",
     "actviz.rendering",
     "actviz.schedule",
     "actviz.selection",

@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
+from actviz.png import encode_png
 from actviz.rendering import (
     _resize,
-    encode_png,
     feature_map_grid,
     grid_layout,
     heatmap,

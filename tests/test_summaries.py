@@ -1,4 +1,4 @@
-"""Histogram and moment math, checked against values worked out by hand."""
+"""Histogram and moment math, checked against values worked out by hand, on both code paths."""
 
 import math
 import warnings
@@ -8,15 +8,22 @@ import pytest
 import torch
 
 import actviz.summaries
-from actviz.summaries import DEFAULT_SAMPLE_SIZE, HEADER_SIZE, Summary, sample_stride, summarize, summarize_many
+from actviz.results import HEADER_SIZE, Summary
+from actviz.summaries import (
+    DEFAULT_SAMPLE_SIZE,
+    finish,
+    flat_view,
+    reduce_tensor,
+    reduce_tensors,
+    sample_stride,
+    summarize,
+)
 
 
-@pytest.fixture(autouse=True, params=["fused", "numpy"])
-def cpu_path(request, monkeypatch):
-    """Run every test here on both CPU paths: the C loop of actviz._fused, and NumPy alone."""
-    if request.param == "fused" and not actviz.summaries.FUSED:
-        pytest.skip("actviz._fused is not built here, or this CPU lacks AVX2/FMA")
-    monkeypatch.setattr(actviz.summaries, "FUSED", request.param == "fused")
+@pytest.fixture(autouse=True, params=["shortcuts", "device"])
+def path(request, monkeypatch):
+    """Run every test here twice: with the CPU shortcut, and on the accelerator path (ACTVIZ_CPU_SHORTCUTS=0)."""
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "1" if request.param == "shortcuts" else "0")
     return request.param
 
 
@@ -26,16 +33,21 @@ def summary_of(tensor, bins=4, sample_size=None) -> Summary:
     return Summary.from_vector(vector.tolist())
 
 
+def finished(reduction, bins):
+    reduction.receive(iter([t.cpu() for t in reduction.device_tensors()]))
+    return finish(reduction, bins)
+
+
 def test_buckets_and_moments_by_hand():
     # min 0, max 4, width 1: [0,1) holds 0 and 0.5; [1,2) holds 1; [2,3) nothing; [3,4] holds 3 and 4.
     summary = summary_of(torch.tensor([0.0, 0.5, 1.0, 3.0, 4.0]), bins=4)
     assert (summary.num, summary.nonfinite, summary.zeros) == (5, 0, 1)
     assert (summary.min, summary.max) == (0.0, 4.0)
-    assert summary.sum == 8.5
-    assert summary.sum_squares == 0.25 + 1 + 9 + 16
+    assert summary.sum == pytest.approx(8.5, rel=1e-7)
+    assert summary.sum_squares == pytest.approx(0.25 + 1 + 9 + 16, rel=1e-7)
     assert summary.bucket_counts == [2.0, 1.0, 0.0, 2.0]
     assert summary.bucket_limits() == [1.0, 2.0, 3.0, 4.0]
-    assert summary.mean == 8.5 / 5
+    assert summary.mean == pytest.approx(8.5 / 5)
     assert summary.std == pytest.approx(math.sqrt((26.25 - 8.5**2 / 5) / 4))
     assert summary.zero_fraction == 1 / 5
     assert summary.norm == pytest.approx(math.sqrt(26.25))
@@ -44,11 +56,23 @@ def test_buckets_and_moments_by_hand():
 def test_nan_and_inf_are_counted_and_left_out():
     summary = summary_of(torch.tensor([1.0, float("nan"), -2.0, float("inf"), float("-inf"), 0.0]), bins=3)
     assert (summary.num, summary.nonfinite, summary.finite_count) == (6, 3, 3)
-    assert (summary.min, summary.max, summary.sum, summary.sum_squares) == (-2.0, 1.0, -1.0, 5.0)
+    assert (summary.min, summary.max) == (-2.0, 1.0)
+    assert (summary.sum, summary.sum_squares) == pytest.approx((-1.0, 5.0), rel=1e-7)
     # width 1: [-2,-1) holds -2; [-1,0) nothing; [0,1] holds 0 and 1
     assert summary.bucket_counts == [1.0, 0.0, 2.0]
     assert summary.zeros == 1
     assert summary.has_histogram
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_one_signed_values_with_nan_and_no_zero_keep_their_true_range(sign):
+    # The 0 standing in for NaN/Inf in the sums would be the min (or max): it must not show.
+    values = sign * torch.tensor([2.0, float("nan"), 5.0, float("inf"), 3.0])
+    summary = summary_of(values, bins=3)
+    assert (summary.min, summary.max) == tuple(sorted((2.0 * sign, 5.0 * sign)))
+    assert summary.sum == pytest.approx(10.0 * sign) and summary.zeros == 0
+    # width 1 over [2, 5]: 2, 3 and 5 land in buckets 0, 1, 2; over [-5, -2]: -5, -3, -2 in 0, 2, 2
+    assert summary.bucket_counts == ([1.0, 1.0, 1.0] if sign > 0 else [1.0, 0.0, 2.0])
 
 
 @pytest.mark.parametrize("values", [[], [float("nan")] * 3, [float("inf"), float("nan")]])
@@ -63,10 +87,12 @@ def test_empty_or_all_nonfinite_has_no_histogram(values):
 def test_constant_tensor_gets_one_bucket():
     summary = summary_of(torch.full((7,), 2.5))
     assert summary.histogram() == ([2.5], [7.0])
-    assert summary.std == 0.0
+    assert summary.std == pytest.approx(0.0, abs=1e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.uint8, torch.bool]
+)
 def test_every_real_dtype(dtype):
     generator = torch.Generator().manual_seed(1)
     values = torch.randint(0, 2 if dtype == torch.bool else 50, (1000,), generator=generator)
@@ -84,12 +110,6 @@ def test_every_real_dtype(dtype):
 def test_complex_is_refused():
     with pytest.raises(TypeError, match="complex"):
         summarize(torch.zeros(3, dtype=torch.complex64))
-
-
-def test_squares_that_overflow_float32_are_kept_in_float64():
-    summary = summary_of(torch.tensor([1e20, -1e20, 3.0], dtype=torch.float32))
-    assert summary.nonfinite == 0
-    assert summary.sum_squares == pytest.approx(2e40, rel=1e-6)
 
 
 def test_input_is_not_modified():
@@ -147,21 +167,11 @@ def test_sample_stride_avoids_feature_map_periods():
     assert sample_stride(10**9, None) == 1
 
 
-def test_zero_count_can_be_skipped():
-    tensor = torch.tensor([0.0, 1.0, 0.0, float("nan")])
-    counted = summary_of(tensor)
-    skipped = Summary.from_vector(summarize(tensor, bins=4, sample_size=None, count_zeros=False).tolist())
-    assert counted.zeros == 2 and counted.zero_fraction == 0.5
-    assert skipped.zeros is None and math.isnan(skipped.zero_fraction)
-    assert (skipped.num, skipped.nonfinite, skipped.sum, skipped.bucket_counts) == (
-        counted.num, counted.nonfinite, counted.sum, counted.bucket_counts)
-
-
 @pytest.mark.parametrize("make", [
-    lambda x: x,                    # both signs: zeros counted directly
-    lambda x: x.relu(),             # min exactly 0: counted on the eq(0) mask
+    lambda x: x,                    # both signs
+    lambda x: x.relu(),             # min exactly 0
     lambda x: -x.relu(),            # max exactly 0
-    lambda x: x.abs() + 1,          # all positive: no zeros, no pass
+    lambda x: x.abs() + 1,          # all positive: no zeros
     lambda x: -(x.abs() + 1),       # all negative
 ])
 def test_zero_count_is_exact_whatever_the_range(make):
@@ -170,57 +180,57 @@ def test_zero_count_is_exact_whatever_the_range(make):
     assert summary_of(values).zeros == int((values == 0).sum())
 
 
-@pytest.mark.parametrize("numel", [1, 31, 5_000, 300_000])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_fast_path_agrees_with_the_masked_path(numel, dtype):
-    from actviz.summaries import _summarize_finite_cpu, _summarize_masked
-
-    values = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=dtype).relu_()
-    stride = sample_stride(numel, 1 << 12)
-    fast = Summary.from_vector(_summarize_finite_cpu(values, 16, stride, torch.float64, True).tolist())
-    masked = Summary.from_vector(_summarize_masked(values, 16, stride, torch.float64, True).tolist())
-    assert (fast.num, fast.nonfinite, fast.zeros, fast.min, fast.max) == (
-        masked.num, masked.nonfinite, masked.zeros, masked.min, masked.max)
-    assert fast.sum == pytest.approx(masked.sum, rel=1e-5)
-    assert fast.sum_squares == pytest.approx(masked.sum_squares, rel=1e-5)
-    assert np.abs(np.array(fast.bucket_counts) - masked.bucket_counts).max() <= stride  # float32 edge rounding
+def test_channels_last_is_read_in_place_and_gives_the_same_summary():
+    tensor = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(2))
+    last = tensor.to(memory_format=torch.channels_last)
+    assert flat_view(last).data_ptr() == last.data_ptr()  # a view, not a copy
+    assert sorted(flat_view(last).tolist()) == sorted(tensor.flatten().tolist())
+    a, b = summary_of(tensor, bins=8), summary_of(last, bins=8)
+    assert (a.num, a.zeros, a.min, a.max, a.bucket_counts) == (b.num, b.zeros, b.min, b.max, b.bucket_counts)
+    assert a.sum == pytest.approx(b.sum, rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("repeat", [1, 2048])  # short, and long enough for the C loop's vector part
-def test_float32_squares_that_overflow_take_the_float64_path_quietly(repeat):
-    values = torch.tensor([3e19, -3e19] * repeat + [1.0])
+def test_float32_squares_that_overflow(path):
+    values = torch.tensor([3e19, -3e19] * 2048 + [1.0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         summary = summary_of(values)
-    assert summary.sum_squares == pytest.approx(repeat * 2 * 3e19**2 + 1, rel=1e-6)
-    assert abs(summary.sum - 1.0) <= 2 * repeat * 3e19 * 2**-52  # float64 rounding of the partial sums
     assert summary.nonfinite == 0
+    if path == "shortcuts":  # the CPU shortcut redoes them in float64
+        assert summary.sum_squares == pytest.approx(4096 * 3e19**2 + 1, rel=1e-6)
+    else:  # the device path accumulates float32 squares in float32, as its docstring says
+        assert math.isinf(summary.sum_squares)
 
 
-def test_summarize_many_gives_what_summarize_gives_one_by_one():
+def test_reduce_tensors_gives_what_reduce_tensor_gives_one_by_one(monkeypatch):
+    monkeypatch.setattr(actviz.summaries, "CHUNK_BYTES", 40_000)  # several chunks, and tensors alone
     generator = torch.Generator().manual_seed(5)
     tensors = [
         torch.randn(32, generator=generator),                # a bias
-        torch.zeros(64),                                     # a constant: one bucket
+        torch.ones(64),                                      # a constant (a fresh norm weight)
         torch.randn(16, 6, 3, 3, generator=generator),       # a conv weight
-        torch.tensor([1.0, float("nan"), float("inf")]),     # not finite: summarized alone
-        torch.randn(100_000, generator=generator),           # large: summarized alone
+        torch.tensor([1.0, float("nan"), float("inf")]),     # not finite
+        torch.tensor([2.0, float("nan"), 3.0]),              # not finite, one sign, no zero
+        torch.randn(100_000, generator=generator),           # larger than a chunk: alone
         torch.randn(128, generator=generator).double(),      # another dtype, another group
         torch.randn(1000, generator=generator).relu(),       # half zeros
+        torch.randn(300, generator=generator).bfloat16(),    # 16-bit
+        torch.zeros(0),                                      # empty
+        torch.randn(9000, generator=generator),              # sampled at a stride
     ]
-    for count_zeros in (True, False):
-        together = summarize_many(tensors, bins=16, count_zeros=count_zeros)
-        assert len(together) == len(tensors)
-        for tensor, vector in zip(tensors, together):
-            alone = Summary.from_vector(summarize(tensor, bins=16, count_zeros=count_zeros).tolist())
-            many = Summary.from_vector(vector.tolist())
-            assert (many.num, many.nonfinite, many.zeros, many.min, many.max) == (
-                alone.num, alone.nonfinite, alone.zeros, alone.min, alone.max)
-            assert many.bucket_counts == alone.bucket_counts
-            assert many.sum == pytest.approx(alone.sum, rel=1e-9, abs=1e-9)
-            assert many.sum_squares == pytest.approx(alone.sum_squares, rel=1e-6)
-    by_hand = Summary.from_vector(summarize_many([torch.tensor([0.0, 1.0, 3.0, 4.0])], bins=2)[0].tolist())
-    assert (by_hand.zeros, by_hand.sum, by_hand.sum_squares, by_hand.bucket_counts) == (1, 8.0, 26.0, [2.0, 2.0])
+    together = reduce_tensors(tensors, sample_size=4096)
+    assert len(together) == len(tensors)
+    for tensor, reduction in zip(tensors, together):
+        many = finished(reduction, 16)
+        alone = finished(reduce_tensor(tensor, sample_size=4096), 16)
+        assert (many.num, many.nonfinite, many.min, many.max) == (alone.num, alone.nonfinite, alone.min, alone.max)
+        assert many.bucket_counts == alone.bucket_counts
+        assert many.sum == pytest.approx(alone.sum, rel=1e-6, abs=1e-6)
+        assert many.sum_squares == pytest.approx(alone.sum_squares, rel=1e-6)
+    by_hand = finished(reduce_tensors([torch.tensor([0.0, -1.0, 3.0, 4.0])])[0], 2)
+    # width 2.5 over [-1, 4]: -1 and 0 in the first bucket, 3 and 4 in the second
+    assert (by_hand.sum, by_hand.sum_squares, by_hand.min, by_hand.max, by_hand.bucket_counts) == (
+        6.0, 26.0, -1.0, 4.0, [2.0, 2.0])
 
 
 def test_a_tensor_that_requires_grad_builds_no_graph():
@@ -228,3 +238,5 @@ def test_a_tensor_that_requires_grad_builds_no_graph():
     for tensor in (weight, weight * 2, torch.tensor([1.0, float("nan")], requires_grad=True)):
         vector = summarize(tensor, bins=4)
         assert not vector.requires_grad and vector.grad_fn is None
+    for reduction in reduce_tensors([weight, weight * 2]):
+        assert all(t.grad_fn is None for t in reduction.device_tensors())

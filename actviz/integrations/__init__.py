@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from ..schedule import Schedule
-from ..watcher import watch
+from ..api import watch
 
 __all__: list[str] = []  # the adapters live in their submodules
 

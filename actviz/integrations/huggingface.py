@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..watcher import Watcher, watch
+from ..api import watch
+from ..watcher import Watcher
 from . import _check_watch_kwargs
 
 try:

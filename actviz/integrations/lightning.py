@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from ..watcher import Watcher, watch
+from ..api import watch
+from ..watcher import Watcher
 from . import _check_watch_kwargs
 
 try:

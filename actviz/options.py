@@ -1,0 +1,83 @@
+"""Capture options: the one home of actviz's defaults and of their checks.
+
+:func:`actviz.watch`, the Lightning and Hugging Face callbacks and the ``actviz``
+command all build a :class:`CaptureOptions`, so a bad value gets the same message
+wherever it is given.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+__all__ = ["CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts"]
+
+DEFAULT_BINS = 64
+DEFAULT_MAX_CHANNELS = 64
+#: Bucket counts come from at most this many elements, taken with a fixed stride; the
+#: moments, min and max always use every element. At 64 bins that is 256 sampled values
+#: per bucket on average: a bucket holding 1/64 of the values is counted within about 6%
+#: (one standard error).
+DEFAULT_SAMPLE_SIZE = 1 << 14
+
+
+def cpu_shortcuts() -> bool:
+    """False when the environment sets ``ACTVIZ_CPU_SHORTCUTS=0``.
+
+    Then CPU tensors take the code path of GPU tensors (the same torch ops, packing and
+    copy), so that the suite tests that path and anyone can count its ops on a CPU.
+    """
+    return os.environ.get("ACTVIZ_CPU_SHORTCUTS", "1") != "0"
+
+
+def check_positive_int(name: str, value: Any, example: int) -> None:
+    """Raise a ``TypeError`` or ``ValueError`` that names ``name`` unless ``value`` is an int > 0."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}; for example {name}={example}")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What a logging step reduces each tensor to. Checked when made.
+
+    Args:
+        bins: Histogram buckets.
+        histogram_sample_size: Bucket counts come from an evenly strided sample of at most
+            this many elements, scaled to the full count; ``None`` counts every element.
+        max_channels: Most channels drawn per feature-map grid; the strongest are kept.
+        outputs: ``"first"`` logs the first tensor of a tuple, list or dict output under the
+            layer's name; ``"all"`` logs each with its position as a suffix.
+
+    Raises:
+        TypeError: A value of the wrong type, named.
+        ValueError: A value out of range, named with an example of a good one.
+
+    Example:
+        >>> CaptureOptions(bins=32).bins
+        32
+        >>> CaptureOptions(bins=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: bins must be positive, got 0; for example bins=64
+    """
+
+    bins: int = DEFAULT_BINS
+    histogram_sample_size: int | None = DEFAULT_SAMPLE_SIZE
+    max_channels: int = DEFAULT_MAX_CHANNELS
+    outputs: Literal["first", "all"] = "first"
+
+    def __post_init__(self) -> None:
+        check_positive_int("bins", self.bins, DEFAULT_BINS)
+        check_positive_int("max_channels", self.max_channels, DEFAULT_MAX_CHANNELS)
+        if self.histogram_sample_size is not None:
+            check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
+        if self.outputs not in ("first", "all"):
+            raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The option names, as :func:`actviz.watch` takes them."""
+        return [option.name for option in fields(cls)]

@@ -1,0 +1,142 @@
+"""From the device to the writer thread: one step's small results, in one copy per device.
+
+The hooks leave :class:`~actviz.summaries.Reduction` objects and picture sources on
+the tensors' devices in a :class:`PendingStep`. When the step ends,
+:meth:`PendingStep.send` packs every tensor of a device into one byte buffer and
+starts a single copy to the host; on a GPU the copy goes to pinned memory without
+blocking, so the training thread never waits. :meth:`PendingStep.resolve`, on the
+writer thread, waits for the copy and finishes the summaries and pictures there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .options import cpu_shortcuts
+from .results import StepResults
+from .summaries import Reduction, finish
+
+__all__ = ["HostCopy", "PendingStep"]
+
+#: Turns a picture's source, once on the host, into a ``uint8`` image.
+Draw = Callable[[torch.Tensor], torch.Tensor]
+
+
+class HostCopy:
+    """Tensors on their way to the host: one copy per device, started when made.
+
+    CPU tensors need no copy; with ``ACTVIZ_CPU_SHORTCUTS=0`` they are packed all the
+    same, so that the packing is tested and counted on a CPU.
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._count = len(tensors)
+        self._ready: dict[int, torch.Tensor] = {}
+        by_device: dict[torch.device, list[int]] = {}
+        skip_cpu = cpu_shortcuts()
+        for index, tensor in enumerate(tensors):
+            if tensor.device.type == "cpu" and skip_cpu:
+                self._ready[index] = tensor
+            else:
+                by_device.setdefault(tensor.device, []).append(index)
+        self._copies = [_DeviceCopy([(i, tensors[i]) for i in indices]) for indices in by_device.values()]
+
+    def wait(self) -> list[torch.Tensor]:
+        """The tensors on the host, in the order given. Waits for the copies."""
+        for copy in self._copies:
+            self._ready.update(copy.wait())
+        self._copies = []
+        return [self._ready[index] for index in range(self._count)]
+
+
+class _DeviceCopy:
+    """Every tensor of one device, packed as bytes (widest dtype first, so each stays aligned) and copied."""
+
+    def __init__(self, items: list[tuple[int, torch.Tensor]]) -> None:
+        by_dtype: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
+        for index, tensor in items:
+            by_dtype.setdefault(tensor.dtype, []).append((index, tensor))
+        dtypes = sorted(by_dtype, key=lambda dtype: (-dtype.itemsize, str(dtype)))
+        flats = [torch.cat([tensor.reshape(-1) for _, tensor in by_dtype[dtype]]) for dtype in dtypes]
+        self._layout = [
+            (dtype, [(index, tensor.shape, tensor.numel()) for index, tensor in by_dtype[dtype]]) for dtype in dtypes
+        ]
+        packed = flats[0].view(torch.uint8) if len(flats) == 1 else torch.cat([f.view(torch.uint8) for f in flats])
+        device = packed.device
+        self._event: Any = None
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                self._host = torch.empty(packed.shape, dtype=torch.uint8, pin_memory=True)
+                self._host.copy_(packed, non_blocking=True)
+                self._event = torch.cuda.Event()
+                self._event.record()
+        elif device.type == "cpu":
+            self._host = packed
+        else:  # other accelerators: a plain copy, which waits
+            self._host = packed.cpu()
+
+    def wait(self) -> dict[int, torch.Tensor]:
+        if self._event is not None:
+            self._event.synchronize()
+        found: dict[int, torch.Tensor] = {}
+        offset = 0
+        for dtype, entries in self._layout:
+            length = sum(numel for _, _, numel in entries)
+            values = self._host[offset : offset + length * dtype.itemsize].view(dtype)
+            offset += length * dtype.itemsize
+            position = 0
+            for index, shape, numel in entries:
+                found[index] = values[position : position + numel].view(shape)
+                position += numel
+        return found
+
+
+class PendingStep:
+    """One step's reductions and picture sources, from the hooks to the writer thread.
+
+    Args:
+        step: The step number.
+        bins: Histogram buckets, for :func:`~actviz.summaries.finish`.
+    """
+
+    def __init__(self, step: int, bins: int) -> None:
+        self.step = step
+        self.bins = bins
+        self._summaries: list[tuple[str, str, Reduction]] = []
+        self._pictures: list[tuple[str, Draw, torch.Tensor]] = []
+        self._copy: HostCopy | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self._summaries or self._pictures)
+
+    def add(self, kind: str, tag: str, reduction: Reduction) -> None:
+        """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``."""
+        self._summaries.append((kind, tag, reduction))
+
+    def add_picture(self, tag: str, draw: Draw, source: torch.Tensor) -> None:
+        """Keep what ``draw`` turns into the picture ``feature_maps/{tag}`` on the host."""
+        self._pictures.append((tag, draw, source))
+
+    def send(self) -> None:
+        """Start the copy to the host. Called once, on the training thread, when the step ends."""
+        tensors = [tensor for _, _, reduction in self._summaries for tensor in reduction.device_tensors()]
+        tensors += [source for _, _, source in self._pictures]
+        self._copy = HostCopy(tensors)
+
+    def resolve(self) -> StepResults:
+        """Wait for the copy, then finish every summary and draw every picture. Runs on the writer thread."""
+        if self._copy is None:
+            self.send()
+        assert self._copy is not None
+        host: Iterator[torch.Tensor] = iter(self._copy.wait())
+        results = StepResults(self.step)
+        for kind, tag, reduction in self._summaries:
+            reduction.receive(host)
+            getattr(results, kind)[tag] = finish(reduction, self.bins)
+        for tag, draw, _ in self._pictures:
+            results.images[tag] = draw(next(host))
+        return results
