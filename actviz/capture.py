@@ -40,7 +40,8 @@ from torch.utils.hooks import RemovableHandle
 
 from .options import CaptureOptions
 from .rendering import picture_source
-from .summaries import reduce_tensor, reduce_tensors
+from .batch_summaries import reduce_tensors
+from .summaries import reduce_tensor
 from .transfer import PendingStep
 
 __all__ = ["HookHandles", "StepCapture", "output_tensors"]

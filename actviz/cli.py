@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
+from .options import CaptureOptions
+
 __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_IMAGE_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -107,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or layer names and globs such as features.0 'features.1*'",
     )
     report.add_argument(
-        "--max-channels", type=int, default=64, metavar="N",
+        "--max-channels", type=int, default=CaptureOptions.max_channels, metavar="N",
         help="most channels drawn per layer; the strongest by mean |activation| are kept",
     )
     report.add_argument(
@@ -194,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    if args.max_channels <= 0:
-        parser.error(f"--max-channels must be positive, got {args.max_channels}; for example --max-channels 64")
+    try:
+        CaptureOptions(max_channels=args.max_channels)  # the watcher's check and message
+    except ValueError as error:
+        parser.error(str(error).replace("max_channels=", "--max-channels ").replace("max_channels", "--max-channels"))
     if args.size is not None and args.size < 16:
         parser.error(f"--size must be at least 16 pixels, got {args.size}; for example --size 224")
     try:

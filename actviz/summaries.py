@@ -6,8 +6,8 @@
   one ``_foreach_norm(ord=0)`` counting the non-zero elements before and after it,
   ``var_mean``, ``aminmax`` and the copy of a strided sample). The small results stay
   on the device until the step ends and go to the host in one copy
-  (:mod:`actviz.transfer`). :func:`reduce_tensors` reduces many tensors (parameters
-  and their gradients) in nine ops per device, dtype and 128 MB.
+  (:mod:`actviz.transfer`). :func:`actviz.batch_summaries.reduce_tensors` reduces many
+  tensors (parameters and their gradients) in nine ops per device, dtype and 128 MB.
 * :func:`finish` runs on the host, on the writer thread. It turns those numbers and
   the sample into a :class:`~actviz.results.Summary`, counting the sample's buckets
   between the finite min and max.
@@ -36,8 +36,7 @@ from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from .results import HEADER_SIZE, Summary
 
 __all__ = [
-    "HEADER_SIZE", "Reduction", "finish", "flat_view", "reduce_tensor", "reduce_tensors", "reduce_values",
-    "sample_stride", "summarize",
+    "HEADER_SIZE", "Reduction", "finish", "flat_view", "reduce_tensor", "reduce_values", "sample_stride", "summarize",
 ]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
@@ -45,8 +44,6 @@ __all__ = [
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
 #: From this many elements on, torch's threaded reductions beat NumPy's in the CPU shortcut.
 _TORCH_REDUCTION_MIN = 1 << 15
-#: Most bytes a flat buffer of :func:`reduce_tensors` holds (it needs two at a time).
-CHUNK_BYTES = 128 << 20
 
 
 def sample_stride(numel: int, sample_size: int | None) -> int:
@@ -76,7 +73,7 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     return permuted.view(-1) if permuted.is_contiguous() else tensor.reshape(-1)
 
 
-def _wide(device: torch.device) -> torch.dtype:
+def wide_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
@@ -133,7 +130,7 @@ def reduce_values(values: torch.Tensor, stride: int) -> tuple[tuple[torch.Tensor
     NaN and ±Inf replaced by 0, for float32 and float64; float16 and bfloat16 give
     ``(..., sum, sum_squares, ...)`` accumulated in float64 instead.
     """
-    wide = _wide(values.device)
+    wide = wide_dtype(values.device)
     if not values.is_floating_point():  # integers and bools: nothing to mask
         values = values.to(wide)
     zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
@@ -206,69 +203,6 @@ def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Redu
         zeros = 0 if low > 0 or high < 0 else int(np.count_nonzero(array == 0))
     sample = torch.from_numpy(array[::stride].copy())  # a copy: a later in-place op must not change it
     return Reduction(array.size, stride, "numbers", [0, zeros, low, high, total, squares], sample)
-
-
-def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE) -> list[Reduction]:
-    """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
-
-    Floating tensors of one device and dtype are reduced together, up to 128 MB at a
-    time: one copy into a flat buffer, then ``_foreach`` reductions over views of it
-    (nine ops in all). Larger tensors and other dtypes go one at a time, and so does
-    every CPU tensor while the CPU shortcut is on, where a plain loop measures faster.
-    Zeros are not counted by the shortcut.
-    """
-    reductions: list[Reduction | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    shortcut = cpu_shortcuts()
-    for index, tensor in enumerate(tensors):
-        numel, size = tensor.numel(), tensor.numel() * tensor.element_size()
-        alone = numel == 0 or not tensor.is_floating_point() or size > CHUNK_BYTES
-        if alone or (shortcut and tensor.device.type == "cpu"):  # on the CPU a plain loop is faster
-            reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
-        else:
-            groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-    for indices in groups.values():
-        chunk: list[int] = []
-        chunk_bytes = 0
-        for index in [*indices, None]:
-            size = 0 if index is None else tensors[index].numel() * tensors[index].element_size()
-            if chunk and (index is None or chunk_bytes + size > CHUNK_BYTES):
-                found = _reduce_together([tensors[i] for i in chunk], sample_size)
-                for i, reduction in zip(chunk, found):
-                    reductions[i] = reduction
-                chunk, chunk_bytes = [], 0
-            if index is not None:
-                chunk.append(index)
-                chunk_bytes += size
-    return reductions  # type: ignore[return-value]
-
-
-def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
-    """Non-empty floating tensors of one device and dtype, together: nine ops, two buffers of their size."""
-    views = [flat_view(tensor.detach()) for tensor in tensors]
-    sizes = [view.numel() for view in views]
-    strides = [sample_stride(size, sample_size) for size in sizes]
-    wide = _wide(views[0].device)
-    samples = torch.cat([view[::stride] for view, stride in zip(views, strides)])
-    samples = samples.split([-(-size // stride) for size, stride in zip(sizes, strides)])
-    zeroed = torch.cat(views).nan_to_num_(0.0, 0.0, 0.0)
-    parts = list(zeroed.split(sizes))
-    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # L0: non-zero count
-    squares = torch._foreach_powsum(parts, 2, dtype=wide)
-    scratch = torch.clamp_min(zeroed, 0)
-    positive_and_absolute = torch._foreach_powsum(list(scratch.split(sizes)) + parts, 1, dtype=wide)
-    torch.neg(zeroed, out=scratch)
-    extremes = torch._foreach_max(parts + list(scratch.split(sizes)))  # max, then -min
-    count = len(views)
-    return [
-        Reduction(
-            sizes[i], strides[i], "split_sums",
-            [counts[i], counts[count + i], positive_and_absolute[i], positive_and_absolute[count + i], squares[i],
-             extremes[i], extremes[count + i]],
-            samples[i],
-        )
-        for i in range(count)
-    ]
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:

@@ -123,8 +123,18 @@ class SmallTransformer(nn.Module):
         return self.head(self.encoder(self.embed(tokens)).mean(dim=1))
 
 
+#: Where the models run: ``--device`` sets it.
+DEVICE = torch.device("cpu")
+
+
 def build_model(name: str) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]], str]:
-    """The model, a batch maker ``i -> (input, target)`` and a description."""
+    """The model, a batch maker ``i -> (input, target)`` and a description, on :data:`DEVICE`."""
+    model, batches, description = _build_model(name)
+    data = [tuple(t.to(DEVICE) for t in batches(i)) for i in range(4)]
+    return model.to(DEVICE), lambda i: data[i % 4], description
+
+
+def _build_model(name: str) -> tuple[nn.Module, Callable[[int], tuple[torch.Tensor, torch.Tensor]], str]:
     generator = torch.Generator().manual_seed(0)
     if name == "cnn":
         torch.manual_seed(0)
@@ -172,6 +182,8 @@ class Trainer:
         self.optimizer.step()
         if self.after_step is not None:
             self.after_step(self.count, loss)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()  # device work is asynchronous: wait for it before reading the clock
         elapsed = time.perf_counter() - start
         self.count += 1
         return elapsed
@@ -617,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="measured pairs per case")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up steps per side")
     parser.add_argument("--budget", type=float, default=None, help="seconds per case before stopping early")
+    parser.add_argument("--device", default="cpu", help="where the models run: cpu or cuda")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch.set_num_threads")
     parser.add_argument("--memory-steps", type=int, default=None, help="watched steps for the memory check")
     parser.add_argument("--amortised-steps", type=int, default=None,
@@ -630,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     quick = args.quick
+    global DEVICE
+    DEVICE = torch.device(args.device)
     models = args.models.split(",") if args.models else (["cnn"] if quick else MODELS)
     cases = args.cases.split(",") if args.cases else CASES
     for name in models:
@@ -662,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "threads": args.threads,
+            "device": str(DEVICE) if DEVICE.type != "cuda" else torch.cuda.get_device_name(DEVICE),
             "quick": quick,
             "steps": steps,
             "amortised_steps": amortised_steps,

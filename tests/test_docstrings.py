@@ -7,6 +7,7 @@ import pytest
 
 MODULES = [
     "actviz.api",
+    "actviz.batch_summaries",
     "actviz.capture",
     "actviz.options",
     "actviz.png",

@@ -394,6 +394,9 @@ def adapters():
         ({"every": 0}, ValueError, "every must be a positive number of steps"),
         ({"image_every": "often"}, TypeError, "image_every must be an int"),
         ({"log_dir": "runs/x", "writer": object()}, ValueError, "a log_dir or a writer, not both"),
+        ({"bins": 0}, ValueError, "bins must be positive, got 0; for example bins=64"),
+        ({"max_channels": 2.5}, TypeError, "max_channels must be an int, got float"),
+        ({"outputs": "last"}, ValueError, "outputs must be 'first' or 'all', got 'last'"),
     ],
 )
 def test_callbacks_check_their_arguments_when_made(kwargs, error, message):

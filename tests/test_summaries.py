@@ -7,17 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import actviz.summaries
+import actviz.batch_summaries
 from actviz.results import HEADER_SIZE, Summary
-from actviz.summaries import (
-    DEFAULT_SAMPLE_SIZE,
-    finish,
-    flat_view,
-    reduce_tensor,
-    reduce_tensors,
-    sample_stride,
-    summarize,
-)
+from actviz.batch_summaries import reduce_tensors
+from actviz.options import DEFAULT_SAMPLE_SIZE
+from actviz.summaries import finish, flat_view, reduce_tensor, sample_stride, summarize
 
 
 @pytest.fixture(autouse=True, params=["shortcuts", "device"])
@@ -203,7 +197,7 @@ def test_float32_squares_that_overflow(path):
 
 
 def test_reduce_tensors_gives_what_reduce_tensor_gives_one_by_one(monkeypatch):
-    monkeypatch.setattr(actviz.summaries, "CHUNK_BYTES", 40_000)  # several chunks, and tensors alone
+    monkeypatch.setattr(actviz.batch_summaries, "CHUNK_BYTES", 40_000)  # several chunks, and tensors alone
     generator = torch.Generator().manual_seed(5)
     tensors = [
         torch.randn(32, generator=generator),                # a bias

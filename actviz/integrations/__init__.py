@@ -24,6 +24,7 @@ import inspect
 import os
 from typing import Any
 
+from ..options import CaptureOptions
 from ..schedule import Schedule
 from ..api import watch
 
@@ -38,7 +39,8 @@ def _check_watch_kwargs(
 ) -> dict[str, Any]:
     """Check a callback's ``watch()`` arguments when it is made, not when training starts.
 
-    Names are checked against :func:`actviz.watch`'s signature and schedules are parsed;
+    Names are checked against :func:`actviz.watch`'s signature, schedules are parsed and
+    :class:`~actviz.options.CaptureOptions` checks bins, sampling, channels and outputs;
     the other values are checked by ``watch()`` itself before it touches the model.
     """
     known = [name for name in inspect.signature(watch).parameters if name not in ("model", "log_dir")]
@@ -59,4 +61,5 @@ def _check_watch_kwargs(
     for name in ("every", "image_every"):
         if watch_kwargs.get(name) is not None:
             Schedule.parse(watch_kwargs[name], name)
+    CaptureOptions(**{name: value for name, value in watch_kwargs.items() if name in CaptureOptions.names()})
     return dict(watch_kwargs)

@@ -1,0 +1,121 @@
+"""The accelerator code path, run on the CPU (ACTVIZ_CPU_SHORTCUTS=0): its kernel budget and host syncs.
+
+On a GPU every aten op that is not a view launches a kernel, and .item(), nonzero, bincount
+or a boolean mask make the host wait. A TorchDispatchMode counts them deterministically, so
+these budgets cannot drift back. ../shared/bench/device_ops.py makes the same count on
+ResNet-50; the README reports it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+import torch
+import torchvision
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import actviz
+from actviz.batch_summaries import reduce_tensors
+from actviz.rendering import picture_source
+from actviz.summaries import reduce_tensor
+from actviz.transfer import HostCopy
+
+SYNCING = {
+    "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+    "aten.bincount.default", "aten.unique.default", "aten._unique2.default", "aten.histc.default",
+    "aten.repeat_interleave.Tensor", "aten.unique_consecutive.default",
+}
+
+
+class CountOps(TorchDispatchMode):
+    """Kernel-launching ops (views left out) and host-syncing ops dispatched on this thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in SYNCING:
+            self.syncs.append(str(func))
+        if not func.is_view:
+            self.kernels.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture(autouse=True)
+def device_path(monkeypatch):
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.float32, 5), (torch.float64, 5), (torch.bfloat16, 6)])
+def test_one_tensor_takes_five_ops_and_no_sync(dtype, budget):
+    tensor = torch.randn(8, 16, 12, 12).to(dtype).to(memory_format=torch.channels_last)  # read in place, no copy
+    with CountOps() as count:
+        reduce_tensor(tensor)
+    assert len(count.kernels) == budget, count.kernels
+    assert count.syncs == []
+
+
+def test_many_parameters_take_nine_ops_whatever_their_count():
+    model = torchvision.models.resnet18()
+    parameters = list(model.parameters())
+    assert len(parameters) == 62
+    with CountOps() as count:
+        reduce_tensors(parameters)
+    assert len(count.kernels) == 9, count.kernels
+    assert count.syncs == []
+
+
+def test_a_picture_takes_at_most_six_ops():
+    wide, narrow = torch.randn(2, 256, 7, 7), torch.randn(2, 32, 7, 7)
+    with CountOps() as count:
+        picture_source(wide, max_channels=64)  # more channels than drawn: pick the 64 strongest
+    assert len(count.kernels) == 6 and count.syncs == [], count.kernels
+    with CountOps() as count:
+        picture_source(narrow, max_channels=64)  # all channels: one copy
+    assert len(count.kernels) == 1
+
+
+def test_a_step_goes_to_the_host_in_one_packed_copy():
+    tensors = [torch.randn(()), torch.randn(5), torch.randn((), dtype=torch.float64), torch.randn(3).bfloat16()]
+    with CountOps() as count:
+        copy = HostCopy(tensors)
+    assert len(count.kernels) == 4  # one concatenation per dtype (3), one of their bytes
+    for before, after in zip(tensors, copy.wait()):
+        assert torch.equal(before, after) and before.dtype == after.dtype and before.shape == after.shape
+
+
+def count_step(model, inputs, **watch_args):
+    """Kernel and sync ops of one training step (the second; step 0 warms up), watched or bare."""
+    viz = actviz.watch(model, tempfile.mkdtemp(), **watch_args) if watch_args else None
+
+    def step():
+        torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2])).backward()
+
+    step()
+    with CountOps() as count:
+        step()
+        if viz is not None:
+            viz.flush()  # the writer thread's host work is not counted: the mode is thread-local
+    if viz is not None:
+        viz.close()
+    return count
+
+
+def test_logging_step_budget_on_a_small_resnet():
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    inputs = torch.randn(2, 3, 32, 32)
+    bare = count_step(model, inputs)
+    idle = count_step(model, inputs, every=10**9)
+    stats = count_step(model, inputs, every=1, image_every=10**9)
+    everything = count_step(model, inputs, every=1)
+    assert idle.kernels == bare.kernels  # a step that logs nothing adds no op
+    added = len(stats.kernels) - len(bare.kernels)
+    tensors = 2 * 41  # 41 watched layers (20 conv, 20 batch norm, 1 linear): outputs and their gradients
+    assert added >= 5 * tensors  # the device path ran
+    assert len(stats.kernels) <= 3 * len(bare.kernels)
+    assert len(everything.kernels) <= 4 * len(bare.kernels)
+    assert stats.syncs == everything.syncs == bare.syncs == []
