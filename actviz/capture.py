@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .options import CaptureOptions
-from .rendering import picture_source
 from .batch_summaries import reduce_tensors
+from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
+from .options import CaptureOptions
 from .summaries import reduce_tensor
 from .transfer import PendingStep
 
-__all__ = ["HookHandles", "StepCapture", "output_tensors"]
+__all__ = ["HookHandles", "StepCapture"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,16 @@ ErrorHandler = Callable[[str, BaseException], None]
 
 
 class HookHandles:
-    """Every hook handle of one capture, in named groups. :meth:`remove` is safe to call again."""
+    """Every hook handle of one capture, in named groups. :meth:`remove` is safe to call again.
+
+    Example:
+        >>> layer = torch.nn.Linear(2, 2)
+        >>> handles = HookHandles()
+        >>> handles.add("forward", layer.register_forward_hook(lambda *args: None))
+        >>> handles.remove(); handles.remove()
+        >>> len(layer._forward_hooks)
+        0
+    """
 
     def __init__(self) -> None:
         self._groups: dict[str, list[RemovableHandle]] = {}
@@ -66,56 +75,6 @@ class HookHandles:
         for name in [group] if group is not None else list(self._groups):
             for handle in self._groups.pop(name, []):
                 handle.remove()
-
-
-def output_tensors(output: Any, mode: Literal["first", "all"] = "first") -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(suffix, tensor)`` for the tensors in a module's output.
-
-    A plain tensor yields ``("", tensor)``. Tuples, lists and dicts are searched depth
-    first: ``mode="first"`` yields only the first tensor, with suffix ``""``;
-    ``mode="all"`` yields each one with its path as suffix, such as ``"/0"``,
-    ``"/1.0"`` or ``"/attn"``.
-
-    Example:
-        >>> out = torch.zeros(2), (torch.ones(1), torch.ones(3))   # like nn.LSTM's (output, (h, c))
-        >>> [(s, t.numel()) for s, t in output_tensors(out, "all")]
-        [('/0', 2), ('/1.0', 1), ('/1.1', 3)]
-        >>> [(s, t.numel()) for s, t in output_tensors(out)]
-        [('', 2)]
-    """
-    if isinstance(output, torch.Tensor):
-        yield "", output
-        return
-    found = _walk(output, ())
-    if mode == "first":
-        for _, tensor in found:
-            yield "", tensor
-            return
-    else:
-        for path, tensor in found:
-            yield "/" + ".".join(path), tensor
-
-
-def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, (tuple, list)):
-        for index, item in enumerate(value):
-            yield from _walk(item, (*path, str(index)))
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(item, (*path, str(key)))
-
-
-#: Layers that map each channel of each sample through an affine function (BatchNorm in training
-#: and eval, InstanceNorm, GroupNorm). With every channel normalised on its own, their grid is
-#: their input's grid again, pixel for pixel (inverted where the weight is negative).
-PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm)
-
-
-def _batch_dim(module: nn.Module) -> int:
-    # nn.LSTM, nn.GRU, nn.MultiheadAttention and nn.Transformer* put time first unless batch_first=True.
-    return 1 if getattr(module, "batch_first", True) is False else 0
 
 
 class StepCapture:
@@ -171,7 +130,7 @@ class StepCapture:
         self, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]]
     ) -> None:
         for name, module in layers:
-            hook = partial(self._on_layer_output, name, _batch_dim(module))
+            hook = partial(self._on_layer_output, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
         self._hooks.add("forward", model.register_forward_hook(self._on_forward_done, always_call=True))
         if not self.want_stats:
@@ -222,18 +181,20 @@ class StepCapture:
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
             tag = name + suffix
-            if self.want_stats:
-                self._reduce_one("activations", tag, tensor)
+            # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
+            reduction, picture = reduce_output(
+                tensor, self.options, stats=self.want_stats, draw=self.want_images and draw and position == 0,
+                batch_dim=batch_dim,
+            )
+            if reduction is not None:
+                self._pending.add("activations", tag, reduction)
                 if tensor.requires_grad:
                     hook = partial(self._on_output_grad, name, tag)
                     self._hooks.add("backward", tensor.register_hook(hook))
                     self.expects_backward = True
-            # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
-            if self.want_images and draw and position == 0:
-                found = picture_source(tensor, self.options.max_channels, batch_dim)
-                if found is not None:
-                    self._pending.add_picture(tag, *found)
-                    self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+            if picture is not None:
+                self._pending.add_picture(tag, *picture)
+                self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         if self.done or "grad:" + tag in self._seen:

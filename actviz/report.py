@@ -40,7 +40,7 @@ from torch import nn
 from torchvision.transforms._presets import ImageClassification
 from tqdm import tqdm  # not tqdm.auto: it warns on import in Jupyter without ipywidgets
 
-from .capture import output_tensors
+from .layer_outputs import output_tensors
 from .options import DEFAULT_MAX_CHANNELS
 from .rendering import render_output
 from .results import StepResults, Summary

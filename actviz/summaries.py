@@ -25,7 +25,6 @@ same numbers in fewer passes; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
