@@ -6,20 +6,29 @@ decides itself when the step is over, and then hands the step on with one call o
 ``deliver``. The path of one activation, from hook to event file:
 
 1. :meth:`StepCapture._on_layer_output` (a forward hook) calls
-   :func:`~actviz.summaries.reduce_tensor` and :func:`~actviz.rendering.picture_source`;
-   their small tensors stay on the device in a :class:`~actviz.transfer.PendingStep`;
-2. when the backward pass ends (or the forward, when no backward is coming, or at
-   :meth:`StepCapture.finish`), :meth:`~actviz.transfer.PendingStep.send` starts one
-   copy to the host and ``deliver(pending)`` hands the step to the watcher's sink;
+   :func:`~actviz.layer_outputs.reduce_output`; the small tensors it returns stay on
+   the device in a :class:`~actviz.transfer.PendingStep`;
+2. when the step is over, :meth:`~actviz.transfer.PendingStep.send` starts one copy to
+   the host and ``deliver(pending)`` hands the step to the watcher's sink;
 3. on the writer thread, :meth:`~actviz.transfer.PendingStep.resolve` finishes the
    summaries and pictures and :class:`~actviz.sinks.TensorBoardSink` writes them.
+
+When a step is over: parameter gradients are logged as the optimizer applies them, so
+the step ends at the next ``optimizer.step()`` of an optimizer that holds a watched
+parameter (after DDP's all-reduce, every micro-batch of accumulation, clipping and
+``GradScaler.unscale_``). Without one, it ends when the next training forward starts, or
+at ``flush()``/``close()``, with the gradients as the last backward pass left them. A step
+whose outputs require grad waits for its backward pass even if other forwards come first
+(a siamese pair, a GAN generator called twice); if a backward pass updates the watched
+parameters without reaching its outputs, none is coming, and it ends without gradients
+and says so once. A step with nothing to wait for ends with its forward.
 
 No hook holds a batch: activations are reduced before the next layer runs, so a later
 in-place op cannot change what was logged. Gradients with respect to a layer's output
 come from ``output.register_hook`` called inside the forward hook; module backward hooks
 raise on the in-place ReLU that follows every conv in AlexNet and VGG (pytorch#61519).
-Parameters and their gradients are reduced together: the weights when the step starts,
-the gradients when the backward pass ends.
+Layers that run without grad inside a training forward (``checkpoint(use_reentrant=True)``)
+keep their hook until the backward pass recomputes them, and get their gradient then.
 
 A BatchNorm, InstanceNorm or GroupNorm fed directly by a tensor drawn in the same step
 gets no picture: it shifts and scales each channel, and every channel is normalised on
@@ -36,12 +45,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
 from .batch_summaries import reduce_tensors
 from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
 from .options import CaptureOptions
-from .summaries import reduce_tensor
+from .summaries import Reduction, reduce_tensor
 from .transfer import PendingStep
 
 __all__ = ["HookHandles", "StepCapture"]
@@ -91,6 +101,8 @@ class StepCapture:
         deliver: Called once, with the :class:`~actviz.transfer.PendingStep`, when the step
             ends and logged something.
         on_error: Called with the failing layer or parameter name; it may re-raise.
+        on_no_backward: Called with this capture when it ends without the backward pass
+            its outputs waited for.
     """
 
     def __init__(
@@ -105,6 +117,7 @@ class StepCapture:
         options: CaptureOptions,
         deliver: Callable[[PendingStep], None],
         on_error: ErrorHandler,
+        on_no_backward: Callable[[StepCapture], None] | None = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -112,61 +125,68 @@ class StepCapture:
         self.options = options
         self.done = False
         self.in_forward = True
-        self.expects_backward = False
+        self.expects_backward = False  # some watched output requires grad
+        self.backward_seen = False  # a backward pass has reached a watched output
         self._deliver = deliver
         self._on_error = on_error
+        self._on_no_backward = on_no_backward
         self._pending = PendingStep(step, options.bins)
         self._hooks = HookHandles()
+        self._layers = dict(layers)
+        self._parameters = [(name, param) for name, param in parameters if param.requires_grad]
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
-        self._weight_grads: dict[str, torch.Tensor] = {}  # held, not copied, until the backward pass ends
+        self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
+        self._weight_grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
         # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
-        self._backward_callback_queued = False
-        self._attach(model, layers, parameters)
+        self._callback_queued = False
+        self._pass_reached = False  # the backward pass under way has reached a watched output
+        self._attach(model)
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def _attach(
-        self, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]]
-    ) -> None:
-        for name, module in layers:
+    def _attach(self, model: nn.Module) -> None:
+        for name, module in self._layers.items():
             hook = partial(self._on_layer_output, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
         self._hooks.add("forward", model.register_forward_hook(self._on_forward_done, always_call=True))
         if not self.want_stats:
             return
-        self._reduce_together("weights", dict(parameters))
-        for name, param in parameters:
-            if param.requires_grad:
-                hook = partial(self._on_param_grad, name)
-                self._hooks.add("backward", param.register_post_accumulate_grad_hook(hook))
-                self.expects_backward = True
+        self._reduce_together("weights", {name: param for name, param in self._parameters} or {})
+        for name, param in self._parameters:
+            self._hooks.add("backward", param.register_post_accumulate_grad_hook(self._on_param_grad))
+        if self._parameters:
+            hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
+            self._hooks.add("backward", hook)
 
-    def _guarded(self, name: str, function: Callable[..., None], *args: Any) -> None:
+    def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
-            function(*args)
+            return function(*args)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
+            return None
 
-    def _reduce_together(self, kind: str, named: dict[str, torch.Tensor]) -> None:
+    def _reduce_together(self, kind: str, named: dict[str, torch.Tensor]) -> dict[str, Reduction]:
         """Reduce many tensors in a fixed number of ops (most parameters are small)."""
         try:
-            reductions = reduce_tensors(list(named.values()), self.options.histogram_sample_size)
+            found = dict(zip(named, reduce_tensors(list(named.values()), self.options.histogram_sample_size)))
         except Exception:  # noqa: BLE001 - find the one that fails, and report it by name
+            found = {}
             for tag, tensor in named.items():
-                self._guarded(tag, self._reduce_one, kind, tag, tensor)
-            return
-        for tag, reduction in zip(named, reductions):
-            self._pending.add(kind, tag, reduction)
-
-    def _reduce_one(self, kind: str, tag: str, tensor: torch.Tensor) -> None:
-        reduction = reduce_tensor(tensor, self.options.histogram_sample_size, count_zeros=kind == "activations")
-        self._pending.add(kind, tag, reduction)
+                reduction = self._guarded(tag, reduce_tensor, tensor, self.options.histogram_sample_size, False)
+                if reduction is not None:
+                    found[tag] = reduction
+        if kind == "weights":
+            for tag, reduction in found.items():
+                self._pending.add(kind, tag, reduction)
+        return found
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
         self._seen.add(name)
+        if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
+            self._recompute.add(name)
         redraws_input = self.want_images and isinstance(module, PER_CHANNEL_AFFINE) and self._is_drawn(inputs)
         self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
 
@@ -188,51 +208,96 @@ class StepCapture:
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction)
-                if tensor.requires_grad:
-                    hook = partial(self._on_output_grad, name, tag)
-                    self._hooks.add("backward", tensor.register_hook(hook))
-                    self.expects_backward = True
+                self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
                 self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+
+    def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
+        if tensor.requires_grad:
+            self._hooks.add("backward", tensor.register_hook(partial(self._on_output_grad, name, tag)))
+            self.expects_backward = True
+
+    def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
+        """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
+        if self.done or not torch.is_grad_enabled():
+            return
+        for suffix, tensor in output_tensors(output, self.options.outputs):
+            if "grad:" + name + suffix not in self._seen:
+                self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         if self.done or "grad:" + tag in self._seen:
             return
         self._seen.add("grad:" + tag)
+        self._pass_reached = True
         self._queue_backward_callback()
-        self._guarded(name, self._reduce_one, "gradients", tag, grad)
+        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
+        if reduction is not None:
+            self._pending.add("gradients", tag, reduction)
 
-    def _on_param_grad(self, name: str, param: nn.Parameter) -> None:
-        # Held until the backward pass ends, then reduced together.
-        if self.done or name in self._weight_grads or param.grad is None:
-            return
-        self._queue_backward_callback()
-        self._weight_grads[name] = param.grad
+    def _on_param_grad(self, param: nn.Parameter) -> None:
+        if not self.done:
+            self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
         self.in_forward = False
-        if not self.expects_backward or output is None:  # None: the forward raised
+        if output is None:  # the forward raised
+            self.finish()
+            return
+        for name in self._recompute:
+            hook = partial(self._on_recomputed, name)
+            self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
+        if self._recompute and self._parameters:
+            self.expects_backward = True
+        if not self.expects_backward:
             self.finish()
 
     def _queue_backward_callback(self) -> None:
-        """Ask autograd to call :meth:`finish` when this backward pass ends (as DDP does)."""
-        if self._backward_callback_queued:
+        """Ask autograd to call :meth:`_on_backward_end` when this backward pass ends (as DDP does)."""
+        if self._callback_queued:
             return
-        self._backward_callback_queued = True
+        self._callback_queued = True
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
-        except Exception:  # noqa: BLE001 - without it, the step is handed on at the next step or close()
+            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
             logger.debug("could not queue an end-of-backward callback", exc_info=True)
+
+    def _on_backward_end(self) -> None:
+        reached, self._pass_reached, self._callback_queued = self._pass_reached, False, False
+        if self.done:
+            return
+        self.backward_seen = self.backward_seen or reached
+        if self.backward_seen:  # the gradients as this pass left them, until an optimizer takes them
+            self._take_weight_grads()
+        elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
+            self.finish(missed_backward=True)
+
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.done or not self.backward_seen:
+            return
+        watched = {id(param) for _, param in self._parameters}
+        if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
+            self._take_weight_grads()
+            self.finish()
+
+    def _take_weight_grads(self) -> None:
+        grads = {name: param.grad for name, param in self._parameters if param.grad is not None}
+        if grads:
+            self._weight_grads = self._reduce_together("weight_grads", grads)
 
     # -- the end -----------------------------------------------------------------------------
 
-    def finish(self) -> None:
+    def next_forward(self) -> None:
+        """A new training forward starts: end this step unless it still waits for its backward pass."""
+        if self.backward_seen or not self.expects_backward:
+            self.finish()
+
+    def finish(self, missed_backward: bool = False) -> None:
         """Remove every hook, start the copy to the host and deliver the step, once.
 
-        Called at the end of the backward pass, at the end of a forward that expects none,
-        or by the watcher when the step must end (the next step, or ``close()``). Safe to
+        ``missed_backward`` says the backward pass the outputs waited for never came. Safe to
         call more than once.
         """
         if self.done:
@@ -240,10 +305,12 @@ class StepCapture:
         self.done = True
         self.in_forward = False
         self._hooks.remove()
-        weight_grads, self._weight_grads = self._weight_grads, {}
         self._drawn = {}
-        if weight_grads:
-            self._reduce_together("weight_grads", weight_grads)
+        for tag, reduction in self._weight_grads.items():
+            self._pending.add("weight_grads", tag, reduction)
+        self._weight_grads = {}
+        if missed_backward and self._on_no_backward is not None:
+            self._on_no_backward(self)
         if self._pending.empty:
             return
         try:

@@ -31,6 +31,9 @@ __all__ = ["Watcher"]
 
 logger = logging.getLogger(__name__)
 
+#: Most steps kept open while they wait for a backward pass that has not come yet.
+MAX_WAITING = 4
+
 # Models with an open watcher, so that a second watch() on the same model fails loudly.
 open_watchers: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Watcher]] = weakref.WeakKeyDictionary()
 
@@ -66,7 +69,8 @@ class Watcher:
         self.strict = strict
         self._next_step = 0
         self._last_started_step: int | None = None
-        self._capture: StepCapture | None = None
+        self._captures: list[StepCapture] = []  # open steps: in their forward, or waiting to end
+        self._warned_no_backward = False
         self._skipped: set[str] = set()
         self._warned_sink = False
         self._closed = False
@@ -172,21 +176,26 @@ class Watcher:
             self._report("(watcher)", error)
 
     def _start_step(self, model: nn.Module) -> None:
-        if self._capture is not None and self._capture.in_forward:
+        if any(capture.in_forward for capture in self._captures):
             return  # the model called itself inside a logging forward: same step
         step = self._next_step
         if not self.auto_step and step == self._last_started_step:
             # A later micro-batch, a second forward before one backward (siamese models) or a
             # nested call: same step, and its pending gradients are still to come.
             return
-        self._end_capture()  # a step whose backward never came
+        for capture in self._captures:
+            capture.next_forward()  # ends unless it still waits for its backward pass
+        waiting = [capture for capture in self._captures if not capture.done]
+        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward never comes
+            capture.finish(missed_backward=True)
+        self._captures = waiting[-MAX_WAITING:]
         if self.auto_step:
             self._next_step += 1
         self._last_started_step = step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
         if not (want_stats or want_images):
             return
-        self._capture = StepCapture(
+        self._captures.append(StepCapture(
             step,
             model,
             [(name, module) for name, module in self._layers if name not in self._skipped],
@@ -196,12 +205,28 @@ class Watcher:
             options=self._options,
             deliver=self._deliver,
             on_error=self._report,
-        )
+            on_no_backward=self._warn_no_backward,
+        ))
 
     def _end_capture(self) -> None:
-        capture, self._capture = self._capture, None
-        if capture is not None:
+        captures, self._captures = self._captures, []
+        for capture in captures:
             capture.finish()
+
+    def _warn_no_backward(self, capture: StepCapture) -> None:
+        if self._warned_no_backward:
+            return
+        self._warned_no_backward = True
+        warnings.warn(
+            f"actviz logs no gradients for step {capture.step}: its forward got no backward pass (another "
+            "backward updated the watched parameters first, or more forwards ran). If your loop calls the model "
+            "more than once per optimizer step, call it under torch.no_grad() where its output is not "
+            "backpropagated (a GAN generator's forward for the discriminator step), or number the steps yourself "
+            "with actviz.watch(..., auto_step=False) and viz.set_step(step) before the forward you want logged. "
+            "Warned once per run.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
     # -- delivery ----------------------------------------------------------------------------
 

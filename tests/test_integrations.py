@@ -315,7 +315,7 @@ def test_huggingface_logs_at_global_steps(tmp_path):
     assert trainer.state.global_step == 4
     assert sum("eval_loss" in entry for entry in trainer.state.log_history) >= 4  # evaluation did run
     default = getattr(trainer.args, "logging_dir", None) or tmp_path / "out" / "runs"
-    assert_bert_logged_at(Run(default), [0, 2])
+    assert_bert_logged_at(Run(default), [2, 4])  # the steps the Trainer logs those batches' loss at
     assert callback.viz is None
     assert hooks_left(model) == NO_HOOKS
 
@@ -328,7 +328,7 @@ def test_huggingface_gradient_accumulation_logs_once_per_optimizer_step(tmp_path
     trainer = hf_train(hf, model, tmp_path, [ActvizCallback(tmp_path / "viz", every=2)], gradient_accumulation_steps=2)
 
     assert trainer.state.global_step == 4  # 8 micro-batches
-    assert_bert_logged_at(Run(tmp_path / "viz"), [0, 2])
+    assert_bert_logged_at(Run(tmp_path / "viz"), [2, 4])
     assert hooks_left(model) == NO_HOOKS
 
 
@@ -406,3 +406,89 @@ def test_callbacks_check_their_arguments_when_made(kwargs, error, message):
     for callback in callbacks:
         with pytest.raises(error, match=re.escape(message)):
             callback(**kwargs)
+
+
+# -- the same batch in actviz's histograms and in the trainer's loss curve -----------------------
+
+
+class ValueModel(torch.nn.Module):
+    """``layer`` passes its input through unchanged, and the loss is the batch's mean value.
+
+    A dataset whose sample i holds the value i then tells, from the histogram of
+    ``activations/layer`` at a step, which batch actviz logged there.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        with torch.no_grad():
+            self.layer.weight.fill_(1.0)
+            self.layer.bias.zero_()
+
+    def forward(self, x, labels=None):
+        out = self.layer(x)
+        loss = x.mean() + (out - out.detach()).sum()  # the batch's value, with a gradient through the layer
+        return {"loss": loss, "logits": out}
+
+
+def value_dataset(count: int):
+    return [{"x": torch.tensor([float(i)])} for i in range(count)]
+
+
+def test_huggingface_histograms_line_up_with_the_trainers_loss(tmp_path):
+    hf = transformers()
+    from actviz.integrations.huggingface import ActvizCallback
+
+    args = hf.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=6, per_device_train_batch_size=2, logging_steps=1,
+        learning_rate=0.0, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+    )
+    trainer = hf.Trainer(model=ValueModel(), args=args, train_dataset=value_dataset(12),
+                         callbacks=[ActvizCallback(tmp_path / "viz", every=1)])
+    trainer.train()
+    losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    run = Run(tmp_path / "viz")
+    steps = run.histogram_steps("activations/layer")
+    assert steps == sorted(losses) and len(steps) == 6
+    for step in steps:
+        histogram = run.histogram("activations/layer", step)
+        assert histogram.sum / histogram.num == pytest.approx(losses[step], abs=1e-6), step
+
+
+def test_lightning_histograms_line_up_with_the_loss_it_logs(tmp_path):
+    pl = lightning()
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from actviz.integrations.lightning import ActvizCallback
+
+    class LitValue(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = ValueModel()
+
+        def forward(self, x):
+            return self.model(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = self(batch["x"])["loss"]
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    logger = TensorBoardLogger(str(tmp_path), name="lit")
+    trainer = pl.Trainer(
+        max_steps=6, accelerator="cpu", devices=1, logger=logger, callbacks=[ActvizCallback(every=1)],
+        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1,
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+        trainer.fit(LitValue(), DataLoader(value_dataset(12), batch_size=2, shuffle=True))
+    run = Run(logger.log_dir)
+    losses = {event.step: event.value for event in run.events.Scalars("train_loss")}
+    steps = run.histogram_steps("activations/model.layer")
+    assert steps == sorted(losses) and len(steps) == 6
+    for step in steps:
+        histogram = run.histogram("activations/model.layer", step)
+        assert histogram.sum / histogram.num == pytest.approx(losses[step], abs=1e-6), step

@@ -219,23 +219,33 @@ def test_non_logging_steps_carry_no_layer_hooks(tmp_path):
     probe = Probe(3, 4, 3)
     probe.seen = []
     model = nn.Sequential(probe, nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with actviz.watch(model, tmp_path, every=2):
         for _ in range(4):
-            train_step(model)
+            train_step(model, optimizer)  # the optimizer step ends a logging step
             assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}  # the root's step counter only
             assert len(model._forward_pre_hooks) == 1
     assert probe.seen == [1, 0, 1, 0]
 
 
-def test_a_step_is_handed_over_when_its_backward_ends(tmp_path, read_run):
+def test_a_step_ends_at_the_optimizer_step_or_else_at_the_next_forward(tmp_path, read_run):
     model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     viz = actviz.watch(model, tmp_path, every=1)
     model(torch.randn(2, 3, 8, 8)).sum().backward()
-    assert hooks_left(model)["param"] == 0  # the end-of-backward callback closed the step
+    assert hooks_left(model)["param"] > 0  # waiting for the optimizer to take the gradients
+    optimizer.step()
+    assert hooks_left(model)["param"] == 0  # the optimizer's step ended step 0
+    model(torch.randn(2, 3, 8, 8)).sum().backward()  # step 1: no optimizer step
+    model.eval()
+    model(torch.randn(2, 3, 8, 8))  # an eval forward is not a step: step 1 still open
+    assert hooks_left(model)["param"] > 0
+    model.train()
+    model(torch.randn(2, 3, 8, 8))  # step 2 starts: step 1 ends
     viz.flush()
     run = read_run(tmp_path)
-    assert run.histogram_steps("gradients/0") == [0]
-    assert run.histogram_steps("weight_grads/6.bias") == [0]
+    assert run.histogram_steps("gradients/0") == [0, 1]
+    assert run.histogram_steps("weight_grads/6.bias") == [0, 1]
     viz.close()
 
 

@@ -1,8 +1,9 @@
 """Hugging Face Transformers: ``Trainer(..., callbacks=[ActvizCallback(every=100)])``.
 
 The callback watches the model the ``Trainer`` hands to its callbacks for the length of
-``train()`` and sets actviz's step to ``state.global_step`` at the start of every
-optimizer step, so histograms sit at the same steps as the Trainer's own logs.
+``train()`` and numbers actviz's steps as the Trainer numbers its logged loss: the batch
+that starts at ``state.global_step = k`` has its loss logged at step ``k + 1`` (after the
+optimizer step), so its histograms go to step ``k + 1`` too.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ class ActvizCallback(TrainerCallback):
     On ``on_train_begin`` it calls :func:`actviz.watch` with ``auto_step=False`` on the
     model the Trainer passes to callbacks (the unwrapped model; a DDP wrapper calls it,
     so its hooks still run); on ``on_step_begin`` it calls
-    :meth:`~actviz.Watcher.set_step` with ``state.global_step``; on ``on_train_end`` it
-    closes the watcher, removing every hook. Only the world's main process watches.
+    :meth:`~actviz.Watcher.set_step` with ``state.global_step + 1``, the step at which
+    the Trainer logs that batch's loss; on ``on_train_end`` it closes the watcher,
+    removing every hook. Only the world's main process watches.
 
     Evaluation runs in eval mode without grad and logs nothing. With
-    ``gradient_accumulation_steps=k`` a scheduled global step is logged once, from its
-    first micro-batch. If ``train()`` raises, the Trainer sends no ``on_train_end``:
+    ``gradient_accumulation_steps=k`` a scheduled global step logs the activations and
+    output gradients of its first micro-batch and the parameter gradients the optimizer
+    applies, summed over all ``k``. If ``train()`` raises, the Trainer sends no ``on_train_end``:
     call :meth:`close` yourself to take the hooks off.
 
     Args:
@@ -100,7 +103,8 @@ class ActvizCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         if self._viz is not None:
-            self._viz.set_step(state.global_step)
+            # The Trainer logs this batch's loss after the optimizer step, at global_step + 1.
+            self._viz.set_step(state.global_step + 1)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -53,8 +53,9 @@ class ActvizCallback(pl.Callback):
     every hook. Only global rank 0 watches anything.
 
     Validation and sanity-check batches run in eval mode without grad and log nothing.
-    With ``accumulate_grad_batches=k`` a scheduled global step is logged once, from its
-    first micro-batch.
+    With ``accumulate_grad_batches=k`` a scheduled global step logs the activations and
+    output gradients of its first micro-batch and the parameter gradients the optimizer
+    applies, summed over all ``k``.
 
     Args:
         log_dir: Folder for actviz's own ``SummaryWriter``. By default actviz writes
