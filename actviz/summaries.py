@@ -143,7 +143,9 @@ def reduce_values(values: torch.Tensor, stride: int) -> tuple[tuple[torch.Tensor
     return (nonzero, finite_nonzero, first, second, low, high), values[::stride].clone()
 
 
-def reduce_tensor(tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True) -> Reduction:
+def reduce_tensor(
+    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True
+) -> Reduction:
     """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
 
     Args:
