@@ -14,6 +14,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .amp import check_grad_scaler
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, select_layers
@@ -53,6 +54,7 @@ def watch(
     outputs: Literal["first", "all"] = "first",
     auto_step: bool = True,
     strict: bool = False,
+    grad_scaler: Any = None,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -88,6 +90,9 @@ def watch(
             with :meth:`Watcher.set_step`.
         strict: Re-raise errors from actviz's hooks instead of warning once and skipping
             the layer.
+        grad_scaler: The ``torch.amp.GradScaler`` of a mixed-precision loop. Gradients flow
+            back multiplied by its scale; with the scaler given, every logged gradient is the
+            true one, and each stats step also writes its scale as ``amp/grad_scale``.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -116,6 +121,7 @@ def watch(
     for flag_name, flag in (("auto_step", auto_step), ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
+    check_grad_scaler(grad_scaler)
     stats_schedule = Schedule.parse(every, "every")
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
     if log_dir is not None and writer is not None:
@@ -141,4 +147,6 @@ def watch(
             sink = TensorBoardSink(owned, owns_writer=True)
         else:
             sink = TensorBoardSink(writer, owns_writer=False)
-    return Watcher(model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict)
+    return Watcher(
+        model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict, grad_scaler=grad_scaler
+    )

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from .options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from .summaries import Reduction, flat_view, reduce_tensor, sample_stride, wide_dtype
+from .summaries import Reduction, flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype
 
 __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 
@@ -37,6 +37,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
         >>> [finish(r).sum for r in reduce_tensors([bias, weight])]
         [0.0, 15.0]
     """
+    tensors = [local_shard(tensor) for tensor in tensors]
     reductions: list[Reduction | None] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     shortcut = cpu_shortcuts()
@@ -65,7 +66,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
 
 def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
     """Non-empty floating tensors of one device and dtype, together: nine ops, two buffers of their size."""
-    views = [flat_view(tensor.detach()) for tensor in tensors]
+    views = [flat_view(tensor) for tensor in tensors]
     sizes = [view.numel() for view in views]
     strides = [sample_stride(size, sample_size) for size in sizes]
     wide = wide_dtype(views[0].device)

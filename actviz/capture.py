@@ -48,6 +48,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.hooks import RemovableHandle
 
+from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
 from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
 from .options import CaptureOptions
@@ -103,6 +104,7 @@ class StepCapture:
         on_error: Called with the failing layer or parameter name; it may re-raise.
         on_no_backward: Called with this capture when it ends without the backward pass
             its outputs waited for.
+        grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class StepCapture:
         deliver: Callable[[PendingStep], None],
         on_error: ErrorHandler,
         on_no_backward: Callable[[StepCapture], None] | None = None,
+        grad_scaler: Any = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -137,6 +140,9 @@ class StepCapture:
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._weight_grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
+        self._weight_grads_scaled = False
+        self._grad_scaler = grad_scaler
+        self._scale_taken = False
         # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._callback_queued = False
@@ -234,7 +240,7 @@ class StepCapture:
         self._queue_backward_callback()
         reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
         if reduction is not None:
-            self._pending.add("gradients", tag, reduction)
+            self._pending.add("gradients", tag, reduction, scaled=self._scale_taken)
 
     def _on_param_grad(self, param: nn.Parameter) -> None:
         if not self.done:
@@ -259,6 +265,8 @@ class StepCapture:
         if self._callback_queued:
             return
         self._callback_queued = True
+        if not self._scale_taken:
+            self._take_loss_scale()
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
         except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
@@ -279,13 +287,21 @@ class StepCapture:
             return
         watched = {id(param) for _, param in self._parameters}
         if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
-            self._take_weight_grads()
+            self._take_weight_grads(scaled=self._scale_taken and not unscaled_by(self._grad_scaler, optimizer))
             self.finish()
 
-    def _take_weight_grads(self) -> None:
+    def _take_weight_grads(self, scaled: bool | None = None) -> None:
         grads = {name: param.grad for name, param in self._parameters if param.grad is not None}
         if grads:
             self._weight_grads = self._reduce_together("weight_grads", grads)
+            self._weight_grads_scaled = self._scale_taken if scaled is None else scaled
+
+    def _take_loss_scale(self) -> None:
+        """Keep the AMP scale this backward pass multiplies gradients by: one copy, no host sync."""
+        scale = loss_scale_of(self._grad_scaler)
+        if scale is not None:
+            self._scale_taken = True
+            self._pending.set_loss_scale(scale.detach().clone().reshape(()))
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -307,7 +323,7 @@ class StepCapture:
         self._hooks.remove()
         self._drawn = {}
         for tag, reduction in self._weight_grads.items():
-            self._pending.add("weight_grads", tag, reduction)
+            self._pending.add("weight_grads", tag, reduction, scaled=self._weight_grads_scaled)
         self._weight_grads = {}
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)

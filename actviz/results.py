@@ -85,6 +85,13 @@ class Summary:
         """False for an empty or all-non-finite tensor, which gets scalars but no histogram."""
         return self.finite_count > 0
 
+    def divided_by(self, factor: float) -> Summary:
+        """The summary of this tensor divided by ``factor`` (an AMP loss scale): exact for a power of two."""
+        return Summary(
+            self.num, self.nonfinite, self.zeros, self.min / factor, self.max / factor, self.sum / factor,
+            self.sum_squares / (factor * factor), self.bucket_counts,
+        )
+
     def bucket_limits(self) -> list[float]:
         """Upper edge of each bucket, as TensorBoard's ``HistogramProto.bucket_limit`` wants."""
         width = (self.max - self.min) / len(self.bucket_counts)
@@ -109,6 +116,9 @@ class StepResults:
     weights: dict[str, Summary] = field(default_factory=dict)
     weight_grads: dict[str, Summary] = field(default_factory=dict)
     images: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
 
     def is_empty(self) -> bool:
-        return not (self.activations or self.gradients or self.weights or self.weight_grads or self.images)
+        return not (
+            self.activations or self.gradients or self.weights or self.weight_grads or self.images or self.scalars
+        )

@@ -156,6 +156,7 @@ def _step_values(results: StepResults) -> list[SummaryProto.Value]:
         values += _histogram_values(f"weights/{param}", summary)
     for param, summary in results.weight_grads.items():
         values += _histogram_values(f"weight_grads/{param}", summary)
+    values += _scalar_values(results.scalars)
     return values
 
 

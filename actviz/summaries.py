@@ -60,6 +60,18 @@ def sample_stride(numel: int, sample_size: int | None) -> int:
     return stride
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2, tensor parallelism), detached; any other tensor detached.
+
+    An op on a DTensor may run a collective, and actviz reduces on rank 0 alone by default:
+    reducing the local shard never waits for another rank.
+    """
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is not None and type(tensor).__name__ == "DTensor":
+        tensor = to_local()
+    return tensor.detach()
+
+
 def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     """The elements of ``tensor`` as a 1-D tensor in memory order: a view unless it has gaps.
 
@@ -158,7 +170,7 @@ def reduce_tensor(
     """
     if tensor.is_complex():
         raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
-    values = flat_view(tensor.detach())
+    values = flat_view(local_shard(tensor))
     numel = values.numel()
     if numel == 0:
         return Reduction(0, 1, "numbers", [0.0, 0, math.nan, math.nan, 0.0, 0.0], torch.empty(0))

@@ -105,17 +105,32 @@ class PendingStep:
     def __init__(self, step: int, bins: int) -> None:
         self.step = step
         self.bins = bins
-        self._summaries: list[tuple[str, str, Reduction]] = []
+        self._summaries: list[tuple[str, str, Reduction, bool]] = []
         self._pictures: list[tuple[str, Draw, torch.Tensor]] = []
+        self._scalars: list[tuple[str, torch.Tensor]] = []
         self._copy: HostCopy | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self._summaries or self._pictures)
+        return not (self._summaries or self._pictures or self._scalars)
 
-    def add(self, kind: str, tag: str, reduction: Reduction) -> None:
-        """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``."""
-        self._summaries.append((kind, tag, reduction))
+    def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False) -> None:
+        """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
+
+        ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
+        """
+        self._summaries.append((kind, tag, reduction, scaled))
+
+    def add_scalar(self, tag: str, value: torch.Tensor) -> None:
+        """Keep a 0-dim tensor, written as the scalar ``tag``."""
+        self._scalars.append((tag, value))
+
+    def set_loss_scale(self, scale: torch.Tensor) -> None:
+        """The AMP loss scale of this step's backward pass, written as ``amp/grad_scale``.
+
+        Scaled summaries are divided by it on the host, so the GPU never waits to read it.
+        """
+        self.add_scalar("amp/grad_scale", scale)
 
     def add_picture(self, tag: str, draw: Draw, source: torch.Tensor) -> None:
         """Keep what ``draw`` turns into the picture ``feature_maps/{tag}`` on the host."""
@@ -123,8 +138,9 @@ class PendingStep:
 
     def send(self) -> None:
         """Start the copy to the host. Called once, on the training thread, when the step ends."""
-        tensors = [tensor for _, _, reduction in self._summaries for tensor in reduction.device_tensors()]
+        tensors = [tensor for _, _, reduction, _ in self._summaries for tensor in reduction.device_tensors()]
         tensors += [source for _, _, source in self._pictures]
+        tensors += [value for _, value in self._scalars]
         self._copy = HostCopy(tensors)
 
     def resolve(self) -> StepResults:
@@ -134,9 +150,14 @@ class PendingStep:
         assert self._copy is not None
         host: Iterator[torch.Tensor] = iter(self._copy.wait())
         results = StepResults(self.step)
-        for kind, tag, reduction in self._summaries:
+        for kind, tag, reduction, _ in self._summaries:
             reduction.receive(host)
-            getattr(results, kind)[tag] = finish(reduction, self.bins)
         for tag, draw, _ in self._pictures:
             results.images[tag] = draw(next(host))
+        for tag, _ in self._scalars:
+            results.scalars[tag] = float(next(host))
+        scale = results.scalars.get("amp/grad_scale", 1.0)
+        for kind, tag, reduction, scaled in self._summaries:
+            summary = finish(reduction, self.bins)
+            getattr(results, kind)[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
         return results

@@ -55,8 +55,10 @@ class Watcher:
         options: CaptureOptions,
         auto_step: bool,
         strict: bool,
+        grad_scaler: Any = None,
     ) -> None:
         self.model = model
+        self.grad_scaler = grad_scaler
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(model, [module for _, module in layers])
         self._sink = sink
@@ -206,6 +208,7 @@ class Watcher:
             deliver=self._deliver,
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
+            grad_scaler=self.grad_scaler,
         ))
 
     def _end_capture(self) -> None:

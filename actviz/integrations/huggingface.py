@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ..api import watch
@@ -42,7 +43,9 @@ class ActvizCallback(TrainerCallback):
     so its hooks still run); on ``on_step_begin`` it calls
     :meth:`~actviz.Watcher.set_step` with ``state.global_step + 1``, the step at which
     the Trainer logs that batch's loss; on ``on_train_end`` it closes the watcher,
-    removing every hook. Only the world's main process watches.
+    removing every hook. Only the world's main process watches. With ``fp16=True`` it
+    passes the Trainer's ``GradScaler`` to :func:`actviz.watch`, so gradients are logged
+    unscaled.
 
     Evaluation runs in eval mode without grad and logs nothing. With
     ``gradient_accumulation_steps=k`` a scheduled global step logs the activations and
@@ -97,7 +100,11 @@ class ActvizCallback(TrainerCallback):
                 "actviz logs nothing: the Trainer passed no model to its callbacks", RuntimeWarning, stacklevel=2
             )
             return
-        self._viz = watch(model, auto_step=False, **self._destination(args), **self.watch_kwargs)
+        # With fp16, accelerate wraps the optimizer and keeps the GradScaler on it; bf16 needs none.
+        scaler = getattr(kwargs.get("optimizer"), "scaler", None)
+        kwargs_for_watch = {"grad_scaler": scaler if isinstance(scaler, torch.amp.GradScaler) else None}
+        kwargs_for_watch.update(self.watch_kwargs)
+        self._viz = watch(model, auto_step=False, **self._destination(args), **kwargs_for_watch)
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -16,6 +16,7 @@ import os
 import warnings
 from typing import Any
 
+import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
@@ -40,7 +41,15 @@ except ModuleNotFoundError as error:
             "pip install actviz[lightning]"
         ) from None
 
-__all__ = ["ActvizCallback"]
+__all__ = ["ActvizCallback", "trainer_grad_scaler"]
+
+
+def trainer_grad_scaler(trainer: Any) -> Any:
+    """The ``GradScaler`` of a trainer with ``precision="16-mixed"``, else ``None`` (bf16 needs none)."""
+    plugin = getattr(trainer, "precision_plugin", None) or getattr(getattr(trainer, "strategy", None),
+                                                                  "precision_plugin", None)
+    scaler = getattr(plugin, "scaler", None)
+    return scaler if isinstance(scaler, torch.amp.GradScaler) else None
 
 
 class ActvizCallback(pl.Callback):
@@ -50,7 +59,9 @@ class ActvizCallback(pl.Callback):
     :func:`actviz.watch` on the module with ``auto_step=False``; before each training
     batch it calls :meth:`~actviz.Watcher.set_step` with ``trainer.global_step``; at the
     end of the fit, on ``teardown`` and on an exception it closes the watcher, removing
-    every hook. Only global rank 0 watches anything.
+    every hook. Only global rank 0 watches anything. With ``precision="16-mixed"`` it
+    passes the trainer's ``GradScaler`` to :func:`actviz.watch`, so gradients are logged
+    unscaled.
 
     Validation and sanity-check batches run in eval mode without grad and log nothing.
     With ``accumulate_grad_batches=k`` a scheduled global step logs the activations and
@@ -97,7 +108,8 @@ class ActvizCallback(pl.Callback):
         self.close()  # a watcher left by an earlier fit
         if not trainer.is_global_zero:
             return
-        self._viz = watch(pl_module, auto_step=False, **self._destination(trainer), **self.watch_kwargs)
+        kwargs = {"grad_scaler": trainer_grad_scaler(trainer), **self.watch_kwargs}
+        self._viz = watch(pl_module, auto_step=False, **self._destination(trainer), **kwargs)
         self._probed = False
 
     def on_train_batch_start(

@@ -1,0 +1,133 @@
+"""Mixed precision: gradients logged unscaled, the scale logged, overflow steps readable."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from conftest import small_cnn
+
+import actviz
+
+LAYERS = ["0", "2", "3", "6"]
+
+
+def capture_grads(model):
+    """Output gradients of LAYERS, per forward, from plain hooks on a twin."""
+    found: list[dict[str, torch.Tensor]] = []
+
+    def hook(name):
+        def forward_hook(module, inputs, output):
+            if name == "0":
+                found.append({})
+            record = found[-1]
+            output.register_hook(lambda grad: record.__setitem__(name, grad.detach().clone()))
+        return forward_hook
+
+    for name in LAYERS:
+        model.get_submodule(name).register_forward_hook(hook(name))
+    return found
+
+
+def batches(count):
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randn(4, 3, 8, 8, generator=generator) for _ in range(count)]
+
+
+def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, read_run):
+    model, twin = small_cnn(inplace=False), small_cnn(inplace=False)
+    grads = capture_grads(twin)
+    data = batches(3)
+    for batch in data:
+        twin.zero_grad()
+        twin(batch).square().mean().backward()
+    twin_param_grads = {name: param.grad.clone() for name, param in twin.named_parameters()}
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)  # the scale doubles every step
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scales = []
+    with actviz.watch(model, tmp_path, every=1, grad_scaler=scaler):
+        for batch in data:
+            optimizer.zero_grad()
+            scales.append(scaler.get_scale())
+            scaler.scale(model(batch).square().mean()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+    assert scales == [2.0**16, 2.0**17, 2.0**18]
+    run = read_run(tmp_path)
+    for step, scale in enumerate(scales):
+        assert run.scalar("amp/grad_scale", step) == scale
+        for name in LAYERS:
+            expected = grads[step][name].double()
+            logged = run.histogram(f"gradients/{name}", step)
+            assert logged.sum_squares == pytest.approx((expected**2).sum().item(), rel=1e-4)
+            assert logged.max == pytest.approx(expected.max().item(), rel=1e-4)
+            assert run.scalar(f"gradient_stats/{name}/norm", step) == pytest.approx(expected.norm().item(), rel=1e-4)
+    for name, grad in twin_param_grads.items():  # the last step's gradients, unscaled by scaler.step
+        logged = run.histogram(f"weight_grads/{name}", 2)
+        assert logged.sum_squares == pytest.approx((grad.double() ** 2).sum().item(), rel=1e-4)
+
+
+def test_an_overflow_step_stays_readable(tmp_path, read_run):
+    model = small_cnn(inplace=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    batch = batches(1)[0].clone()
+    batch[0, 0, 2, 2] = float("inf")  # one sample's gradients overflow, the step is skipped
+    with actviz.watch(model, tmp_path, every=1, grad_scaler=scaler):
+        scaler.scale(model(batch).square().mean()).backward()
+        nonfinite = {name: int((~torch.isfinite(param.grad)).sum()) for name, param in model.named_parameters()}
+        scaler.step(optimizer)  # skipped: no optimizer step, the step ends at the next forward
+        scaler.update()
+        scaler.scale(model(batches(1)[0]).square().mean()).backward()
+    assert scaler.get_scale() == 2.0**15  # the scaler saw the overflow
+    run = read_run(tmp_path)
+    assert run.scalar("activation_stats/0/nonfinite", 0) > 0
+    assert run.scalar("gradient_stats/6/nonfinite", 0) > 0
+    assert run.scalar("amp/grad_scale", 0) == 2.0**16
+    assert any(0 < count < model.get_parameter(name).numel() for name, count in nonfinite.items())
+    for name, count in nonfinite.items():
+        numel = model.get_parameter(name).numel()
+        if count < numel:  # the finite values' histogram, with the non-finite ones left out
+            assert run.histogram(f"weight_grads/{name}", 0).num == numel - count
+        else:
+            assert f"weight_grads/{name}" not in run.histogram_tags
+    assert run.scalar("amp/grad_scale", 1) == 2.0**15
+
+
+def test_grad_scaler_must_be_a_grad_scaler(tmp_path):
+    with pytest.raises(TypeError, match="grad_scaler must be a torch.amp.GradScaler.*got float"):
+        actviz.watch(small_cnn(), tmp_path / "run", grad_scaler=65536.0)
+    assert not (tmp_path / "run").exists()
+
+
+def test_lightning_passes_its_scaler_with_fp16_mixed_precision(tmp_path):
+    pytest.importorskip("lightning.pytorch")
+    from actviz.integrations.lightning import ActvizCallback, trainer_grad_scaler
+
+    scaler = torch.amp.GradScaler("cpu")
+    plugin = types.SimpleNamespace(scaler=scaler)
+    fp16 = types.SimpleNamespace(precision_plugin=plugin, strategy=types.SimpleNamespace(precision_plugin=plugin))
+    assert trainer_grad_scaler(fp16) is scaler
+    bf16 = types.SimpleNamespace(strategy=types.SimpleNamespace(precision_plugin=types.SimpleNamespace()))
+    assert trainer_grad_scaler(bf16) is None
+    assert "grad_scaler" not in ActvizCallback().watch_kwargs  # taken from the trainer, not given
+
+
+def test_huggingface_passes_its_scaler_with_fp16(tmp_path):
+    pytest.importorskip("transformers")
+    from actviz.integrations.huggingface import ActvizCallback
+
+    scaler = torch.amp.GradScaler("cpu")
+    model = small_cnn()
+    callback = ActvizCallback(tmp_path / "viz")
+    state = types.SimpleNamespace(is_world_process_zero=True)
+    args = types.SimpleNamespace(logging_dir=None, output_dir=str(tmp_path))
+    accelerated_optimizer = types.SimpleNamespace(scaler=scaler)  # as accelerate wraps it with fp16
+    callback.on_train_begin(args, state, None, model=model, optimizer=accelerated_optimizer)
+    assert callback.viz.grad_scaler is scaler
+    callback.close()
+    callback.on_train_begin(args, state, None, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert callback.viz.grad_scaler is None  # bf16 or fp32: nothing to unscale
+    callback.close()
