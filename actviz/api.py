@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .amp import check_grad_scaler
+from .compiled import unwrap_compiled
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, select_layers
@@ -130,7 +131,7 @@ def watch(
         raise TypeError(f"writer must be a torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
-    chosen = select_layers(model, layers)
+    chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)
     existing = open_watchers.get(model)
     if existing is not None and existing() is not None and not existing().closed:
         raise ValueError(

@@ -147,7 +147,19 @@ class StepCapture:
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._callback_queued = False
         self._pass_reached = False  # the backward pass under way has reached a watched output
-        self._attach(model)
+        # A logging step's forward runs eagerly, so that torch.compile never traces actviz's hooks
+        # and later logging steps reuse the graphs the others made (see README "Training setups").
+        self._eager: Any = torch.compiler.set_stance("force_eager")
+        try:
+            self._attach(model)
+        except BaseException:
+            self._end_eager()
+            raise
+
+    def _end_eager(self) -> None:
+        eager, self._eager = self._eager, None
+        if eager is not None:
+            eager.__exit__(None, None, None)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -155,7 +167,8 @@ class StepCapture:
         for name, module in self._layers.items():
             hook = partial(self._on_layer_output, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
-        self._hooks.add("forward", model.register_forward_hook(self._on_forward_done, always_call=True))
+        done = torch.compiler.disable(self._on_forward_done)  # as the watcher's root hook
+        self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if not self.want_stats:
             return
         self._reduce_together("weights", {name: param for name, param in self._parameters} or {})
@@ -249,6 +262,7 @@ class StepCapture:
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
         self.in_forward = False
+        self._end_eager()
         if output is None:  # the forward raised
             self.finish()
             return
@@ -320,6 +334,7 @@ class StepCapture:
             return
         self.done = True
         self.in_forward = False
+        self._end_eager()
         self._hooks.remove()
         self._drawn = {}
         for tag, reduction in self._weight_grads.items():

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from .capture import StepCapture
+from .compiled import StepHookHandle, attach_step_hook, unwrap_compiled
 from .options import CaptureOptions
 from .schedule import Schedule
 from .selection import layer_display_name
@@ -60,7 +60,7 @@ class Watcher:
         self.model = model
         self.grad_scaler = grad_scaler
         self._layers = [(layer_display_name(name), module) for name, module in layers]
-        self._parameters = _parameters_of(model, [module for _, module in layers])
+        self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._sink = sink
         # strict writes on the training thread, so that a failed write raises there.
         self._background = None if sink is None or strict else BackgroundSink(sink, self._on_background_error)
@@ -76,9 +76,9 @@ class Watcher:
         self._skipped: set[str] = set()
         self._warned_sink = False
         self._closed = False
-        self._root_handle: RemovableHandle | None = None
+        self._root_handle: StepHookHandle | None = None
         if sink is not None:  # ranks other than 0 attach nothing
-            self._root_handle = model.register_forward_pre_hook(self._on_model_forward)
+            self._root_handle = attach_step_hook(model, self._on_model_forward)
         open_watchers[model] = weakref.ref(self)
 
     # -- public ------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ def count_step(model, inputs, **watch_args):
         torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2])).backward()
 
     step()
+    if viz is not None:
+        viz.flush()  # step 0 ends here, not inside the counted step (without an optimizer it would end there)
     with CountOps() as count:
         step()
         if viz is not None:
