@@ -31,6 +31,11 @@ def _is_logging_rank() -> bool:
     return not (distributed.is_available() and distributed.is_initialized()) or distributed.get_rank() == 0
 
 
+def _world_size() -> int:
+    distributed = torch.distributed
+    return distributed.get_world_size() if distributed.is_available() and distributed.is_initialized() else 1
+
+
 def _prepare_log_dir(log_dir: str | os.PathLike[str]) -> str:
     path = Path(log_dir)
     try:
@@ -56,6 +61,7 @@ def watch(
     auto_step: bool = True,
     strict: bool = False,
     grad_scaler: Any = None,
+    merge_ranks: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -94,6 +100,12 @@ def watch(
         grad_scaler: The ``torch.amp.GradScaler`` of a mixed-precision loop. Gradients flow
             back multiplied by its scale; with the scaler given, every logged gradient is the
             true one, and each stats step also writes its scale as ``amp/grad_scale``.
+        merge_ranks: Under ``torch.distributed``, log every rank's data, not rank 0's
+            alone: every rank hooks the same logging steps, and a few collectives per step
+            merge the activations, output gradients and sharded (FSDP2) parameters of all
+            ranks before rank 0 writes. Every rank must then call :func:`watch`,
+            ``viz.flush()`` and ``viz.close()`` alike. The default (``False``) runs no
+            collective at all: rank 0 logs its own share.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -119,7 +131,7 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs
     )
-    for flag_name, flag in (("auto_step", auto_step), ("strict", strict)):
+    for flag_name, flag in (("auto_step", auto_step), ("strict", strict), ("merge_ranks", merge_ranks)):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
     check_grad_scaler(grad_scaler)
@@ -149,5 +161,6 @@ def watch(
         else:
             sink = TensorBoardSink(writer, owns_writer=False)
     return Watcher(
-        model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict, grad_scaler=grad_scaler
+        model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
+        grad_scaler=grad_scaler, merge_ranks=merge_ranks and _world_size() > 1,
     )

@@ -45,47 +45,21 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils.hooks import RemovableHandle
 
-from .amp import loss_scale_of, unscaled_by
-from .batch_summaries import reduce_tensors
+from .hooks import HookHandles
 from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
+from .merge import merge_across_ranks
 from .options import CaptureOptions
-from .summaries import Reduction, reduce_tensor
+from .step_parameters import StepParameters
+from .summaries import reduce_tensor
 from .transfer import PendingStep
 
-__all__ = ["HookHandles", "StepCapture"]
+__all__ = ["StepCapture"]
 
 logger = logging.getLogger(__name__)
 
 #: Called with (what failed, the exception) when a hook raises.
 ErrorHandler = Callable[[str, BaseException], None]
-
-
-class HookHandles:
-    """Every hook handle of one capture, in named groups. :meth:`remove` is safe to call again.
-
-    Example:
-        >>> layer = torch.nn.Linear(2, 2)
-        >>> handles = HookHandles()
-        >>> handles.add("forward", layer.register_forward_hook(lambda *args: None))
-        >>> handles.remove(); handles.remove()
-        >>> len(layer._forward_hooks)
-        0
-    """
-
-    def __init__(self) -> None:
-        self._groups: dict[str, list[RemovableHandle]] = {}
-
-    def add(self, group: str, handle: RemovableHandle) -> None:
-        self._groups.setdefault(group, []).append(handle)
-
-    def remove(self, group: str | None = None) -> None:
-        """Remove the hooks of ``group``, or all of them."""
-        for name in [group] if group is not None else list(self._groups):
-            for handle in self._groups.pop(name, []):
-                handle.remove()
 
 
 class StepCapture:
@@ -105,6 +79,19 @@ class StepCapture:
         on_no_backward: Called with this capture when it ends without the backward pass
             its outputs waited for.
         grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
+        merge_ranks: Merge the summaries across ranks when the step ends (see :mod:`actviz.merge`);
+            every rank must run a capture for the same steps. ``deliver`` may then be ``None``.
+
+    Example:
+        >>> from actviz.options import CaptureOptions
+        >>> model, delivered = torch.nn.Sequential(torch.nn.Linear(3, 2)), []
+        >>> capture = StepCapture(0, model, [("0", model[0])], list(model.named_parameters()), want_stats=True,
+        ...                       want_images=False, options=CaptureOptions(), deliver=delivered.append, on_error=print)
+        >>> model(torch.randn(4, 3)).sum().backward()
+        >>> capture.next_forward()  # no optimizer: the step ends when the next training forward starts
+        >>> results = delivered[0].resolve()
+        >>> sorted(results.gradients), sorted(results.weight_grads)
+        (['0'], ['0.bias', '0.weight'])
     """
 
     def __init__(
@@ -117,10 +104,11 @@ class StepCapture:
         want_stats: bool,
         want_images: bool,
         options: CaptureOptions,
-        deliver: Callable[[PendingStep], None],
+        deliver: Callable[[PendingStep], None] | None,
         on_error: ErrorHandler,
         on_no_backward: Callable[[StepCapture], None] | None = None,
         grad_scaler: Any = None,
+        merge_ranks: bool = False,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -136,13 +124,10 @@ class StepCapture:
         self._pending = PendingStep(step, options.bins)
         self._hooks = HookHandles()
         self._layers = dict(layers)
-        self._parameters = [(name, param) for name, param in parameters if param.requires_grad]
+        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
-        self._weight_grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
-        self._weight_grads_scaled = False
-        self._grad_scaler = grad_scaler
-        self._scale_taken = False
+        self._merge = merge_ranks
         # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._callback_queued = False
@@ -169,14 +154,9 @@ class StepCapture:
             self._hooks.add("forward", module.register_forward_hook(hook))
         done = torch.compiler.disable(self._on_forward_done)  # as the watcher's root hook
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
-        if not self.want_stats:
-            return
-        self._reduce_together("weights", {name: param for name, param in self._parameters} or {})
-        for name, param in self._parameters:
-            self._hooks.add("backward", param.register_post_accumulate_grad_hook(self._on_param_grad))
-        if self._parameters:
-            hook = register_optimizer_step_pre_hook(self._on_optimizer_step)
-            self._hooks.add("backward", hook)
+        if self.want_stats:
+            self._parameters.reduce_values()
+            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad, self._on_optimizer_step)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -184,21 +164,6 @@ class StepCapture:
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return None
-
-    def _reduce_together(self, kind: str, named: dict[str, torch.Tensor]) -> dict[str, Reduction]:
-        """Reduce many tensors in a fixed number of ops (most parameters are small)."""
-        try:
-            found = dict(zip(named, reduce_tensors(list(named.values()), self.options.histogram_sample_size)))
-        except Exception:  # noqa: BLE001 - find the one that fails, and report it by name
-            found = {}
-            for tag, tensor in named.items():
-                reduction = self._guarded(tag, reduce_tensor, tensor, self.options.histogram_sample_size, False)
-                if reduction is not None:
-                    found[tag] = reduction
-        if kind == "weights":
-            for tag, reduction in found.items():
-                self._pending.add(kind, tag, reduction)
-        return found
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
@@ -226,7 +191,7 @@ class StepCapture:
                 batch_dim=batch_dim,
             )
             if reduction is not None:
-                self._pending.add("activations", tag, reduction)
+                self._pending.add("activations", tag, reduction, mergeable=True)
                 self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
@@ -253,9 +218,9 @@ class StepCapture:
         self._queue_backward_callback()
         reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
         if reduction is not None:
-            self._pending.add("gradients", tag, reduction, scaled=self._scale_taken)
+            self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
-    def _on_param_grad(self, param: nn.Parameter) -> None:
+    def _on_param_grad(self) -> None:
         if not self.done:
             self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
@@ -269,7 +234,7 @@ class StepCapture:
         for name in self._recompute:
             hook = partial(self._on_recomputed, name)
             self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
-        if self._recompute and self._parameters:
+        if self._recompute and self._parameters.trainable:
             self.expects_backward = True
         if not self.expects_backward:
             self.finish()
@@ -279,8 +244,7 @@ class StepCapture:
         if self._callback_queued:
             return
         self._callback_queued = True
-        if not self._scale_taken:
-            self._take_loss_scale()
+        self._parameters.take_loss_scale()
         try:
             torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
         except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
@@ -292,30 +256,20 @@ class StepCapture:
             return
         self.backward_seen = self.backward_seen or reached
         if self.backward_seen:  # the gradients as this pass left them, until an optimizer takes them
-            self._take_weight_grads()
+            self._parameters.take_gradients()
         elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
             self.finish(missed_backward=True)
 
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.done or not self.backward_seen:
-            return
-        watched = {id(param) for _, param in self._parameters}
-        if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
-            self._take_weight_grads(scaled=self._scale_taken and not unscaled_by(self._grad_scaler, optimizer))
+    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
+        if not self.done and self.backward_seen:
+            self._parameters.take_gradients(optimizer)
             self.finish()
 
-    def _take_weight_grads(self, scaled: bool | None = None) -> None:
-        grads = {name: param.grad for name, param in self._parameters if param.grad is not None}
-        if grads:
-            self._weight_grads = self._reduce_together("weight_grads", grads)
-            self._weight_grads_scaled = self._scale_taken if scaled is None else scaled
-
-    def _take_loss_scale(self) -> None:
-        """Keep the AMP scale this backward pass multiplies gradients by: one copy, no host sync."""
-        scale = loss_scale_of(self._grad_scaler)
-        if scale is not None:
-            self._scale_taken = True
-            self._pending.set_loss_scale(scale.detach().clone().reshape(()))
+    def _merge_ranks(self) -> bool:
+        if merge_across_ranks(self._pending.mergeable, self.options.bins):
+            return True
+        raise RuntimeError("the ranks disagree on this step's tags (a layer skipped on some), so it is not merged")
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -337,12 +291,12 @@ class StepCapture:
         self._end_eager()
         self._hooks.remove()
         self._drawn = {}
-        for tag, reduction in self._weight_grads.items():
-            self._pending.add("weight_grads", tag, reduction, scaled=self._weight_grads_scaled)
-        self._weight_grads = {}
+        self._parameters.hand_over()
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
-        if self._pending.empty:
+        if self._merge and not self._guarded("(merge_ranks)", self._merge_ranks):
+            return
+        if self._pending.empty or self._deliver is None:
             return
         try:
             self._pending.send()

@@ -101,18 +101,23 @@ class Reduction:
     form: str
     header: list[Any]
     sample: Any
+    counts: Any = None  # bucket counts merged across ranks (actviz.merge), else counted from the sample
 
     def device_tensors(self) -> list[torch.Tensor]:
-        """The tensors still to be copied to the host: the header's, then the sample."""
+        """The tensors still to be copied to the host: the header's, the sample, merged counts."""
         if self.form == "numbers":
             return []
-        return [*self.header, self.sample]
+        return [*self.header, self.sample] + ([] if self.counts is None else [self.counts])
 
     def receive(self, host_tensors: Any) -> None:
         """Take this reduction's tensors back, in :meth:`device_tensors` order, from an iterator."""
         if self.form != "numbers":
             self.header = [float(next(host_tensors)) for _ in self.header]
             self.sample = next(host_tensors)
+            if self.counts is not None:
+                self.counts = next(host_tensors)
+            if self.form == "merged":  # every rank's elements
+                self.numel = int(self.header[0])
 
     def numbers(self) -> tuple[float, int | None, float, float, float, float]:
         """``(nonfinite, zeros, min, max, sum, sum_squares)`` on the host, min and max still raw."""
@@ -121,7 +126,10 @@ class Reduction:
             return tuple(header)  # type: ignore[return-value]
         header = [float(value) for value in header]  # 0-dim host tensors or floats
         nonzero, finite_nonzero = header[0], header[1]
-        if self.form == "var_mean":
+        if self.form == "merged":  # numel, nonzero, finite_nonzero, sum, sum_squares, min, max
+            nonzero, finite_nonzero = header[1], header[2]
+            total, squares, low, high = header[3:7]
+        elif self.form == "var_mean":
             variance, mean = header[2], header[3]
             total, squares, low, high = mean * numel, (variance + mean * mean) * numel, header[4], header[5]
         elif self.form == "sums":
@@ -234,11 +242,13 @@ def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
         sample = sample[np.isfinite(sample)]
     if finite_count == 0:
         low = high = math.nan
-    elif nonfinite and zeros == 0 and sample.size:  # the 0 standing in for NaN/Inf may be min or max
+    elif nonfinite and zeros == 0 and sample.size and reduction.counts is None:  # the 0 for NaN/Inf: min or max?
         low = float(sample.min()) if low == 0 else low
         high = float(sample.max()) if high == 0 else high
     counts = np.zeros(bins)
-    if finite_count and sample.size:
+    if reduction.counts is not None:  # merged across ranks between common edges
+        counts = np.asarray(reduction.counts, dtype=float)
+    elif finite_count and sample.size:
         if high > low:
             index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
             counts = np.bincount(np.minimum(index, bins - 1, out=index), minlength=bins).astype(float)

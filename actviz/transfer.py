@@ -106,6 +106,7 @@ class PendingStep:
         self.step = step
         self.bins = bins
         self._summaries: list[tuple[str, str, Reduction, bool]] = []
+        self._mergeable: list[tuple[str, Reduction]] = []
         self._pictures: list[tuple[str, Draw, torch.Tensor]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._copy: HostCopy | None = None
@@ -114,12 +115,20 @@ class PendingStep:
     def empty(self) -> bool:
         return not (self._summaries or self._pictures or self._scalars)
 
-    def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False) -> None:
+    def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False, mergeable: bool = False) -> None:
         """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
 
         ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
+        ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.merge`).
         """
         self._summaries.append((kind, tag, reduction, scaled))
+        if mergeable:
+            self._mergeable.append((f"{kind}/{tag}", reduction))
+
+    @property
+    def mergeable(self) -> list[tuple[str, Reduction]]:
+        """``(kind/tag, reduction)`` of the summaries that differ between ranks, in the order added."""
+        return self._mergeable
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""

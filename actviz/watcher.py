@@ -56,9 +56,11 @@ class Watcher:
         auto_step: bool,
         strict: bool,
         grad_scaler: Any = None,
+        merge_ranks: bool = False,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
+        self.merge_ranks = merge_ranks
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._sink = sink
@@ -77,7 +79,7 @@ class Watcher:
         self._warned_sink = False
         self._closed = False
         self._root_handle: StepHookHandle | None = None
-        if sink is not None:  # ranks other than 0 attach nothing
+        if sink is not None or merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
             self._root_handle = attach_step_hook(model, self._on_model_forward)
         open_watchers[model] = weakref.ref(self)
 
@@ -195,6 +197,7 @@ class Watcher:
             self._next_step += 1
         self._last_started_step = step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
+        want_images = want_images and self._sink is not None  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
             return
         self._captures.append(StepCapture(
@@ -205,10 +208,11 @@ class Watcher:
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,
-            deliver=self._deliver,
+            deliver=self._deliver if self._sink is not None else None,
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
             grad_scaler=self.grad_scaler,
+            merge_ranks=self.merge_ranks and want_stats,
         ))
 
     def _end_capture(self) -> None:

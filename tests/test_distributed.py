@@ -91,3 +91,93 @@ def test_ddp_weight_gradients_are_the_averaged_ones_the_optimizer_applies(tmp_pa
         assert (logged.min, logged.max) == pytest.approx((averaged.min().item(), averaged.max().item()), rel=1e-5)
         local_differs |= abs(logged.sum_squares - (param.grad.double() ** 2).sum().item()) > 1e-3 * logged.sum_squares
     assert local_differs  # rank 0's own gradients would have given other numbers
+
+
+# -- FSDP and merge_ranks -------------------------------------------------------------------------
+
+
+def _mlp() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _mlp_batch(rank: int, step: int = 0) -> torch.Tensor:
+    return torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * step + rank))
+
+
+def _sharded_worker(rank: int, init_file: str, log_dir: str, wrapper: str, merge: bool) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        model = _mlp()
+        if wrapper == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer)
+            fully_shard(model)
+        elif wrapper == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            model = FullyShardedDataParallel(model, use_orig_params=True, device_id=torch.device("cpu"))
+        else:
+            model = DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        with actviz.watch(model, log_dir, every=1, merge_ranks=merge, histogram_sample_size=None, bins=8):
+            for step in range(3):
+                model(_mlp_batch(rank, step)).square().mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _assert_histogram(histogram, values: torch.Tensor) -> None:
+    values = values.detach().double().flatten()
+    assert histogram.num == values.numel()
+    assert histogram.sum == pytest.approx(values.sum().item(), rel=1e-5, abs=1e-6)
+    assert histogram.sum_squares == pytest.approx((values**2).sum().item(), rel=1e-5)
+    assert (histogram.min, histogram.max) == pytest.approx((values.min().item(), values.max().item()), rel=1e-6)
+    edges = torch.linspace(values.min().item(), values.max().item(), 9, dtype=torch.float64)
+    counts = torch.histogram(values, edges).hist
+    assert sum(histogram.bucket) == pytest.approx(values.numel())
+    assert max(abs(a - b) for a, b in zip(histogram.bucket, counts.tolist())) <= 1  # an edge value may move
+
+
+def _twin_step(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Sequential]:
+    """The first layer's output over both ranks' batches and the twin with both ranks' averaged gradients."""
+    twin = _mlp()
+    outputs = []
+    for rank in range(WORLD_SIZE):
+        output = twin[0](_mlp_batch(rank, step))
+        outputs.append(output)
+        (twin[2](twin[1](output)).square().mean() / WORLD_SIZE).backward()  # DDP and FSDP average
+    return outputs[0], torch.cat(outputs), twin
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp1", "fsdp2"])
+def test_fsdp_without_merge_finishes_and_rank_zero_logs_its_share(wrapper, tmp_path):
+    run_workers(_sharded_worker, str(tmp_path / "init"), str(tmp_path / "run"), wrapper, False)
+    run = Run(tmp_path / "run")
+    layer = "0" if wrapper == "fsdp2" else "_fsdp_wrapped_module.0"
+    assert run.histogram_steps(f"activations/{layer}") == [0, 1, 2]
+    rank0_output, _, twin = _twin_step(0)
+    _assert_histogram(run.histogram(f"activations/{layer}", 0), rank0_output)
+    if wrapper == "fsdp2":  # a DTensor parameter, logged from rank 0's shard: the first half of its rows
+        _assert_histogram(run.histogram("weights/0.weight", 0), twin[0].weight[:8])
+
+
+@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
+def test_merged_ranks_give_the_whole_batch_and_the_whole_parameters(wrapper, tmp_path):
+    run_workers(_sharded_worker, str(tmp_path / "init"), str(tmp_path / "run"), wrapper, True)
+    run = Run(tmp_path / "run")
+    prefix = "" if wrapper == "fsdp2" else "module."
+    for step in range(3):
+        _, both_outputs, twin = _twin_step(step)
+        _assert_histogram(run.histogram(f"activations/{prefix}0", step), both_outputs)
+        assert run.scalar(f"activation_stats/{prefix}0/mean", step) == pytest.approx(both_outputs.mean().item())
+        # parameters: whole (FSDP2 shards merged) or not counted twice (DDP replicas)
+        _assert_histogram(run.histogram(f"weights/{prefix}0.weight", step), twin[0].weight)
+        _assert_histogram(run.histogram(f"weight_grads/{prefix}2.weight", step), twin[2].weight.grad)
+    assert run.histogram(f"gradients/{prefix}2", 0).num == 2 * 4 * 4  # both ranks' output gradients

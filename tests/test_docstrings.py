@@ -9,6 +9,8 @@ MODULES = [
     "actviz.api",
     "actviz.batch_summaries",
     "actviz.capture",
+    "actviz.compiled",
+    "actviz.hooks",
     "actviz.layer_outputs",
     "actviz.options",
     "actviz.png",

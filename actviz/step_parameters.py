@@ -1,0 +1,121 @@
+"""The watched parameters of one logging step: their values, and their gradients as the optimizer applies them.
+
+Values are reduced when the step starts. Gradients are reduced at the end of each
+backward pass (as that pass left them), and again, for good, in a global optimizer step
+pre-hook when an optimizer that holds a watched parameter steps: after DDP's all-reduce,
+every micro-batch of accumulation, clipping and ``GradScaler.unscale_``. All of them are
+reduced together (:func:`~actviz.batch_summaries.reduce_tensors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .amp import loss_scale_of, unscaled_by
+from .batch_summaries import reduce_tensors
+from .merge import is_sharded
+from .options import CaptureOptions
+from .summaries import Reduction, reduce_tensor
+from .transfer import PendingStep
+
+__all__ = ["StepParameters"]
+
+
+class StepParameters:
+    """Reductions of the watched parameters and their gradients for one step.
+
+    Args:
+        parameters: ``(tag name, parameter)`` pairs.
+        options: Sampling options.
+        pending: Where the step's results go.
+        report: Called with the failing parameter name and the exception.
+        grad_scaler: A ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``.
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[tuple[str, nn.Parameter]],
+        options: CaptureOptions,
+        pending: PendingStep,
+        report: Callable[[str, BaseException], None],
+        grad_scaler: Any = None,
+    ) -> None:
+        self.named = list(parameters)
+        self.trainable = [(name, param) for name, param in self.named if param.requires_grad]
+        self._options = options
+        self._pending = pending
+        self._report = report
+        self._grad_scaler = grad_scaler
+        self._sharded = {name for name, param in self.named if is_sharded(param)}
+        self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
+        self._grads_scaled = False
+        self.scale_taken = False  # the gradients of this step's backward carry the loss scale
+
+    def reduce_values(self) -> None:
+        """Reduce the parameters as they are now, at the start of the step."""
+        for tag, reduction in self._reduce({name: param for name, param in self.named}).items():
+            self._pending.add("weights", tag, reduction, mergeable=tag in self._sharded)
+
+    def attach(
+        self,
+        add_handle: Callable[[Any], None],
+        on_gradient: Callable[[], None],
+        on_optimizer_step: Callable[[torch.optim.Optimizer], None],
+    ) -> None:
+        """Hook the trainable parameters and the optimizers; the handles go to ``add_handle``.
+
+        ``on_gradient()`` runs when a backward pass accumulates into one of them,
+        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps.
+        """
+        watched = {id(param) for _, param in self.trainable}
+
+        def optimizer_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
+                on_optimizer_step(optimizer)
+
+        for _, param in self.trainable:
+            add_handle(param.register_post_accumulate_grad_hook(lambda param: on_gradient()))
+        if self.trainable:
+            add_handle(register_optimizer_step_pre_hook(optimizer_hook))
+
+    def take_loss_scale(self) -> None:
+        """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""
+        scale = loss_scale_of(self._grad_scaler)
+        if scale is not None and not self.scale_taken:
+            self.scale_taken = True
+            self._pending.set_loss_scale(scale.detach().clone().reshape(()))
+
+    def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
+        grads = {name: param.grad for name, param in self.trainable if param.grad is not None}
+        if grads:
+            self._grads = self._reduce(grads)
+            self._grads_scaled = self.scale_taken and not (
+                optimizer is not None and unscaled_by(self._grad_scaler, optimizer)
+            )
+
+    def hand_over(self) -> None:
+        """Put the last gradients taken into the step's results."""
+        for tag, reduction in self._grads.items():
+            scaled, mergeable = self._grads_scaled, tag in self._sharded
+            self._pending.add("weight_grads", tag, reduction, scaled=scaled, mergeable=mergeable)
+        self._grads = {}
+
+    def _reduce(self, named: dict[str, torch.Tensor]) -> dict[str, Reduction]:
+        """Reduce many tensors in a fixed number of ops; if that fails, one by one, to name the one that fails."""
+        sample_size = self._options.histogram_sample_size
+        try:
+            return dict(zip(named, reduce_tensors(list(named.values()), sample_size)))
+        except Exception:  # noqa: BLE001 - a hook must never stop training
+            found = {}
+            for tag, tensor in named.items():
+                try:
+                    found[tag] = reduce_tensor(tensor, sample_size, count_zeros=False)
+                except Exception as error:  # noqa: BLE001
+                    self._report(tag, error)
+            return found
