@@ -7,7 +7,7 @@ leaves no hook and no run folder behind.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from torch import nn
 from .amp import check_grad_scaler
 from .compiled import unwrap_compiled
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
+from .results import StepResults
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, select_layers
 from .sinks import TensorBoardSink
@@ -62,6 +63,7 @@ def watch(
     strict: bool = False,
     grad_scaler: Any = None,
     merge_ranks: bool = False,
+    on_step: Callable[[StepResults], None] | None = None,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -79,8 +81,9 @@ def watch(
             default ``runs/<date>_<host>`` is used.
         writer: A ``SummaryWriter`` you own. actviz writes to it and never closes it.
         every: When to log histograms and scalars: every N steps (step 0 included),
-            a collection of step numbers, or a function ``step -> bool``.
+            a collection of step numbers, a function ``step -> bool``, or ``False`` for never.
         image_every: When to log feature maps; same forms as ``every``, which it defaults to.
+            ``image_every=False`` turns pictures off.
         layers: Which layers to watch. ``None`` means every module that owns parameters
             (Conv, Linear, norms, Embedding, RNNs, attention). Otherwise one or a list of:
             a module type (``nn.Conv2d``), a name (``"features.0"``), a glob on names
@@ -106,6 +109,11 @@ def watch(
             ranks before rank 0 writes. Every rank must then call :func:`watch`,
             ``viz.flush()`` and ``viz.close()`` alike. The default (``False``) runs no
             collective at all: rank 0 logs its own share.
+        on_step: Called with each written step's :class:`~actviz.results.StepResults`, on
+            the writer thread: ``results.statistics()`` maps every tag to its count, mean,
+            std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
+            another tracker, without reading event files. :attr:`Watcher.latest` keeps the
+            last one.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -137,6 +145,13 @@ def watch(
     check_grad_scaler(grad_scaler)
     stats_schedule = Schedule.parse(every, "every")
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
+    if stats_schedule.never and image_schedule.never:
+        raise ValueError(
+            "every=False with image_every left out or False logs nothing; turn off one kind only: "
+            "every=False, image_every=100 for pictures alone, or image_every=False for histograms and scalars alone"
+        )
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a function results -> None, got {type(on_step).__name__}: {on_step!r}")
     if log_dir is not None and writer is not None:
         raise ValueError("give log_dir or writer, not both: actviz writes to one SummaryWriter")
     if writer is not None and not callable(getattr(writer, "add_histogram_raw", None)):
@@ -162,5 +177,5 @@ def watch(
             sink = TensorBoardSink(writer, owns_writer=False)
     return Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
-        grad_scaler=grad_scaler, merge_ranks=merge_ranks and _world_size() > 1,
+        grad_scaler=grad_scaler, merge_ranks=merge_ranks and _world_size() > 1, on_step=on_step,
     )

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from .hooks import HookHandles
-from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
+from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, layer_table, output_tensors, reduce_output
 from .merge import merge_across_ranks
 from .options import CaptureOptions
 from .step_parameters import StepParameters
@@ -81,6 +81,8 @@ class StepCapture:
         grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
         merge_ranks: Merge the summaries across ranks when the step ends (see :mod:`actviz.merge`);
             every rank must run a capture for the same steps. ``deliver`` may then be ``None``.
+        describe_layers: Also write the text ``layers``: each layer's type, output shape and
+            parameter count (see :func:`~actviz.layer_outputs.layer_table`).
 
     Example:
         >>> from actviz.options import CaptureOptions
@@ -109,6 +111,7 @@ class StepCapture:
         on_no_backward: Callable[[StepCapture], None] | None = None,
         grad_scaler: Any = None,
         merge_ranks: bool = False,
+        describe_layers: bool = False,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -128,6 +131,7 @@ class StepCapture:
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = merge_ranks
+        self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
         # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
         self._callback_queued = False
@@ -169,6 +173,10 @@ class StepCapture:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
         self._seen.add(name)
+        if self._shapes is not None:
+            first = next(iter(output_tensors(output)), None)
+            if first is not None:
+                self._shapes[name] = tuple(first[1].shape)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
         redraws_input = self.want_images and isinstance(module, PER_CHANNEL_AFFINE) and self._is_drawn(inputs)
@@ -292,6 +300,8 @@ class StepCapture:
         self._hooks.remove()
         self._drawn = {}
         self._parameters.hand_over()
+        if self._shapes is not None:
+            self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge and not self._guarded("(merge_ranks)", self._merge_ranks):

@@ -17,7 +17,7 @@ from .rendering import picture_source
 from .summaries import Reduction, reduce_tensor
 from .transfer import Draw
 
-__all__ = ["PER_CHANNEL_AFFINE", "batch_dim_of", "output_tensors", "reduce_output"]
+__all__ = ["PER_CHANNEL_AFFINE", "batch_dim_of", "layer_table", "output_tensors", "reduce_output"]
 
 
 def output_tensors(output: Any, mode: Literal["first", "all"] = "first") -> Iterator[tuple[str, torch.Tensor]]:
@@ -83,3 +83,20 @@ PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBas
 def batch_dim_of(module: nn.Module) -> int:
     # nn.LSTM, nn.GRU, nn.MultiheadAttention and nn.Transformer* put time first unless batch_first=True.
     return 1 if getattr(module, "batch_first", True) is False else 0
+
+
+def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]]) -> str:
+    """A markdown table of watched layers: name, type, output shape (``-`` if it did not run), parameters.
+
+    Example:
+        >>> print(layer_table([("fc", nn.Linear(3, 2))], {"fc": (8, 2)}))
+        | layer | type | output shape | parameters |
+        |---|---|---|---|
+        | fc | Linear | 8 × 2 | 8 |
+    """
+    lines = ["| layer | type | output shape | parameters |", "|---|---|---|---|"]
+    for name, module in layers:
+        shape = " × ".join(str(size) for size in shapes[name]) if name in shapes else "-"
+        count = sum(param.numel() for param in module.parameters())
+        lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |")
+    return "\n".join(lines)

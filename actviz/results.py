@@ -117,8 +117,27 @@ class StepResults:
     weight_grads: dict[str, Summary] = field(default_factory=dict)
     images: dict[str, torch.Tensor] = field(default_factory=dict)
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
+    texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
 
     def is_empty(self) -> bool:
         return not (
             self.activations or self.gradients or self.weights or self.weight_grads or self.images or self.scalars
+            or self.texts
         )
+
+    def statistics(self) -> dict[str, dict[str, float]]:
+        """Every summary's numbers, by full tag: ``count``, ``mean``, ``std``, ``min``, ``max``, ``norm``, ``nonfinite``.
+
+        Example:
+            >>> results = StepResults(7, activations={"fc": Summary(4, 1, 0, -1.0, 2.0, 1.0, 5.0, [1.0, 2.0])})
+            >>> results.statistics()["activations/fc"]["nonfinite"], results.statistics()["activations/fc"]["max"]
+            (1, 2.0)
+        """
+        found = {}
+        for kind in ("activations", "gradients", "weights", "weight_grads"):
+            for name, summary in getattr(self, kind).items():
+                found[f"{kind}/{name}"] = {
+                    "count": summary.num, "mean": summary.mean, "std": summary.std, "min": summary.min,
+                    "max": summary.max, "norm": summary.norm, "nonfinite": summary.nonfinite,
+                }
+        return found

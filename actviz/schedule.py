@@ -8,7 +8,7 @@ from typing import Union
 
 __all__ = ["ScheduleSpec", "Schedule"]
 
-#: ``every=`` and ``image_every=`` accept a period, explicit steps, or a predicate.
+#: ``every=`` and ``image_every=`` accept a period, explicit steps, a predicate, or ``False`` for never.
 ScheduleSpec = Union[int, Collection[int], Callable[[int], bool]]
 
 
@@ -20,7 +20,7 @@ def _is_int(value: object) -> bool:
 class Schedule:
     """Decides whether a step logs.
 
-    Build one with :meth:`Schedule.parse`. Exactly one field is set.
+    Build one with :meth:`Schedule.parse`. Exactly one field is set, or none: never.
 
     Example:
         >>> [s for s in range(10) if Schedule.parse(4)(s)]
@@ -29,6 +29,8 @@ class Schedule:
         [1, 5]
         >>> [s for s in range(10) if Schedule.parse(lambda s: s in (0, 1) or s % 5 == 0)(s)]
         [0, 1, 5]
+        >>> [s for s in range(10) if Schedule.parse(False)(s)]
+        []
     """
 
     period: int | None = None
@@ -41,13 +43,18 @@ class Schedule:
 
         Args:
             spec: A positive period (step 0 logs, then every ``spec`` steps), a collection of
-                non-negative step numbers, or a predicate ``step -> bool``.
+                non-negative step numbers, a predicate ``step -> bool``, or ``False`` for never.
             name: The argument's name, used in error messages.
 
         Raises:
             ValueError: A period ≤ 0, a negative or empty list of steps.
             TypeError: Anything else.
         """
+        if spec is False:
+            return cls()  # never
+        if spec is True:
+            raise TypeError(f"{name}=True is ambiguous; give a number of steps, for example {name}=100 "
+                            f"(or {name}=False to log none)")
         if _is_int(spec):
             if spec <= 0:
                 raise ValueError(f"{name} must be a positive number of steps, got {spec}; for example {name}=100")
@@ -63,8 +70,8 @@ class Schedule:
         if callable(spec):
             return cls(predicate=spec)
         raise TypeError(
-            f"{name} must be an int, a collection of step numbers or a function step -> bool, "
-            f"got {type(spec).__name__}: {spec!r}"
+            f"{name} must be an int, a collection of step numbers, a function step -> bool or False "
+            f"(never), got {type(spec).__name__}: {spec!r}"
         )
 
     def __call__(self, step: int) -> bool:
@@ -72,5 +79,11 @@ class Schedule:
             return step % self.period == 0
         if self.steps is not None:
             return step in self.steps
-        assert self.predicate is not None
-        return bool(self.predicate(step))
+        if self.predicate is not None:
+            return bool(self.predicate(step))
+        return False
+
+    @property
+    def never(self) -> bool:
+        """True for ``False``: no step logs."""
+        return self.period is None and self.steps is None and self.predicate is None

@@ -143,8 +143,14 @@ def select_layers(
         return chosen
     if isinstance(layers, (str, type, nn.Module)) or (callable(layers) and not isinstance(layers, Iterable)):
         specs: list[LayerSpec] = [layers]  # a single spec
-    else:
+    elif isinstance(layers, Iterable):
         specs = list(layers)
+    else:
+        raise TypeError(
+            f"layers= must be None (every module with parameters), a layer spec or a list of them; got "
+            f"{type(layers).__name__}: {layers!r}. A spec is a module type (nn.Conv2d), a name ('features.0'), "
+            "a glob on names ('classifier.*'), a module object, or a predicate (name, module) -> bool"
+        )
     if not specs:
         raise ValueError("layers= is empty; pass None to watch the default layers")
     wanted: set[str] = set()

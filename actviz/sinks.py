@@ -10,6 +10,8 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 ``weight_grads/{param}``                   histogram of the parameter's gradient
 ``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction``, ``/nonfinite``
 ``gradient_stats/{layer}/norm``            also ``/nonfinite``
+``amp/grad_scale``                         scalar: the AMP loss scale (with ``grad_scaler=``)
+``layers``                                 text: the watched layers, at the first stats step
 =========================================  ==============================================
 """
 
@@ -27,6 +29,7 @@ from typing import Any, Protocol
 import torch
 from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
+from torch.utils.tensorboard.summary import text as text_summary
 
 from .png import encode_png
 from .results import StepResults, Summary
@@ -104,6 +107,9 @@ class TensorBoardSink:
         if value.WhichOneof("value") == "simple_value":
             self.writer.add_scalar(value.tag, value.simple_value, step)
             return
+        if value.WhichOneof("value") == "tensor":  # a text summary
+            self.writer.add_text(value.tag, value.tensor.string_val[0].decode(), step)
+            return
         histo = value.histo
         self.writer.add_histogram_raw(
             value.tag, min=histo.min, max=histo.max, num=histo.num, sum=histo.sum,
@@ -157,6 +163,7 @@ def _step_values(results: StepResults) -> list[SummaryProto.Value]:
     for param, summary in results.weight_grads.items():
         values += _histogram_values(f"weight_grads/{param}", summary)
     values += _scalar_values(results.scalars)
+    values += [_text_value(tag, text) for tag, text in results.texts.items()]
     return values
 
 
@@ -174,6 +181,13 @@ def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:
 def _scalar_values(scalars: dict[str, float]) -> list[SummaryProto.Value]:
     # simple_value, as SummaryWriter.add_scalar writes by default
     return [SummaryProto.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+
+
+def _text_value(tag: str, text: str) -> SummaryProto.Value:
+    """A markdown text summary under ``tag`` itself (``SummaryWriter.add_text`` would add ``/text_summary``)."""
+    value = text_summary(tag, text).value[0]
+    value.tag = tag
+    return value
 
 
 def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
@@ -205,6 +219,7 @@ class BackgroundSink:
         on_error: Called on the worker thread with the pending step and the exception
             when finishing or writing it fails. The thread goes on with the next step.
         max_pending: Most steps queued at once.
+        after_write: Called on the worker thread with each step's results once written.
     """
 
     def __init__(
@@ -212,9 +227,11 @@ class BackgroundSink:
         sink: TensorBoardSink,
         on_error: Callable[[Any, BaseException], None],
         max_pending: int = 2,
+        after_write: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.sink = sink
         self._on_error = on_error
+        self._after_write = after_write
         self._queue: queue.Queue[PendingResults | None] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -240,6 +257,8 @@ class BackgroundSink:
                 results = pending.resolve()
                 if not results.is_empty():
                     self.sink.write(results)
+                    if self._after_write is not None:
+                        self._after_write(results)
             except Exception as error:  # noqa: BLE001 - the thread must outlive a failed write
                 with contextlib.suppress(Exception):  # e.g. its warning turned into an error by a filter
                     self._on_error(pending, error)

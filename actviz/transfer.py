@@ -109,6 +109,7 @@ class PendingStep:
         self._mergeable: list[tuple[str, Reduction]] = []
         self._pictures: list[tuple[str, Draw, torch.Tensor]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
+        self._texts: dict[str, str] = {}
         self._copy: HostCopy | None = None
 
     @property
@@ -134,6 +135,10 @@ class PendingStep:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
         self._scalars.append((tag, value))
 
+    def add_text(self, tag: str, text: str) -> None:
+        """Keep a text summary (markdown), written under ``tag``."""
+        self._texts[tag] = text
+
     def set_loss_scale(self, scale: torch.Tensor) -> None:
         """The AMP loss scale of this step's backward pass, written as ``amp/grad_scale``.
 
@@ -158,7 +163,7 @@ class PendingStep:
             self.send()
         assert self._copy is not None
         host: Iterator[torch.Tensor] = iter(self._copy.wait())
-        results = StepResults(self.step)
+        results = StepResults(self.step, texts=dict(self._texts))
         for kind, tag, reduction, _ in self._summaries:
             reduction.receive(host)
         for tag, draw, _ in self._pictures:

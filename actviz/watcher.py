@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import warnings
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -22,10 +22,11 @@ from torch import nn
 from .capture import StepCapture
 from .compiled import StepHookHandle, attach_step_hook, unwrap_compiled
 from .options import CaptureOptions
+from .results import StepResults
 from .schedule import Schedule
 from .selection import layer_display_name
-from .sinks import BackgroundSink, TensorBoardSink
-from .transfer import PendingStep
+from .delivery import Delivery
+from .sinks import TensorBoardSink
 
 __all__ = ["Watcher"]
 
@@ -57,15 +58,14 @@ class Watcher:
         strict: bool,
         grad_scaler: Any = None,
         merge_ranks: bool = False,
+        on_step: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
         self.merge_ranks = merge_ranks
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
-        self._sink = sink
-        # strict writes on the training thread, so that a failed write raises there.
-        self._background = None if sink is None or strict else BackgroundSink(sink, self._on_background_error)
+        self._delivery = None if sink is None else Delivery(sink, strict, on_step)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -75,8 +75,8 @@ class Watcher:
         self._last_started_step: int | None = None
         self._captures: list[StepCapture] = []  # open steps: in their forward, or waiting to end
         self._warned_no_backward = False
+        self._layers_described = False
         self._skipped: set[str] = set()
-        self._warned_sink = False
         self._closed = False
         self._root_handle: StepHookHandle | None = None
         if sink is not None or merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
@@ -98,7 +98,7 @@ class Watcher:
     @property
     def writer(self) -> Any:
         """The ``SummaryWriter`` written to, or ``None`` on ranks other than 0."""
-        return None if self._sink is None else self._sink.writer
+        return None if self._delivery is None else self._delivery.writer
 
     @property
     def step(self) -> int:
@@ -108,6 +108,23 @@ class Watcher:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def latest(self) -> StepResults | None:
+        """The results of the last step written, or ``None`` before the first.
+
+        ``viz.latest.statistics()`` gives every tag's count, mean, std, min, max, norm and
+        NaN/Inf count. Call :meth:`flush` first to be sure the step just taken is in.
+        """
+        return None if self._delivery is None else self._delivery.latest
+
+    @property
+    def layer_table(self) -> str | None:
+        """The watched layers as a markdown table (name, type, output shape, parameters), once a step logged.
+
+        The same table is written as the text summary ``layers`` at the first stats step.
+        """
+        return None if self._delivery is None else self._delivery.layer_table
 
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
@@ -131,10 +148,8 @@ class Watcher:
     def flush(self) -> None:
         """Write the pending step, if any, and wait until everything is in the writer."""
         self._end_capture()
-        if self._background is not None:
-            self._background.flush()
-        elif self._sink is not None:
-            self._sink.flush()
+        if self._delivery is not None:
+            self._delivery.flush()
 
     def close(self) -> None:
         """Remove every hook, write what is pending, flush, and close the writer if :func:`watch` made it.
@@ -151,10 +166,8 @@ class Watcher:
         finally:
             if open_watchers.get(self.model) is not None and open_watchers[self.model]() is self:
                 del open_watchers[self.model]
-            if self._background is not None:
-                self._background.close()
-            elif self._sink is not None:
-                self._sink.close()
+            if self._delivery is not None:
+                self._delivery.close()
 
     def __enter__(self) -> Watcher:
         return self
@@ -197,7 +210,8 @@ class Watcher:
             self._next_step += 1
         self._last_started_step = step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
-        want_images = want_images and self._sink is not None  # only rank 0 draws: its own sample 0
+        writes = self._delivery is not None  # rank 0, or the only process
+        want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
             return
         self._captures.append(StepCapture(
@@ -208,12 +222,14 @@ class Watcher:
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,
-            deliver=self._deliver if self._sink is not None else None,
+            deliver=self._delivery.deliver if writes else None,
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
             grad_scaler=self.grad_scaler,
             merge_ranks=self.merge_ranks and want_stats,
+            describe_layers=want_stats and writes and not self._layers_described,
         ))
+        self._layers_described = self._layers_described or (want_stats and writes)
 
     def _end_capture(self) -> None:
         captures, self._captures = self._captures, []
@@ -234,34 +250,6 @@ class Watcher:
             RuntimeWarning,
             stacklevel=2,
         )
-
-    # -- delivery ----------------------------------------------------------------------------
-
-    def _deliver(self, pending: PendingStep) -> None:
-        """Hand a finished step to the sink: queued for the writer thread, or written now if strict."""
-        try:
-            if self._background is not None:
-                self._background.write(pending)
-            elif self._sink is not None:
-                self._sink.write(pending.resolve())
-        except Exception as error:  # noqa: BLE001 - a full disk must not stop training
-            if self.strict:
-                raise
-            self._report_write_error(pending.step, error)
-
-    def _on_background_error(self, pending: PendingStep, error: BaseException) -> None:
-        self._report_write_error(pending.step, error)
-
-    def _report_write_error(self, step: int, error: BaseException) -> None:
-        if not self._warned_sink:
-            self._warned_sink = True
-            warnings.warn(
-                f"actviz could not write step {step}: {type(error).__name__}: {error}. "
-                "Training goes on; later failures are logged at DEBUG level.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        logger.debug("write failed", exc_info=error)
 
     def _report(self, name: str, error: BaseException) -> None:
         """A hook failed: re-raise if strict, else warn once and skip ``name`` from now on."""

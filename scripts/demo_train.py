@@ -102,6 +102,9 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             step += 1
+            if step == 1:  # step 0 logged: the table of watched layers, also in TensorBoard's Text tab
+                viz.flush()
+                print(viz.layer_table, "\n")
             if step % 100 == 0:
                 model.eval()  # eval forwards are not steps and log nothing
                 with torch.no_grad():

@@ -24,9 +24,9 @@ import inspect
 import os
 from typing import Any
 
+from ..api import watch
 from ..options import CaptureOptions
 from ..schedule import Schedule
-from ..api import watch
 
 __all__: list[str] = []  # the adapters live in their submodules
 

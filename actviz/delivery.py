@@ -1,0 +1,100 @@
+"""Delivery: where a finished step goes, the last part of the one-way path hook → capture → deliver → sink.
+
+:class:`Delivery` hands each finished :class:`~actviz.transfer.PendingStep` to the sink:
+queued for the writer thread, or, with ``strict=True``, finished and written at once on
+the training thread, so that a failed write raises there. Once a step is written it
+becomes :attr:`Delivery.latest`, and the user's ``on_step`` callback gets it. A failed
+write or callback warns once and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from .results import StepResults
+from .sinks import BackgroundSink, TensorBoardSink
+from .transfer import PendingStep
+
+__all__ = ["Delivery"]
+
+logger = logging.getLogger(__name__)
+
+
+class Delivery:
+    """Writes finished steps through a sink, keeps the last one and calls ``on_step``.
+
+    Args:
+        sink: The TensorBoard sink.
+        strict: Write on the training thread and let errors raise.
+        on_step: Called with each step's results once written.
+    """
+
+    def __init__(
+        self, sink: TensorBoardSink, strict: bool, on_step: Callable[[StepResults], None] | None = None
+    ) -> None:
+        self.sink = sink
+        self.strict = strict
+        self.latest: StepResults | None = None
+        self.layer_table: str | None = None
+        self._on_step = on_step
+        self._warned: set[str] = set()
+        self._background = None if strict else BackgroundSink(sink, self._on_write_error, after_write=self._written)
+
+    @property
+    def writer(self) -> Any:
+        return self.sink.writer
+
+    def deliver(self, pending: PendingStep) -> None:
+        """Hand a finished step on: queued for the writer thread, or written now if strict."""
+        try:
+            if self._background is not None:
+                self._background.write(pending)
+            else:
+                results = pending.resolve()
+                self.sink.write(results)
+                self._written(results)
+        except Exception as error:  # noqa: BLE001 - a full disk must not stop training
+            if self.strict:
+                raise
+            self._on_write_error(pending, error)
+
+    def flush(self) -> None:
+        """Wait until every step handed on is written, then flush the writer."""
+        if self._background is not None:
+            self._background.flush()
+        else:
+            self.sink.flush()
+
+    def close(self) -> None:
+        """Write what is queued and close the sink (and the writer, if actviz made it)."""
+        if self._background is not None:
+            self._background.close()
+        else:
+            self.sink.close()
+
+    def _written(self, results: StepResults) -> None:
+        self.latest = results
+        if "layers" in results.texts:
+            self.layer_table = results.texts["layers"]
+        if self._on_step is None:
+            return
+        try:
+            self._on_step(results)
+        except Exception as error:  # noqa: BLE001 - the user's callback must not stop training
+            if self.strict:
+                raise
+            self._warn_once("on_step", f"actviz's on_step callback raised {type(error).__name__}: {error} "
+                                       f"(step {results.step})", error)
+
+    def _on_write_error(self, pending: Any, error: BaseException) -> None:
+        self._warn_once("write", f"actviz could not write step {pending.step}: {type(error).__name__}: {error}", error)
+
+    def _warn_once(self, kind: str, message: str, error: BaseException) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(f"{message}. Training goes on; later failures are logged at DEBUG level.",
+                          RuntimeWarning, stacklevel=3)
+        logger.debug("%s failed", kind, exc_info=error)
