@@ -13,32 +13,25 @@ decides itself when the step is over, and then hands the step on with one call o
 3. on the writer thread, :meth:`~actviz.transfer.PendingStep.resolve` finishes the
    summaries and pictures and :class:`~actviz.sinks.TensorBoardSink` writes them.
 
-When a step is over: parameter gradients are logged as the optimizer applies them, so
-the step ends at the next ``optimizer.step()`` of an optimizer that holds a watched
-parameter (after DDP's all-reduce, every micro-batch of accumulation, clipping and
-``GradScaler.unscale_``). Without one, it ends when the next training forward starts, or
-at ``flush()``/``close()``, with the gradients as the last backward pass left them. A step
-whose outputs require grad waits for its backward pass even if other forwards come first
-(a siamese pair, a GAN generator called twice); if a backward pass updates the watched
-parameters without reaching its outputs, none is coming, and it ends without gradients
-and says so once. A step with nothing to wait for ends with its forward.
+When a step is over: at the next ``optimizer.step()`` of an optimizer holding a watched
+parameter (parameter gradients are logged as the optimizer applies them, see
+:mod:`actviz.step_parameters`); without one, when the next training forward starts or at
+``flush()``/``close()``. A step whose outputs require grad waits for its backward pass even
+if other forwards come first (a siamese pair); if a backward pass updates the watched
+parameters without reaching its outputs, none is coming: it ends without gradients and
+says so once. A step with nothing to wait for ends with its forward.
 
 No hook holds a batch: activations are reduced before the next layer runs, so a later
-in-place op cannot change what was logged. Gradients with respect to a layer's output
-come from ``output.register_hook`` called inside the forward hook; module backward hooks
-raise on the in-place ReLU that follows every conv in AlexNet and VGG (pytorch#61519).
+in-place op cannot change what was logged. Output gradients come from
+``output.register_hook`` inside the forward hook; module backward hooks raise on the
+in-place ReLU after every conv in AlexNet and VGG (pytorch#61519).
 Layers that run without grad inside a training forward (``checkpoint(use_reentrant=True)``)
 keep their hook until the backward pass recomputes them, and get their gradient then.
-
-A BatchNorm, InstanceNorm or GroupNorm fed directly by a tensor drawn in the same step
-gets no picture: it shifts and scales each channel, and every channel is normalised on
-its own when drawn, so its grid would repeat its input's.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -47,7 +40,7 @@ import torch
 from torch import nn
 
 from .hooks import HookHandles
-from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, layer_table, output_tensors, reduce_output
+from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, output_tensors, reduce_output
 from .merge import merge_across_ranks
 from .options import CaptureOptions
 from .step_parameters import StepParameters
@@ -132,8 +125,7 @@ class StepCapture:
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = merge_ranks
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
-        # id -> (weak reference, version) of each tensor drawn this step, to spot a repeat picture.
-        self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._drawn = DrawnTensors()
         self._callback_queued = False
         self._pass_reached = False  # the backward pass under way has reached a watched output
         # A logging step's forward runs eagerly, so that torch.compile never traces actviz's hooks
@@ -179,16 +171,8 @@ class StepCapture:
                 self._shapes[name] = tuple(first[1].shape)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
-        redraws_input = self.want_images and isinstance(module, PER_CHANNEL_AFFINE) and self._is_drawn(inputs)
+        redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
         self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
-
-    def _is_drawn(self, inputs: Any) -> bool:
-        """True if the first input is a tensor drawn this step and not changed in place since."""
-        first = inputs[0] if isinstance(inputs, tuple) and inputs else None
-        if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
-            return False
-        drawn = self._drawn.get(id(first))
-        return drawn is not None and drawn[0]() is first and drawn[1] == first._version
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
@@ -203,7 +187,7 @@ class StepCapture:
                 self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
-                self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+                self._drawn.add(tensor)
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
@@ -298,7 +282,7 @@ class StepCapture:
         self.in_forward = False
         self._end_eager()
         self._hooks.remove()
-        self._drawn = {}
+        self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._shapes is not None:
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from .rendering import picture_source
 from .summaries import Reduction, reduce_tensor
 from .transfer import Draw
 
-__all__ = ["PER_CHANNEL_AFFINE", "batch_dim_of", "layer_table", "output_tensors", "reduce_output"]
+__all__ = ["DrawnTensors", "PER_CHANNEL_AFFINE", "batch_dim_of", "layer_table", "output_tensors", "reduce_output"]
 
 
 def output_tensors(output: Any, mode: Literal["first", "all"] = "first") -> Iterator[tuple[str, torch.Tensor]]:
@@ -100,3 +101,29 @@ def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int
         count = sum(param.numel() for param in module.parameters())
         lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |")
     return "\n".join(lines)
+
+
+class DrawnTensors:
+    """The tensors drawn in one step, to skip a norm layer whose grid would repeat its input's.
+
+    A BatchNorm, InstanceNorm or GroupNorm shifts and scales each channel, and every channel
+    is normalised on its own when drawn, so its grid is its input's again, pixel for pixel
+    (inverted where its weight is negative). Tensors are kept by weak reference and version,
+    so an in-place change since (a ReLU) makes the input count as not drawn.
+    """
+
+    def __init__(self) -> None:
+        self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+
+    def add(self, tensor: torch.Tensor) -> None:
+        self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+
+    def would_repeat(self, module: nn.Module, inputs: Any) -> bool:
+        """True if ``module`` is per-channel affine and its first input is a grid drawn this step, unchanged."""
+        if not isinstance(module, PER_CHANNEL_AFFINE):
+            return False
+        first = inputs[0] if isinstance(inputs, tuple) and inputs else None
+        if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
+            return False
+        drawn = self._drawn.get(id(first))
+        return drawn is not None and drawn[0]() is first and drawn[1] == first._version
