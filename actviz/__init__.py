@@ -10,6 +10,7 @@ gradient histograms, parameter histograms and per-layer statistics.
 """
 
 from .api import watch
+from .gradcam import grad_cam
 from .options import CaptureOptions
 from .rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "watch",
+    "grad_cam",
     "report",
     "ReportResult",
     "Watcher",

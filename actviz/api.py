@@ -16,10 +16,11 @@ from torch import nn
 
 from .amp import check_grad_scaler
 from .compiled import unwrap_compiled
+from .probe import Probe, check_probe, gradcam_layers
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .results import StepResults
 from .schedule import Schedule, ScheduleSpec
-from .selection import LayerSpec, select_layers
+from .selection import LayerSpec, layer_display_name, select_layers
 from .sinks import TensorBoardSink
 from .watcher import Watcher, open_watchers
 
@@ -64,6 +65,9 @@ def watch(
     grad_scaler: Any = None,
     merge_ranks: bool = False,
     on_step: Callable[[StepResults], None] | None = None,
+    probe: Any = None,
+    gradcam: bool | str | list[str] | None = None,
+    update_ratio: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -114,6 +118,16 @@ def watch(
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
             last one.
+        probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
+            ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
+            (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample
+            0, so the same picture moves through training; ``probe/input`` shows it.
+        gradcam: With ``probe``: ``True`` draws Grad-CAM of the last ``Conv2d`` over probe
+            sample 0 as ``gradcam/{layer}`` on image steps; a layer name or a list picks others.
+        update_ratio: Log ``update_ratio/{param}`` = ||w_after - w_before|| / ||w_before|| across
+            the optimizer step that follows each stats step, under that step's number: the
+            per-layer learning-rate check (around 1e-3 is healthy). It holds a copy of the
+            watched parameters for one step, which is why it is off by default.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -139,7 +153,8 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs
     )
-    for flag_name, flag in (("auto_step", auto_step), ("strict", strict), ("merge_ranks", merge_ranks)):
+    flags = (("auto_step", auto_step), ("strict", strict), ("merge_ranks", merge_ranks), ("update_ratio", update_ratio))
+    for flag_name, flag in flags:
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
     check_grad_scaler(grad_scaler)
@@ -159,6 +174,8 @@ def watch(
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
     chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)
+    check_probe(probe, model)
+    cam_layers = gradcam_layers(unwrap_compiled(model), gradcam, probe)
     existing = open_watchers.get(model)
     if existing is not None and existing() is not None and not existing().closed:
         raise ValueError(
@@ -175,7 +192,12 @@ def watch(
             sink = TensorBoardSink(owned, owns_writer=True)
         else:
             sink = TensorBoardSink(writer, owns_writer=False)
+        sink.write_layout()
     return Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
         grad_scaler=grad_scaler, merge_ranks=merge_ranks and _world_size() > 1, on_step=on_step,
+        probe=None if probe is None else Probe(
+            probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
+        ),
+        update_ratio=update_ratio,
     )

@@ -76,6 +76,9 @@ class StepCapture:
             every rank must run a capture for the same steps. ``deliver`` may then be ``None``.
         describe_layers: Also write the text ``layers``: each layer's type, output shape and
             parameter count (see :func:`~actviz.layer_outputs.layer_table`).
+        pictures: Pictures made before the step (the probe's): ``(tag, draw, sources, full_tag)``.
+        update_ratio: Log each parameter's relative change across the update after the step;
+            the step then ends at the next forward (or ``flush()``), once the update is done.
 
     Example:
         >>> from actviz.options import CaptureOptions
@@ -105,6 +108,8 @@ class StepCapture:
         grad_scaler: Any = None,
         merge_ranks: bool = False,
         describe_layers: bool = False,
+        pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
+        update_ratio: bool = False,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -118,9 +123,11 @@ class StepCapture:
         self._on_error = on_error
         self._on_no_backward = on_no_backward
         self._pending = PendingStep(step, options.bins)
+        for tag, draw, sources, full_tag in pictures:
+            self._pending.add_picture(tag, draw, *sources, full_tag=full_tag)
         self._hooks = HookHandles()
         self._layers = dict(layers)
-        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
+        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, update_ratio)
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = merge_ranks
@@ -256,7 +263,8 @@ class StepCapture:
         """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
         if not self.done and self.backward_seen:
             self._parameters.take_gradients(optimizer)
-            self.finish()
+            if not self._parameters.update_ratio:  # else wait until the update is done: the next forward
+                self.finish()
 
     def _merge_ranks(self) -> bool:
         if merge_across_ranks(self._pending.mergeable, self.options.bins):

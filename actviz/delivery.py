@@ -41,7 +41,10 @@ class Delivery:
         self.layer_table: str | None = None
         self._on_step = on_step
         self._warned: set[str] = set()
-        self._background = None if strict else BackgroundSink(sink, self._on_write_error, after_write=self._written)
+        self._alerted = False
+        self._background = None if strict else BackgroundSink(
+            sink, self._on_write_error, resolve=self._resolve, after_write=self._written
+        )
 
     @property
     def writer(self) -> Any:
@@ -53,7 +56,7 @@ class Delivery:
             if self._background is not None:
                 self._background.write(pending)
             else:
-                results = pending.resolve()
+                results = self._resolve(pending)
                 self.sink.write(results)
                 self._written(results)
         except Exception as error:  # noqa: BLE001 - a full disk must not stop training
@@ -74,6 +77,17 @@ class Delivery:
             self._background.close()
         else:
             self.sink.close()
+
+    def _resolve(self, pending: PendingStep) -> StepResults:
+        """Finish a step's results, and name where NaN or Inf first showed, once per run."""
+        results = pending.resolve()
+        if not self._alerted:
+            message = first_nonfinite(results)
+            if message is not None:
+                self._alerted = True
+                results.texts["alerts"] = message
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+        return results
 
     def _written(self, results: StepResults) -> None:
         self.latest = results
@@ -98,3 +112,24 @@ class Delivery:
             warnings.warn(f"{message}. Training goes on; later failures are logged at DEBUG level.",
                           RuntimeWarning, stacklevel=3)
         logger.debug("%s failed", kind, exc_info=error)
+
+
+def first_nonfinite(results: StepResults) -> str | None:
+    """Where NaN or Inf first shows in a step: its first watched layer in forward order whose output is
+    not finite, or else the first the backward pass reached with a gradient that is not; ``None`` if none.
+
+    Example:
+        >>> from actviz.results import Summary
+        >>> finite, bad = Summary(4, 0, 0, 0.0, 1.0, 1.0, 1.0, [4.0]), Summary(4, 2, 0, 0.0, 1.0, 1.0, 1.0, [2.0])
+        >>> first_nonfinite(StepResults(12, activations={"encoder.2": finite, "encoder.3": bad, "head": bad}))
+        "actviz: NaN or Inf first at step 12, in the output of 'encoder.3' (the first watched layer, in forward order, whose output is not finite)"
+    """
+    for name, summary in results.activations.items():  # in forward order: the hooks ran in it
+        if summary.nonfinite:
+            return (f"actviz: NaN or Inf first at step {results.step}, in the output of {name!r} "
+                    "(the first watched layer, in forward order, whose output is not finite)")
+    for name, summary in results.gradients.items():  # in the order the backward pass reached them
+        if summary.nonfinite:
+            return (f"actviz: NaN or Inf first at step {results.step}, in the gradient flowing into {name!r} "
+                    "(every output was finite; the backward pass reached this layer first with one that is not)")
+    return None

@@ -115,14 +115,15 @@ class StepResults:
     gradients: dict[str, Summary] = field(default_factory=dict)
     weights: dict[str, Summary] = field(default_factory=dict)
     weight_grads: dict[str, Summary] = field(default_factory=dict)
-    images: dict[str, torch.Tensor] = field(default_factory=dict)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # feature_maps/{layer}
+    pictures: dict[str, torch.Tensor] = field(default_factory=dict)  # full tags: probe/input, gradcam/{layer}
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
 
     def is_empty(self) -> bool:
         return not (
-            self.activations or self.gradients or self.weights or self.weight_grads or self.images or self.scalars
-            or self.texts
+            self.activations or self.gradients or self.weights or self.weight_grads or self.images or self.pictures
+            or self.scalars or self.texts
         )
 
     def statistics(self) -> dict[str, dict[str, float]]:

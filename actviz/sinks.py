@@ -12,6 +12,9 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 ``gradient_stats/{layer}/norm``            also ``/nonfinite``
 ``amp/grad_scale``                         scalar: the AMP loss scale (with ``grad_scaler=``)
 ``layers``                                 text: the watched layers, at the first stats step
+``alerts``                                 text: where NaN or Inf first showed (once per run)
+``probe/input``, ``gradcam/{layer}``       images: the probe's sample 0, Grad-CAM over it
+``update_ratio/{param}``                   scalar: ||w_after - w_before|| / ||w_before|| (opt-in)
 =========================================  ==============================================
 """
 
@@ -34,7 +37,18 @@ from torch.utils.tensorboard.summary import text as text_summary
 from .png import encode_png
 from .results import StepResults, Summary
 
-__all__ = ["TensorBoardSink", "BackgroundSink", "use_fast_crc"]
+#: Custom Scalars charts (anchored regexes on the tags above): each statistic across all layers.
+DASHBOARD_LAYOUT = {
+    "actviz: every layer on one chart": {
+        "gradient norm": ["Multiline", [r"^gradient_stats/.*/norm$"]],
+        "activation std": ["Multiline", [r"^activation_stats/.*/std$"]],
+        "zero fraction": ["Multiline", [r"^activation_stats/.*/zero_fraction$"]],
+        "non-finite counts": ["Multiline", [r"^activation_stats/.*/nonfinite$", r"^gradient_stats/.*/nonfinite$"]],
+        "update ratio": ["Multiline", [r"^update_ratio/.*$"]],
+    },
+}
+
+__all__ = ["DASHBOARD_LAYOUT", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +109,15 @@ class TensorBoardSink:
         get_file_writer = getattr(self.writer, "_get_file_writer", None)
         if get_file_writer is not None:
             values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
+            values += [_image_value(tag, image) for tag, image in results.pictures.items()]
             get_file_writer().add_summary(SummaryProto(value=values), step)
             return
         for value in values:
             self._write_one(value, step)
         for layer, image in results.images.items():
             self.writer.add_image(f"feature_maps/{layer}", image, step, dataformats="CHW")
+        for tag, image in results.pictures.items():
+            self.writer.add_image(tag, image, step, dataformats="CHW")
 
     def _write_one(self, value: SummaryProto.Value, step: int) -> None:
         """Write one scalar or histogram value through the writer's public methods."""
@@ -126,6 +143,13 @@ class TensorBoardSink:
             self.writer.add_image(tag, image, step, dataformats="CHW")
             return
         get_file_writer().add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
+
+    def write_layout(self) -> None:
+        """Lay out TensorBoard's Custom Scalars tab: one chart per statistic, every layer on it.
+
+        TensorBoard keeps one such layout per run; this one replaces any written to the run before.
+        """
+        self.writer.add_custom_scalars(DASHBOARD_LAYOUT)
 
     def flush(self) -> None:
         if not self._closed:
@@ -219,6 +243,8 @@ class BackgroundSink:
         on_error: Called on the worker thread with the pending step and the exception
             when finishing or writing it fails. The thread goes on with the next step.
         max_pending: Most steps queued at once.
+        resolve: Turns a pending step into its results on the worker thread; by default
+            ``pending.resolve()``.
         after_write: Called on the worker thread with each step's results once written.
     """
 
@@ -227,10 +253,12 @@ class BackgroundSink:
         sink: TensorBoardSink,
         on_error: Callable[[Any, BaseException], None],
         max_pending: int = 2,
+        resolve: Callable[[Any], StepResults] | None = None,
         after_write: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.sink = sink
         self._on_error = on_error
+        self._resolve = resolve or (lambda pending: pending.resolve())
         self._after_write = after_write
         self._queue: queue.Queue[PendingResults | None] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
@@ -254,7 +282,7 @@ class BackgroundSink:
             try:
                 if pending is None:
                     return
-                results = pending.resolve()
+                results = self._resolve(pending)
                 if not results.is_empty():
                     self.sink.write(results)
                     if self._after_write is not None:

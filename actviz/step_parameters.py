@@ -20,7 +20,7 @@ from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
 from .merge import is_sharded
 from .options import CaptureOptions
-from .summaries import Reduction, reduce_tensor
+from .summaries import Reduction, local_shard, reduce_tensor
 from .transfer import PendingStep
 
 __all__ = ["StepParameters"]
@@ -35,6 +35,9 @@ class StepParameters:
         pending: Where the step's results go.
         report: Called with the failing parameter name and the exception.
         grad_scaler: A ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``.
+        update_ratio: Also log ``update_ratio/{param}`` = ||w_after - w_before|| / ||w_before||
+            across the update that follows the step, from a copy of the parameters taken just
+            before it (when the gradients are taken) and compared when the step ends.
     """
 
     def __init__(
@@ -44,8 +47,11 @@ class StepParameters:
         pending: PendingStep,
         report: Callable[[str, BaseException], None],
         grad_scaler: Any = None,
+        update_ratio: bool = False,
     ) -> None:
         self.named = list(parameters)
+        self.update_ratio = update_ratio
+        self._before: list[torch.Tensor] | None = None
         self.trainable = [(name, param) for name, param in self.named if param.requires_grad]
         self._options = options
         self._pending = pending
@@ -93,6 +99,8 @@ class StepParameters:
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
         grads = {name: param.grad for name, param in self.trainable if param.grad is not None}
+        if self.update_ratio and self.trainable:  # the values the update will change, one op
+            self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
         if grads:
             self._grads = self._reduce(grads)
             self._grads_scaled = self.scale_taken and not (
@@ -100,7 +108,14 @@ class StepParameters:
             )
 
     def hand_over(self) -> None:
-        """Put the last gradients taken into the step's results."""
+        """Put the last gradients taken, and the update ratios since, into the step's results."""
+        if self._before is not None:
+            after = [local_shard(param) for _, param in self.trainable]
+            change = torch._foreach_norm(torch._foreach_sub(after, self._before))
+            ratios = torch._foreach_div(change, torch._foreach_norm(self._before))  # NaN for an all-zero parameter
+            for (name, _), ratio in zip(self.trainable, ratios):
+                self._pending.add_scalar(f"update_ratio/{name}", ratio)
+            self._before = None
         for tag, reduction in self._grads.items():
             scaled, mergeable = self._grads_scaled, tag in self._sharded
             self._pending.add("weight_grads", tag, reduction, scaled=scaled, mergeable=mergeable)

@@ -21,8 +21,8 @@ from .summaries import Reduction, finish
 
 __all__ = ["HostCopy", "PendingStep"]
 
-#: Turns a picture's source, once on the host, into a ``uint8`` image.
-Draw = Callable[[torch.Tensor], torch.Tensor]
+#: Turns a picture's sources, once on the host, into a ``uint8`` image.
+Draw = Callable[..., torch.Tensor]
 
 
 class HostCopy:
@@ -107,7 +107,7 @@ class PendingStep:
         self.bins = bins
         self._summaries: list[tuple[str, str, Reduction, bool]] = []
         self._mergeable: list[tuple[str, Reduction]] = []
-        self._pictures: list[tuple[str, Draw, torch.Tensor]] = []
+        self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
         self._copy: HostCopy | None = None
@@ -146,14 +146,18 @@ class PendingStep:
         """
         self.add_scalar("amp/grad_scale", scale)
 
-    def add_picture(self, tag: str, draw: Draw, source: torch.Tensor) -> None:
-        """Keep what ``draw`` turns into the picture ``feature_maps/{tag}`` on the host."""
-        self._pictures.append((tag, draw, source))
+    def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor, full_tag: bool = False) -> None:
+        """Keep what ``draw(*sources)`` turns into a picture on the host.
+
+        ``tag`` is a layer's name, written as ``feature_maps/{tag}``, or with ``full_tag``
+        the whole tag (``probe/input``, ``gradcam/features.10``).
+        """
+        self._pictures.append((tag, draw, sources, full_tag))
 
     def send(self) -> None:
         """Start the copy to the host. Called once, on the training thread, when the step ends."""
         tensors = [tensor for _, _, reduction, _ in self._summaries for tensor in reduction.device_tensors()]
-        tensors += [source for _, _, source in self._pictures]
+        tensors += [source for _, _, sources, _ in self._pictures for source in sources]
         tensors += [value for _, value in self._scalars]
         self._copy = HostCopy(tensors)
 
@@ -166,8 +170,9 @@ class PendingStep:
         results = StepResults(self.step, texts=dict(self._texts))
         for kind, tag, reduction, _ in self._summaries:
             reduction.receive(host)
-        for tag, draw, _ in self._pictures:
-            results.images[tag] = draw(next(host))
+        for tag, draw, sources, full_tag in self._pictures:
+            picture = draw(*[next(host) for _ in sources])
+            (results.pictures if full_tag else results.images)[tag] = picture
         for tag, _ in self._scalars:
             results.scalars[tag] = float(next(host))
         scale = results.scalars.get("amp/grad_scale", 1.0)

@@ -26,6 +26,7 @@ from .results import StepResults
 from .schedule import Schedule
 from .selection import layer_display_name
 from .delivery import Delivery
+from .probe import Probe, unwrap_for_probe
 from .sinks import TensorBoardSink
 
 __all__ = ["Watcher"]
@@ -59,10 +60,14 @@ class Watcher:
         grad_scaler: Any = None,
         merge_ranks: bool = False,
         on_step: Callable[[StepResults], None] | None = None,
+        probe: Probe | None = None,
+        update_ratio: bool = False,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
         self.merge_ranks = merge_ranks
+        self._probe = probe
+        self.update_ratio = update_ratio
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._delivery = None if sink is None else Delivery(sink, strict, on_step)
@@ -214,6 +219,14 @@ class Watcher:
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
             return
+        pictures = []
+        if want_images and self._probe is not None:  # the probe's pictures instead of the batch's
+            want_images = False
+            try:
+                pictures = self._probe.pictures(unwrap_for_probe(model))
+            except Exception as error:  # noqa: BLE001 - never stop training
+                self._probe = None  # pictures come from the training batch from now on
+                self._report("(probe)", error)
         self._captures.append(StepCapture(
             step,
             model,
@@ -228,6 +241,8 @@ class Watcher:
             grad_scaler=self.grad_scaler,
             merge_ranks=self.merge_ranks and want_stats,
             describe_layers=want_stats and writes and not self._layers_described,
+            pictures=pictures,
+            update_ratio=self.update_ratio,
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 

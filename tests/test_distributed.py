@@ -181,3 +181,25 @@ def test_merged_ranks_give_the_whole_batch_and_the_whole_parameters(wrapper, tmp
         _assert_histogram(run.histogram(f"weights/{prefix}0.weight", step), twin[0].weight)
         _assert_histogram(run.histogram(f"weight_grads/{prefix}2.weight", step), twin[2].weight.grad)
     assert run.histogram(f"gradients/{prefix}2", 0).num == 2 * 4 * 4  # both ranks' output gradients
+
+
+def _probe_worker(rank: int, init_file: str, log_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        model = DistributedDataParallel(small_cnn())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        probe = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+        with actviz.watch(model, log_dir, every=2, probe=probe, gradcam=True):
+            for _ in range(4):  # the probe runs on rank 0 only, through model.module: no collective
+                train_step(model, optimizer)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_probe_under_ddp_runs_on_rank_zero_without_a_collective(tmp_path):
+    run_workers(_probe_worker, str(tmp_path / "init"), str(tmp_path / "run"))
+    run = Run(tmp_path / "run")
+    assert run.image_steps("feature_maps/module.0") == [0, 2]
+    assert run.image_steps("probe/input") == [0, 2]
+    assert run.image_steps("gradcam/module.2") == [0, 2]

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -263,6 +264,21 @@ def test_scalars_have_every_step(tensorboard: TensorBoard) -> None:
     points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="activation_stats/conv1/zero_fraction")
     assert [step for _, step, _ in points] == list(range(STEPS))
     assert all(value == 0.0 for _, _, value in points)  # conv1 runs before its ReLU
+
+
+def test_custom_scalars_dashboard_serves_the_layout(tensorboard: TensorBoard) -> None:
+    """The Custom Scalars tab puts every layer's value of one statistic on one chart."""
+    layout = tensorboard.json("/data/plugin/custom_scalars/layout")
+    charts = {chart["title"]: chart["multiline"]["tag"] for category in layout["category"] for chart in category["chart"]}
+    assert charts["gradient norm"] == [r"^gradient_stats/.*/norm$"]
+    served = tensorboard.tags("scalars")
+    assert {tag for tag in served if re.match(charts["gradient norm"][0], tag)} == {
+        f"gradient_stats/{layer}/norm" for layer in LAYERS
+    }
+    data = tensorboard.json("/data/plugin/custom_scalars/scalars", run=RUN, tag=charts["activation std"][0])
+    assert data["regex_valid"]
+    assert set(data["tag_to_events"]) == {f"activation_stats/{layer}/std" for layer in LAYERS}
+    assert all(len(events) == STEPS for events in data["tag_to_events"].values())  # a line per layer, every step
 
 
 def test_default_flags_keep_only_ten_images_per_tag(tensorboard: TensorBoard) -> None:

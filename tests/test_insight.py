@@ -1,0 +1,214 @@
+"""A fixed probe, Grad-CAM, the first NaN named, the dashboards laid out, update ratios: each checked exactly."""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import NO_HOOKS, hooks_left, small_cnn
+from tensorboard.plugins.custom_scalar import layout_pb2
+from torch import nn
+
+import actviz
+from actviz.rendering import feature_map_grid
+
+
+def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 3, 8, 8, generator=generator) for _ in range(count)]
+
+
+def train(model: nn.Module, data: list[torch.Tensor]) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for batch in data:
+        optimizer.zero_grad()
+        model(batch).square().mean().backward()
+        optimizer.step()
+
+
+# -- the probe ------------------------------------------------------------------------------------
+
+
+def test_the_probe_draws_the_same_input_and_changes_nothing(tmp_path, read_run):
+    model = small_cnn(inplace=False)
+    twin = copy.deepcopy(model)
+    probe = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():  # what the probe forward at step 0 must draw: the eval-mode output of sample 0
+        expected = {name: feature_map_grid(twin.eval().get_submodule(name)(x)[0])
+                    for name, x in (("0", probe), ("2", twin[1](twin[0](probe))))}
+    twin.train()
+    data = batches(4)
+    with actviz.watch(model, tmp_path, every=2, probe=probe) as viz:
+        train(model, data)
+        assert model.training and all(module.training for module in model.modules())
+    train(twin, data)
+    run = read_run(tmp_path)
+    assert run.image_steps("feature_maps/0") == [0, 2]
+    for name, grid in expected.items():
+        assert (run.image(f"feature_maps/{name}", 0) == grid[0].numpy()).all()
+    for (name, buffer), twin_buffer in zip(model.named_buffers(), twin.buffers()):
+        assert torch.equal(buffer, twin_buffer), name  # BatchNorm statistics as without the probe
+    for (name, param), twin_param in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(param, twin_param) and torch.equal(param.grad, twin_param.grad), name
+    # statistics still come from the training batch
+    assert run.histogram("activations/0", 0).num == 4 * 6 * 8 * 8
+    picture = run.image("probe/input", 0)
+    normalised = (probe[0] - probe[0].min()) / (probe[0].max() - probe[0].min())
+    assert picture.shape == (8, 8, 3)
+    assert np.abs(picture.astype(int) - normalised.mul(255).round().permute(1, 2, 0).numpy()).max() <= 1
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_a_probe_of_several_arguments_and_bad_probes(tmp_path):
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, image, scale):
+            return self.conv(image) * scale
+
+    model = TwoInputs()
+    with actviz.watch(model, tmp_path, every=1, probe={"image": torch.randn(1, 3, 6, 6), "scale": torch.tensor(2.0)}):
+        model(torch.randn(2, 3, 6, 6), torch.tensor(1.0)).sum().backward()
+    with pytest.raises(TypeError, match=r"probe= must be a batch the model takes.*got str"):
+        actviz.watch(small_cnn(), tmp_path / "bad", probe="cat.jpg")
+    with pytest.raises(ValueError, match=r"gradcam= draws over the probe input: give probe= too"):
+        actviz.watch(small_cnn(), tmp_path / "bad", gradcam=True)
+    with pytest.raises(ValueError, match=r"unknown layer 'feature.0' in gradcam="):
+        actviz.watch(small_cnn(), tmp_path / "bad", probe=torch.randn(1, 3, 8, 8), gradcam="feature.0")
+    assert not (tmp_path / "bad").exists()
+
+
+# -- Grad-CAM -------------------------------------------------------------------------------------
+
+
+def cam_by_hand(model: nn.Module, layer: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    kept = {}
+    handle = layer.register_forward_hook(lambda module, args, output: kept.update(a=output))
+    model.eval()
+    logits = model(inputs)
+    handle.remove()
+    top = logits.argmax(dim=1)
+    maps = []
+    for index in range(inputs.shape[0]):
+        gradient = torch.autograd.grad(logits[index, top[index]], kept["a"], retain_graph=True)[0][index]
+        weights = gradient.mean(dim=(1, 2))  # alpha_c: the spatial mean of the gradient
+        cam = torch.relu((weights[:, None, None] * kept["a"][index]).sum(dim=0))
+        maps.append(cam / cam.max() if cam.max() > 0 else cam)
+    model.train()
+    return torch.stack(maps).detach()
+
+
+def test_grad_cam_is_the_formula_and_leaves_nothing_behind():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 6, 3), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5))
+    inputs = torch.randn(3, 3, 10, 10)
+    cams = actviz.grad_cam(model, "2", inputs)
+    assert cams.shape == (3, 6, 6)
+    torch.testing.assert_close(cams, cam_by_hand(model, model[2], inputs))
+    assert model.training and hooks_left(model) == NO_HOOKS
+    assert all(param.grad is None for param in model.parameters())
+    chosen = actviz.grad_cam(model, model[2], inputs, target=[0, 1, 2])  # a module and explicit classes
+    assert chosen.shape == (3, 6, 6) and float(chosen.amax(dim=(1, 2)).min()) in (0.0, 1.0)
+    dead = nn.Sequential(nn.Conv2d(3, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 8 * 8, 2))
+    with torch.no_grad():
+        dead[0].weight.zero_()
+        dead[0].bias.fill_(-1.0)  # the ReLU after it never fires: every map is zero
+    assert torch.equal(actviz.grad_cam(dead, "1", inputs), torch.zeros(3, 8, 8))
+
+
+def test_gradcam_during_training_draws_over_the_probe_and_leaves_training_gradients_alone(tmp_path, read_run):
+    model = small_cnn(inplace=False)
+    twin = copy.deepcopy(model)
+    probe = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    data = batches(2)
+    with actviz.watch(model, tmp_path, every=1, probe=probe, gradcam=True):
+        train(model, data)
+    train(twin, data)
+    for param, twin_param in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(param.grad, twin_param.grad) and torch.equal(param, twin_param)
+    run = read_run(tmp_path)
+    assert run.image_steps("gradcam/2") == [0, 1]  # the last Conv2d
+    assert run.image("gradcam/2", 0).shape == (8, 8, 3)
+
+
+# -- the first NaN, named -------------------------------------------------------------------------
+
+
+def test_the_first_nan_is_named_once_with_its_step_and_layer(tmp_path, read_run):
+    model = small_cnn(inplace=False)
+    data = batches(5)
+    data[2][0, 0, 0, 0] = float("nan")  # reaches conv 0 first
+    data[4][1, 1, 1, 1] = float("nan")
+    with pytest.warns(RuntimeWarning, match=r"NaN or Inf first at step 2, in the output of '0'") as caught:
+        with actviz.watch(model, tmp_path, every=1) as viz:
+            for batch in data:
+                model(batch).sum().backward()
+            viz.flush()
+    assert sum("NaN or Inf first" in str(w.message) for w in caught) == 1  # once per run
+    alerts = read_run(tmp_path).events.Tensors("alerts")
+    assert [event.step for event in alerts] == [2]
+    assert "'0'" in alerts[0].tensor_proto.string_val[0].decode()
+
+
+def test_when_only_gradients_go_bad_the_layer_they_first_reach_is_named(tmp_path):
+    model = small_cnn(inplace=False)
+    with pytest.warns(RuntimeWarning, match=r"first at step 0, in the gradient flowing into '6'"):
+        with actviz.watch(model, tmp_path, every=1) as viz:
+            (model(batches(1)[0]).sum() * float("inf")).backward()  # outputs finite, gradients not
+            viz.flush()
+
+
+# -- the dashboards, laid out ---------------------------------------------------------------------
+
+
+def test_the_custom_scalars_layout_covers_the_real_tags(tmp_path, read_run):
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=1, update_ratio=True):
+        train(model, batches(2))
+    run = read_run(tmp_path)
+    layout_events = run.events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(layout_events[0].tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for category in layout.category for chart in category.chart}
+    assert set(charts) == {"gradient norm", "activation std", "zero fraction", "non-finite counts", "update ratio"}
+    for title, patterns in charts.items():
+        assert all(pattern.startswith("^") and pattern.endswith("$") for pattern in patterns)
+        matched = {tag for tag in run.scalar_tags for pattern in patterns if re.match(pattern, tag)}
+        assert matched, title
+    norms = {tag for tag in run.scalar_tags if re.match(charts["gradient norm"][0], tag)}
+    assert norms == {f"gradient_stats/{layer}/norm" for layer in ("0", "2", "3", "6")}
+
+
+# -- update ratios --------------------------------------------------------------------------------
+
+
+def test_the_update_ratio_is_what_plain_sgd_gives_by_hand(tmp_path, read_run):
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    expected = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with actviz.watch(model, tmp_path, every=2, update_ratio=True):
+            for step, batch in enumerate(batches(4)):
+                optimizer.zero_grad()
+                model(batch).square().mean().backward()
+                if step % 2 == 0:
+                    expected[step] = {name: (0.05 * param.grad.norm() / param.detach().norm()).item()
+                                      for name, param in model.named_parameters()}
+                optimizer.step()
+    run = read_run(tmp_path)
+    checked = 0
+    for step, ratios in expected.items():
+        for name, ratio in ratios.items():
+            # float32 resolves w_after - w_before to about 1e-7 of |w|: smaller ratios (the bias of a conv
+            # before a BatchNorm, whose gradient is about 0) are rounding noise, and an all-zero w has none
+            if ratio > 1e-5:
+                assert run.scalar(f"update_ratio/{name}", step) == pytest.approx(ratio, rel=1e-3), (step, name)
+                checked += 1
+    assert checked >= 10
