@@ -42,7 +42,7 @@ def test_the_probe_draws_the_same_input_and_changes_nothing(tmp_path, read_run):
                     for name, x in (("0", probe), ("2", twin[1](twin[0](probe))))}
     twin.train()
     data = batches(4)
-    with actviz.watch(model, tmp_path, every=2, probe=probe) as viz:
+    with actviz.watch(model, tmp_path, every=2, probe=probe):
         train(model, data)
         assert model.training and all(module.training for module in model.modules())
     train(twin, data)
