@@ -42,8 +42,12 @@ CHROMIUM_FLAGS = [
 MAX_BYTES = 300_000
 # (dashboard, tag filter, element that shows the data has loaded, settle time in ms, file)
 SHOTS = [
-    # the conv layers' feature maps at the last logged step
+    # the conv layers' feature maps of the probe image, at the last logged step
     ("images", r"feature_maps/(0|4|8)$", "tf-image-loader:visible img", 1500, "images_dashboard.png"),
+    # the probe image and Grad-CAM of the last conv over it
+    ("images", r"^(probe/input|gradcam/8)$", "tf-image-loader:visible img", 1500, "probe_gradcam.png"),
+    # one chart per statistic, every layer on it
+    ("custom_scalars", None, "tf-custom-scalar-multi-line-chart-card:visible", 3500, "custom_scalars.png"),
     # gradients flowing back into each watched layer, over steps
     ("histograms", r"^gradients/(0|4|8|13)$", "vz-histogram-timeseries:visible", 2500, "histograms_dashboard.png"),
     # per-layer gradient norms, one chart per layer
@@ -53,12 +57,13 @@ TIMEOUT_MS = 60_000
 
 
 def train(log_dir: Path, steps: int) -> None:
-    """Train the demo CNN, logging statistics every 10 steps and feature maps every 50."""
+    """Train the demo CNN, logging statistics every 10 steps and a fixed probe's pictures every 50."""
     torch.manual_seed(0)
     images, labels = make_dataset(2048, 32, seed=0)
+    probe, _ = make_dataset(1, 32, seed=7)  # one drawn shape, the same at every image step
     model = small_cnn()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with actviz.watch(model, log_dir, every=10, image_every=50):
+    with actviz.watch(model, log_dir, every=10, image_every=50, probe=probe, gradcam=True, update_ratio=True):
         for _ in range(steps):
             batch = torch.randint(0, len(images), (64,))
             loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
@@ -136,11 +141,15 @@ def shoot(url: str, out_dir: Path) -> None:
 
             for dashboard, tags, ready, settle_ms, file_name in SHOTS:
                 page.goto(f"{url}/#{dashboard}")
-                filter_tags(page, tags)
+                if tags is not None:
+                    filter_tags(page, tags)
                 page.locator(ready).first.wait_for()
                 page.wait_for_timeout(settle_ms)  # let the charts finish drawing
-                pane = page.locator("tf-category-paginated-view:visible").first
-                save_small(pane.screenshot(), out_dir / file_name)
+                if tags is not None:
+                    png = page.locator("tf-category-paginated-view:visible").first.screenshot()
+                else:  # the whole tab, down to its last chart
+                    png = page.screenshot(clip={"x": 0, "y": 0, "width": 1400, "height": 1080})
+                save_small(png, out_dir / file_name)
         finally:
             context.close()
 
