@@ -9,6 +9,7 @@ Then ``tensorboard --logdir runs`` shows feature-map grids, activation and
 gradient histograms, parameter histograms and per-layer statistics.
 """
 
+from ._version import __version__
 from .api import watch
 from .options import CaptureOptions
 from .rendering import feature_map_grid, heatmap
@@ -18,8 +19,6 @@ from .schedule import Schedule
 from .selection import select_layers
 from .summaries import summarize
 from .watcher import Watcher
-
-__version__ = "0.1.0"
 
 __all__ = [
     "watch",

@@ -203,7 +203,7 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         ...     sorted(p.name for p in write_html(result, folder, 96, 64).parent.rglob("*.png"))[:3]
         ['features.0.png', 'features.10.png', 'features.3.png']
     """
-    from . import __version__
+    from ._version import __version__
 
     root = Path(folder)
     try:
