@@ -17,7 +17,7 @@ from torch import nn
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, select_layers
-from .sinks import TensorBoardSink
+from .sinks import TensorBoardSink, use_fast_crc
 from .watcher import Watcher, open_watchers
 
 __all__ = ["watch"]
@@ -27,6 +27,12 @@ def _is_logging_rank() -> bool:
     """Only rank 0 writes when torch.distributed is initialised."""
     distributed = torch.distributed
     return not (distributed.is_available() and distributed.is_initialized()) or distributed.get_rank() == 0
+
+
+def _is_summary_writer(writer: Any) -> bool:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return isinstance(writer, SummaryWriter)
 
 
 def _prepare_log_dir(log_dir: str | os.PathLike[str]) -> str:
@@ -120,7 +126,7 @@ def watch(
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
     if log_dir is not None and writer is not None:
         raise ValueError("give log_dir or writer, not both: actviz writes to one SummaryWriter")
-    if writer is not None and not callable(getattr(writer, "add_histogram_raw", None)):
+    if writer is not None and not _is_summary_writer(writer):
         raise TypeError(f"writer must be a torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
@@ -134,6 +140,7 @@ def watch(
 
     sink = None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
+        use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from ._internals import queue_end_of_backward, tensor_version
 from .batch_summaries import reduce_tensors
 from .layer_outputs import PER_CHANNEL_AFFINE, batch_dim_of, output_tensors, reduce_output
 from .options import CaptureOptions
@@ -176,7 +177,7 @@ class StepCapture:
         if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
             return False
         drawn = self._drawn.get(id(first))
-        return drawn is not None and drawn[0]() is first and drawn[1] == first._version
+        return drawn is not None and drawn[0]() is first and drawn[1] == tensor_version(first)
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
@@ -194,7 +195,7 @@ class StepCapture:
                     self.expects_backward = True
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
-                self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+                self._drawn[id(tensor)] = (weakref.ref(tensor), tensor_version(tensor))
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         if self.done or "grad:" + tag in self._seen:
@@ -222,7 +223,7 @@ class StepCapture:
             return
         self._backward_callback_queued = True
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self.finish)
+            queue_end_of_backward(self.finish)
         except Exception:  # noqa: BLE001 - without it, the step is handed on at the next step or close()
             logger.debug("could not queue an end-of-backward callback", exc_info=True)
 

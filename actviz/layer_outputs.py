@@ -12,6 +12,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ._internals import batch_and_instance_norm_types
 from .options import CaptureOptions
 from .rendering import picture_source
 from .summaries import Reduction, reduce_tensor
@@ -77,7 +78,7 @@ def reduce_output(
 #: Layers that map each channel of each sample through an affine function (BatchNorm in training
 #: and eval, InstanceNorm, GroupNorm). With every channel normalised on its own, their grid is
 #: their input's grid again, pixel for pixel (inverted where the weight is negative).
-PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm)
+PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (*batch_and_instance_norm_types(), nn.GroupNorm)
 
 
 def batch_dim_of(module: nn.Module) -> int:

@@ -37,15 +37,15 @@ import torch
 import torchvision
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import nn
-from torchvision.transforms._presets import ImageClassification
 from tqdm import tqdm  # not tqdm.auto: it warns on import in Jupyter without ipywidgets
 
+from ._internals import image_classification
 from .layer_outputs import output_tensors
 from .options import DEFAULT_MAX_CHANNELS
 from .rendering import render_output
 from .results import StepResults, Summary
 from .selection import layer_display_name, select_layers
-from .sinks import TensorBoardSink
+from .sinks import TensorBoardSink, use_fast_crc
 from .summaries import summarize
 
 __all__ = [
@@ -282,13 +282,13 @@ class _Model:
     module: nn.Module
     name: str
     weights: str
-    preprocess: ImageClassification
+    preprocess: Any
     categories: list[str] | None
 
 
 def build_model(
     model: str | nn.Module, weights: str | os.PathLike[str] = "none", size: int | None = None
-) -> tuple[nn.Module, ImageClassification, list[str] | None, str]:
+) -> tuple[nn.Module, Any, list[str] | None, str]:
     """Build (or take) a model, load its weights and choose its preprocessing.
 
     Args:
@@ -363,7 +363,7 @@ def _build(model: str | nn.Module, weights: str | os.PathLike[str], size: int | 
     )
 
 
-def make_preprocess(pretrained: Any | None = None, size: int | None = None) -> ImageClassification:
+def make_preprocess(pretrained: Any | None = None, size: int | None = None) -> Any:
     """The transform from a PIL image to the model input.
 
     With known weights it is their own ``transforms()``; a ``size`` that differs from their
@@ -382,11 +382,11 @@ def make_preprocess(pretrained: Any | None = None, size: int | None = None) -> I
         if size is None or [size] == list(preset.crop_size):
             return preset
         resize = round(size * preset.resize_size[0] / preset.crop_size[0])
-        return ImageClassification(
+        return image_classification(
             crop_size=size, resize_size=resize, mean=preset.mean, std=preset.std, interpolation=preset.interpolation
         )
     size = DEFAULT_SIZE if size is None else size
-    return ImageClassification(crop_size=size, resize_size=round(size * 256 / 224), mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    return image_classification(crop_size=size, resize_size=round(size * 256 / 224), mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 # -- images -------------------------------------------------------------------------------------
@@ -441,7 +441,7 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
         raise ImageError(f"cannot read image '{path}': {error}") from None
 
 
-def _display_image(batch: torch.Tensor, preprocess: ImageClassification) -> torch.Tensor:
+def _display_image(batch: torch.Tensor, preprocess: Any) -> torch.Tensor:
     """Undo the normalisation of a ``(1, 3, H, W)`` model input: what the model saw, as ``uint8``."""
     mean = torch.tensor(preprocess.mean, dtype=batch.dtype).view(3, 1, 1)
     std = torch.tensor(preprocess.std, dtype=batch.dtype).view(3, 1, 1)
@@ -733,6 +733,7 @@ def report(
     )
     if logdir is not None:
         result.logdir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
     with _progress_bar(len(paths) * len(selected), progress, f"{built.name} report") as bar:
         for path, run in zip(paths, _run_names(paths)):
             done_before = bar.n

@@ -6,6 +6,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "actviz._internals",
     "actviz.api",
     "actviz.batch_summaries",
     "actviz.capture",
@@ -15,6 +16,7 @@ MODULES = [
     "actviz.rendering",
     "actviz.schedule",
     "actviz.selection",
+    "actviz.sinks",
     "actviz.summaries",
     "actviz.watcher",
 ]
