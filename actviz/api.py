@@ -80,8 +80,9 @@ def watch(
         image_every: When to log feature maps; same forms as ``every``, which it defaults to.
         layers: Which layers to watch. ``None`` means every module that owns parameters
             (Conv, Linear, norms, Embedding, RNNs, attention). Otherwise one or a list of:
-            a module type (``nn.Conv2d``), a name (``"features.0"``), a glob on names
-            (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
+            a module type (``nn.Conv2d``), a keyword (``"conv"``, ``"relu"``, ``"all"``: see
+            :data:`actviz.selection.LAYER_KEYWORDS`), a name (``"features.0"``), a glob on
+            names (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
         max_channels: Most channels drawn per feature-map grid; the strongest are kept.
         bins: Number of histogram buckets.
         histogram_sample_size: Bucket counts come from a strided sample of at most this

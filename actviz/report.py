@@ -44,12 +44,11 @@ from .layer_outputs import output_tensors
 from .options import DEFAULT_MAX_CHANNELS
 from .rendering import render_output
 from .results import StepResults, Summary
-from .selection import layer_display_name, select_layers
+from .selection import LayerSpec, layer_display_name, select_layers
 from .sinks import TensorBoardSink, use_fast_crc
 from .summaries import summarize
 
 __all__ = [
-    "LAYER_KEYWORDS",
     "ReportError",
     "WeightsError",
     "ImageError",
@@ -66,11 +65,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: ``layers=`` keywords and the module types they select. Anything else is a layer name or glob.
-LAYER_KEYWORDS: dict[str, tuple[type[nn.Module], ...]] = {
-    "conv": (nn.Conv2d,),
-    "relu": (nn.ReLU,),
-}
 #: Size of the model input when neither ``size`` nor the weights give one.
 DEFAULT_SIZE = 224
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -451,42 +445,18 @@ def _display_image(batch: torch.Tensor, preprocess: Any) -> torch.Tensor:
 # -- selection ----------------------------------------------------------------------------------
 
 
-def resolve_layers(model: nn.Module, layers: str | Sequence[str] = "conv") -> list[tuple[str, nn.Module]]:
-    """Resolve ``layers=`` to ``(name, module)`` pairs in ``named_modules()`` order.
-
-    Args:
-        model: The model.
-        layers: One or more of ``"conv"`` (every ``Conv2d``), ``"relu"`` (every ``ReLU``),
-            ``"all"`` (every module without children), a qualified name (``"features.3"``)
-            or a glob (``"features.*"``). The union is taken.
-
-    Raises:
-        ReportError: An entry matches nothing; the message names the closest layers.
+def resolve_layers(model: nn.Module, layers: LayerSpec | Sequence[LayerSpec] = "conv") -> list[tuple[str, nn.Module]]:
+    """:func:`actviz.selection.select_layers`, with its errors as :class:`ReportError`.
 
     Example:
         >>> net = torchvision.models.alexnet()
         >>> [name for name, _ in resolve_layers(net, ["conv", "classifier.6"])][:2], len(resolve_layers(net, "all"))
         (['features.0', 'features.3'], 21)
     """
-    specs = [layers] if isinstance(layers, str) else list(layers)
-    if not specs:
-        raise ReportError("layers is empty; pass 'conv', 'relu', 'all' or layer names")
-    wanted: set[str] = set()
-    for spec in specs:
-        if not isinstance(spec, str):
-            raise TypeError(f"each entry of layers must be a string, got {type(spec).__name__}: {spec!r}")
-        try:
-            if spec == "all":
-                wanted.update(name for name, module in model.named_modules() if name and not any(module.children()))
-            elif spec in LAYER_KEYWORDS:
-                wanted.update(name for name, _ in select_layers(model, list(LAYER_KEYWORDS[spec])))
-            else:
-                wanted.update(name for name, _ in select_layers(model, [spec]))
-        except ValueError as error:
-            if spec in LAYER_KEYWORDS:
-                raise ReportError(f"layers={spec!r}: {error}; try 'all' or layer names") from None
-            raise ReportError(f"{error} (or use the keywords conv, relu, all)") from None
-    return [(name, module) for name, module in model.named_modules() if name in wanted]
+    try:
+        return select_layers(model, layers)
+    except (ValueError, TypeError) as error:
+        raise ReportError(str(error)) from None
 
 
 # -- capture ------------------------------------------------------------------------------------
