@@ -1,4 +1,4 @@
-"""HTML sink for :func:`actviz.report`: one ``index.html`` and its PNG files.
+"""The HTML page of :func:`actviz.report`: one ``index.html`` and its PNG files.
 
 The page is static: inline CSS, system fonts, no JavaScript and nothing fetched
 from the network, so it opens offline in any browser, can be zipped and mailed,
@@ -17,12 +17,10 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .png import encode_png
-
-if TYPE_CHECKING:
-    from .report import ImageReport, LayerRecord, ReportResult
+from .._version import __version__
+from ..png import encode_png
+from .results import ImageReport, LayerRecord, ReportResult
 
 __all__ = ["write_html", "format_number"]
 
@@ -203,8 +201,6 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         ...     sorted(p.name for p in write_html(result, folder, 96, 64).parent.rglob("*.png"))[:3]
         ['features.0.png', 'features.10.png', 'features.3.png']
     """
-    from ._version import __version__
-
     root = Path(folder)
     try:
         root.mkdir(parents=True, exist_ok=True)
