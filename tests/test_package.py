@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,54 @@ def test_no_import_cycle_inside_actviz() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+_BLOCK = """
+import sys
+
+
+class Refuse:
+    '''Makes `import torchvision` and `import tqdm` fail, as if they were not installed.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torchvision", "tqdm"):
+            raise ImportError(f"{name} is blocked by the test")
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+"""
+
+_WATCH = """
+import sys
+import torch
+import actviz
+
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
+with actviz.watch(model, sys.argv[1], every=1, image_every=IMAGE_EVERY, strict=True) as viz:
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    viz.flush()
+    print("torchvision" in sys.modules)
+"""
+
+
+def _python(code: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def test_watch_runs_without_torchvision_and_tqdm_when_it_draws_no_picture(tmp_path: Path, read_run) -> None:
+    # torch imports tqdm itself when it is installed (torch.hub), so "not in sys.modules" can't
+    # be tested for tqdm; refusing both imports shows that watch() needs neither.
+    assert _python(_BLOCK + _WATCH.replace("IMAGE_EVERY", "lambda step: False"), str(tmp_path)) == "False"
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0] and run.histogram_steps("weight_grads/3.weight") == [0]
+    assert run.image_tags == set()
+
+
+def test_torchvision_is_imported_when_the_first_picture_is_drawn(tmp_path: Path, read_run) -> None:
+    code = "import sys, actviz; print('torchvision' in sys.modules)\n" + _WATCH.replace("IMAGE_EVERY", "1")
+    assert _python(code, str(tmp_path)).split() == ["False", "True"]  # not by import actviz; by drawing
+    assert read_run(tmp_path).image_steps("feature_maps/0") == [0]
