@@ -31,12 +31,13 @@ examples:
   # weights you downloaded yourself, a few named layers, a smaller input
   actviz report --model vgg16_bn --weights vgg16_bn.pth --layers features.0 'features.1*' --size 160 --image cat.jpg
 
-  tensorboard --logdir runs/report      # then open the IMAGES tab; one run per image
+  tensorboard --logdir runs/report      # then open the IMAGES tab; one run per model and image
 
 output:
-  TensorBoard: one run per image in LOGDIR/<image name>, at step 0, with the tags
-    feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/..., input,
-    image (text) and, with pretrained weights, predictions (top-5 text table).
+  TensorBoard: one run per model and image in LOGDIR/<model>/<image name>, at step 0,
+    with the tags feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/...,
+    input, image (text: file, model, weights) and, with pretrained weights, predictions
+    (top-5 text table).
   HTML: DIR/index.html with the input, top-5, a statistics table and every grid;
     PNGs next to it in DIR/<image name>/. No JavaScript or network needed.
 
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument(
         "--logdir", default="runs/report",
-        help="folder for the TensorBoard runs, one per image",
+        help="folder for the TensorBoard runs, one per model and image: LOGDIR/<model>/<image>",
     )
     report.add_argument(
         "--no-tensorboard", action="store_true", help="do not write TensorBoard runs (use with --html)"
@@ -171,8 +172,9 @@ def _run_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         done = len(result.images)
         print(f"{result.model}: {done} of {done + len(result.failed)} image(s), {len(result.layer_names)} layers")
-        if result.logdir is not None and result.images:
-            print(f"TensorBoard runs: {result.logdir}   (view: tensorboard --logdir {result.logdir})")
+        written = [item.run_dir for item in result.images if item.run_dir is not None]
+        if result.logdir is not None and written:
+            print(f"TensorBoard runs: {written[0].parent}   (view: tensorboard --logdir {result.logdir})")
         if result.html is not None:
             print(f"HTML report:      {result.html}")
     if result.failed:

@@ -56,7 +56,8 @@ def test_good_run_exits_0_and_writes_outputs(tmp_path: Path, capsys: pytest.Capt
     assert "alexnet: 1 of 1 image(s), 2 layers" in out and str(tmp_path / "html" / "index.html") in out
     assert sorted(p.name for p in (tmp_path / "html" / "chelsea").iterdir()) == [
         "features.0.png", "features.3.png", "input.png"]
-    assert (tmp_path / "tb" / "chelsea").is_dir()
+    assert (tmp_path / "tb" / "alexnet" / "chelsea").is_dir()
+    assert f"TensorBoard runs: {tmp_path / 'tb' / 'alexnet'}   (view: tensorboard --logdir {tmp_path / 'tb'})" in out
 
 
 def test_quiet_run_prints_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +74,7 @@ def test_corrupt_image_exits_1_names_it_and_keeps_the_others(tmp_path: Path) -> 
     assert done.returncode == 1
     assert f"cannot read image '{broken}'" in done.stderr and "1 image(s) failed" in done.stderr
     assert "Traceback" not in done.stderr
-    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["chelsea"]
+    assert [p.name for p in (tmp_path / "tb" / "alexnet").iterdir()] == ["chelsea"]
 
 
 @pytest.mark.parametrize(

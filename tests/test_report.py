@@ -247,10 +247,12 @@ def test_report_writes_tensorboard_runs_and_html(
         convs = _conv_names(torchvision.models.get_model(model))
     assert result.ok and result.layer_names == convs
     assert [item.run for item in result.images] == [path.stem for path in images]
-    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == sorted(path.stem for path in images)
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == [model]  # LOGDIR/<model>/<image>
+    assert sorted(p.name for p in (tmp_path / "tb" / model).iterdir()) == sorted(path.stem for path in images)
 
     for item, path in zip(result.images, images):
-        events = _events(tmp_path / "tb" / item.run)
+        assert item.run_dir == tmp_path / "tb" / model / path.stem
+        events = _events(item.run_dir)
         tags = events.Tags()
         assert sorted(tags["images"]) == sorted(["input"] + [f"feature_maps/{name}" for name in convs])
         assert sorted(tags["histograms"]) == sorted(f"activations/{name}" for name in convs)
@@ -275,7 +277,7 @@ def test_report_grid_is_the_watchers_rendering_of_the_conv_output(tmp_path: Path
     with torch.no_grad():
         conv_out = net.features[0](x)
     actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
-    events = _events(tmp_path / "chelsea")
+    events = _events(tmp_path / "alexnet" / "chelsea")
     (image,) = events.Images("feature_maps/features.0")
     assert np.array_equal(_png(image.encoded_image_string), feature_map_grid(conv_out[0])[0].numpy())
     (mean,) = events.Scalars("activation_stats/features.0/mean")
@@ -300,7 +302,7 @@ def test_pretrained_style_state_dict_gets_top5_in_tensorboard_and_html(tmp_path:
     got = result.images[0].predictions
     assert [label for label, _ in got] == [label for label, _ in expected]
     assert [p for _, p in got] == pytest.approx([p for _, p in expected], rel=1e-4)
-    (text,) = _events(tmp_path / "tb" / "chelsea").Tensors("predictions/text_summary")
+    (text,) = _events(tmp_path / "tb" / "squeezenet1_1" / "chelsea").Tensors("predictions/text_summary")
     table = text.tensor_proto.string_val[0].decode()
     assert all(label in table for label, _ in expected) and f"{expected[0][1]:.1%}" in table
     page = _check_html(tmp_path / "html", result)
@@ -330,7 +332,7 @@ def test_bad_image_is_reported_and_the_others_still_run(tmp_path: Path, caplog: 
     assert not result.ok and list(result.failed) == [str(broken)]
     assert str(broken) in caplog.text
     assert [item.run for item in result.images] == ["chelsea"]
-    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["chelsea"]
+    assert [p.name for p in (tmp_path / "tb" / "alexnet").iterdir()] == ["chelsea"]
     page = _check_html(tmp_path / "html", result)
     assert "could not be processed" in page and "broken.png" in page
 
@@ -368,3 +370,28 @@ def test_every_guaranteed_vgg_variant_reports_each_conv(name: str) -> None:
     (item,) = result.images
     assert [record.name for record in item.layers] == convs
     assert all(record.grid is not None and record.shape[0] == 1 for record in item.layers)
+
+
+def _text(run_dir: Path, tag: str) -> str:
+    (event,) = _events(run_dir).Tensors(f"{tag}/text_summary")
+    return event.tensor_proto.string_val[0].decode()
+
+
+def test_two_models_get_their_own_runs_and_say_which_they_are(tmp_path: Path) -> None:
+    # The same image and the default logdir layout: before, both models wrote into LOGDIR/chelsea.
+    for model in ("alexnet", "vgg11"):
+        actviz.report(model, [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*")) == ["alexnet/chelsea", "vgg11/chelsea"]
+    for model in ("alexnet", "vgg11"):
+        events = _events(tmp_path / model / "chelsea")
+        assert events.Tags()["images"] == ["feature_maps/features.0", "input"]  # one model's tags, not two
+        assert _text(tmp_path / model / "chelsea", "image").startswith(
+            f"`{CAT}` (451×300), model `{model}`, weights none")
+
+
+def test_a_run_folder_that_already_holds_events_gets_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
+    assert "already holds the events" not in caplog.text
+    actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
+    (warning,) = [r for r in caplog.records if "already holds the events" in r.getMessage()]
+    assert warning.levelname == "WARNING" and str(tmp_path / "alexnet" / "chelsea") in warning.getMessage()

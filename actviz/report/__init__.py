@@ -32,7 +32,7 @@ from ..selection import LayerSpec, layer_display_name, select_layers
 from ..sinks import TensorBoardSink, use_fast_crc
 from .capture import capture_layers
 from .errors import ImageError, ReportError, WeightsError
-from .images import display_image, load_image, run_names
+from .images import display_image, folder_name, load_image, run_names
 from .models import BuiltModel, build_model, make_preprocess
 from .results import ImageReport, LayerRecord, ReportResult
 
@@ -74,11 +74,12 @@ def report(
     Each image goes through the model once. Forward hooks on the selected layers draw
     each output's feature-map grid exactly as :func:`actviz.watch` does and summarise it.
 
-    TensorBoard layout: one run per image, ``{logdir}/{image stem}``, all at step 0, with
-    ``feature_maps/{layer}`` (grid), ``activations/{layer}`` (histogram),
-    ``activation_stats/{layer}/{mean,std,zero_fraction,nonfinite}``, ``input`` (the
-    image as the model saw it), ``image`` (text: the file) and, when class names are
-    known, ``predictions`` (text: top-5 table).
+    TensorBoard layout: one run per model and image, ``{logdir}/{model}/{image stem}``, all
+    at step 0, with ``feature_maps/{layer}`` (grid), ``activations/{layer}`` (histogram),
+    ``activation_stats/{layer}/{mean,std,zero_fraction,nonfinite}``, ``input`` (the image
+    as the model saw it), ``image`` (text: the file, the model and its weights) and, when
+    class names are known, ``predictions`` (text: top-5 table). A run folder that already
+    holds events (the same model and image reported before) gets a warning.
 
     Args:
         model: A torchvision classification model name (``"alexnet"``, ``"vgg16_bn"``,
@@ -131,6 +132,7 @@ def report(
     if result.logdir is not None:
         result.logdir.mkdir(parents=True, exist_ok=True)
         use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
+    model_dir = None if result.logdir is None else result.logdir / folder_name(built.name, "model")
     with _progress_bar(len(paths) * len(selected), progress, f"{built.name} report") as bar:
         for path, run in zip(paths, run_names(paths)):
             done_before = bar.n
@@ -145,8 +147,8 @@ def report(
                 logger.error("%s", message)
             else:
                 result.images.append(item)
-                if result.logdir is not None:
-                    _write_tensorboard(result.logdir, item)
+                if model_dir is not None:
+                    _write_tensorboard(model_dir / run, item, built)
             bar.update(done_before + len(selected) - bar.n)  # layers not reached, or an image that failed
     if html is not None:
         from .html import write_html
@@ -191,10 +193,22 @@ def _predictions_markdown(predictions: list[tuple[str, float]]) -> str:
     return "| rank | class | probability |\n|---:|---|---:|\n" + rows
 
 
-def _write_tensorboard(logdir: Path, item: ImageReport) -> None:
+def _image_text(item: ImageReport, built: BuiltModel) -> str:
+    """The ``image`` text of a run: which file, and which model and weights saw it."""
+    width, height = item.source_size
+    return f"`{item.path}` ({width}×{height}), model `{built.name}`, weights {built.weights}"
+
+
+def _write_tensorboard(run_dir: Path, item: ImageReport, built: BuiltModel) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=str(logdir / item.run))
+    if any(run_dir.glob("events.out.tfevents.*")):
+        logger.warning(
+            "%s already holds the events of an earlier report; TensorBoard shows both at step 0. "
+            "Delete the folder, or pass another --logdir (logdir=) to keep the reports apart", run_dir,
+        )
+    item.run_dir = run_dir
+    writer = SummaryWriter(log_dir=str(run_dir))
     sink = TensorBoardSink(writer, owns_writer=True)
     try:
         results = StepResults(step=0)
@@ -204,7 +218,7 @@ def _write_tensorboard(logdir: Path, item: ImageReport) -> None:
                 results.images[record.name] = record.grid
         sink.write(results)
         sink.write_image("input", item.input_image, 0)  # the same fast PNG path as the feature maps
-        writer.add_text("image", f"`{item.path}` ({item.source_size[0]}×{item.source_size[1]})", 0)
+        writer.add_text("image", _image_text(item, built), 0)
         if item.predictions:
             writer.add_text("predictions", _predictions_markdown(item.predictions), 0)
     finally:

@@ -57,6 +57,7 @@ class ImageReport:
         layers: One record per selected layer, in ``named_modules()`` order.
         predictions: ``(class name, probability)`` of the top 5 classes; empty when the
             class names are unknown (random weights or your own model).
+        run_dir: Its TensorBoard run, ``{logdir}/{model}/{run}``, or ``None`` when none was written.
     """
 
     path: Path
@@ -65,6 +66,7 @@ class ImageReport:
     input_image: torch.Tensor
     layers: list[LayerRecord] = field(default_factory=list)
     predictions: list[tuple[str, float]] = field(default_factory=list)
+    run_dir: Path | None = None
 
 
 @dataclass
@@ -77,7 +79,7 @@ class ReportResult:
         layer_names: The selected layers.
         images: Results of the images that worked, in the order given.
         failed: Path of each image that failed, mapped to the reason.
-        logdir: Folder holding one TensorBoard run per image, or ``None``.
+        logdir: The folder given for TensorBoard (it holds ``{model}/{image}`` runs), or ``None``.
         html: Path of ``index.html``, or ``None``.
 
     Example:
