@@ -149,6 +149,7 @@ def _messages_on_stderr(quiet: bool) -> Iterator[None]:
 
 def _run_report(args: argparse.Namespace) -> int:
     from .report import ReportError, report
+    from .report.models import RANDOM_WEIGHTS_NOTE
 
     try:
         result = report(
@@ -172,6 +173,8 @@ def _run_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         done = len(result.images)
         print(f"{result.model}: {done} of {done + len(result.failed)} image(s), {len(result.layer_names)} layers")
+        if result.random_weights:
+            print(f"{result.model}: {RANDOM_WEIGHTS_NOTE}")
         written = [item.run_dir for item in result.images if item.run_dir is not None]
         if result.logdir is not None and written:
             print(f"TensorBoard runs: {written[0].parent}   (view: tensorboard --logdir {result.logdir})")

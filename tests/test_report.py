@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import html
 import io
 import pickle
 import re
@@ -395,3 +396,34 @@ def test_a_run_folder_that_already_holds_events_gets_a_warning(tmp_path: Path, c
     actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
     (warning,) = [r for r in caplog.records if "already holds the events" in r.getMessage()]
     assert warning.levelname == "WARNING" and str(tmp_path / "alexnet" / "chelsea") in warning.getMessage()
+
+
+def test_random_weights_are_unmissable_on_the_page_in_tensorboard_and_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from actviz.cli import main
+    from actviz.report.models import RANDOM_WEIGHTS_NOTE
+
+    assert "not trained" in RANDOM_WEIGHTS_NOTE and "edges and colours, not learned features" in RANDOM_WEIGHTS_NOTE
+    args = ["--image", str(CAT), "--size", str(SIZE), "--layers", "features.0", "--logdir", str(tmp_path / "tb")]
+    assert main(["report", "--model", "alexnet", "--weights", "none", *args, "--html", str(tmp_path / "random")]) == 0
+    assert f"alexnet: {RANDOM_WEIGHTS_NOTE}" in capsys.readouterr().out.splitlines()
+    page = (tmp_path / "random" / "index.html").read_text(encoding="utf-8")
+    assert "<title>What alexnet sees (random weights, untrained)</title>" in page
+    banner = re.search(r'<p class="banner" role="note">(.*?)</p>', page)
+    assert banner is not None and html.unescape(banner.group(1)) == RANDOM_WEIGHTS_NOTE
+    assert page.index('class="banner"') < page.index("<section")  # above the first image
+    assert _text(tmp_path / "tb" / "alexnet" / "chelsea", "image").endswith(f"**{RANDOM_WEIGHTS_NOTE}**")
+
+    # A trained network (here: a state_dict file) and your own module get none of it.
+    torch.save(torchvision.models.alexnet().state_dict(), tmp_path / "trained.pth")
+    args[-1] = str(tmp_path / "tb-trained")
+    assert main(["report", "--model", "alexnet", "--weights", str(tmp_path / "trained.pth"), *args,
+                 "--html", str(tmp_path / "trained")]) == 0
+    assert "Random weights" not in capsys.readouterr().out
+    page = (tmp_path / "trained" / "index.html").read_text(encoding="utf-8")
+    assert 'class="banner"' not in page and "random initialisation" not in page and "(random weights" not in page
+    text = _text(tmp_path / "tb-trained" / "alexnet" / "chelsea", "image")
+    assert "Random" not in text and text.endswith(f"weights state_dict {tmp_path / 'trained.pth'} (ImageNet class names)")
+    own = actviz.report(_tiny_net(), [CAT], logdir=None, size=SIZE, progress=False)
+    assert not own.random_weights and own.weights == "its own"

@@ -33,7 +33,7 @@ from ..sinks import TensorBoardSink, use_fast_crc
 from .capture import capture_layers
 from .errors import ImageError, ReportError, WeightsError
 from .images import display_image, folder_name, load_image, run_names
-from .models import BuiltModel, build_model, make_preprocess
+from .models import RANDOM_WEIGHTS_NOTE, BuiltModel, build_model, make_preprocess
 from .results import ImageReport, LayerRecord, ReportResult
 
 __all__ = [
@@ -128,6 +128,7 @@ def report(
         weights=built.weights,
         layer_names=[layer_display_name(name) for name, _ in selected],
         logdir=None if logdir is None else Path(logdir),
+        random_weights=built.random_weights,
     )
     if result.logdir is not None:
         result.logdir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +197,8 @@ def _predictions_markdown(predictions: list[tuple[str, float]]) -> str:
 def _image_text(item: ImageReport, built: BuiltModel) -> str:
     """The ``image`` text of a run: which file, and which model and weights saw it."""
     width, height = item.source_size
-    return f"`{item.path}` ({width}×{height}), model `{built.name}`, weights {built.weights}"
+    text = f"`{item.path}` ({width}×{height}), model `{built.name}`, weights {built.weights}"
+    return text + (f"\n\n**{RANDOM_WEIGHTS_NOTE}**" if built.random_weights else "")
 
 
 def _write_tensorboard(run_dir: Path, item: ImageReport, built: BuiltModel) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .._version import __version__
 from ..png import encode_png
+from .models import RANDOM_WEIGHTS_NOTE, SEED
 from .results import ImageReport, LayerRecord, ReportResult
 
 __all__ = ["write_html", "format_number"]
@@ -42,6 +43,8 @@ nav { margin: 14px 0; padding: 10px 14px; background: var(--soft); border: 1px s
 nav a { margin-right: 14px; }
 a { color: var(--accent); text-decoration: none; }
 a:hover { text-decoration: underline; }
+.banner { margin: 16px 0; padding: 12px 16px; border: 2px solid #bf8700; border-radius: 6px; background: #fff8c5;
+          font-weight: 600; }
 .failed { border: 1px solid #ff8182; background: #ffebe9; border-radius: 6px; padding: 10px 14px; margin: 14px 0; }
 .failed ul { margin: 4px 0 0; padding-left: 20px; }
 .intro { display: flex; flex-wrap: wrap; gap: 28px; align-items: flex-start; }
@@ -206,7 +209,7 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OSError(f"cannot create html folder '{root}': {error.strerror or error}") from error
-    title = f"What {result.model} sees"
+    title = f"What {result.model} sees" + (" (random weights, untrained)" if result.random_weights else "")
     nav = ""
     if len(result.images) > 1:
         nav = "<nav>Images: " + "".join(
@@ -216,7 +219,8 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
     if result.failed:
         items = "".join(f"<li>{html.escape(reason)}</li>" for reason in result.failed.values())
         failed = f'<div class="failed"><b>{len(result.failed)} image(s) could not be processed:</b><ul>{items}</ul></div>'
-    weights = result.weights + (" (random initialisation, seed 0)" if result.weights == "none" else "")
+    weights = result.weights + (f" (random initialisation, seed {SEED})" if result.random_weights else "")
+    banner = f'<p class="banner" role="note">{html.escape(RANDOM_WEIGHTS_NOTE)}</p>' if result.random_weights else ""
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     header = (
         f"<header><h1>{html.escape(title)}</h1><div class=\"meta\">"
@@ -238,7 +242,7 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
-        f"<body><main>{header}{nav}{failed}{body}{footer}</main></body></html>\n"
+        f"<body><main>{header}{banner}{nav}{failed}{body}{footer}</main></body></html>\n"
     )
     index = root / "index.html"
     index.write_text(page, encoding="utf-8")

@@ -29,8 +29,8 @@ from .errors import ReportError, WeightsError
 if TYPE_CHECKING:
     from PIL import Image
 
-__all__ = ["BuiltModel", "DEFAULT_SIZE", "IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "SEED", "build_model",
-           "make_preprocess"]
+__all__ = ["BuiltModel", "DEFAULT_SIZE", "IMAGENET_MEAN", "IMAGENET_STD", "Preprocess", "RANDOM_WEIGHTS_NOTE", "SEED",
+           "build_model", "make_preprocess"]
 
 #: Size of the model input when neither ``size`` nor the weights give one.
 DEFAULT_SIZE = 224
@@ -38,6 +38,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 #: Seed of the random initialisation for ``weights="none"``.
 SEED = 0
+#: What the page, the command and TensorBoard say when the weights are random.
+RANDOM_WEIGHTS_NOTE = (
+    f"Random weights (seed {SEED}): this network was not trained. An untrained network shows edges "
+    "and colours, not learned features. Pass --weights DEFAULT (weights='DEFAULT' in Python) to see "
+    "what a trained one sees."
+)
 
 
 class Preprocess(Protocol):
@@ -58,7 +64,8 @@ class BuiltModel:
     Attributes:
         module: The model, in eval mode.
         name: The torchvision name (``"alexnet"``), or the class name of your module.
-        weights: What its weights are, in words (``"DEFAULT (AlexNet_Weights.IMAGENET1K_V1)"``, ``"none"``, a path).
+        weights: What its weights are, in words: ``"DEFAULT (AlexNet_Weights.IMAGENET1K_V1)"``,
+            ``"none"`` (random), ``"its own"`` (a module passed in), a path.
         preprocess: From a PIL image to the model input.
         categories: Class names of the outputs, or ``None`` when unknown.
         random_weights: True for a torchvision model built with ``weights="none"``: a random
@@ -114,8 +121,9 @@ def build_model(
                 f"weights={weights_text!r} needs a torchvision model name; for your own "
                 f"{type(model).__name__} pass weights='none' (keep its weights) or a state_dict path"
             )
-        if weights_text != "none":
-            _load_state_dict(model, type(model).__name__, Path(weights_text))
+        if weights_text == "none":
+            return BuiltModel(model.eval(), type(model).__name__, "its own", make_preprocess(None, size), None)
+        _load_state_dict(model, type(model).__name__, Path(weights_text))
         return BuiltModel(model.eval(), type(model).__name__, weights_text, make_preprocess(None, size), None)
     if not isinstance(model, str):
         raise TypeError(f"model must be a torchvision model name or an nn.Module, got {type(model).__name__}")

@@ -81,6 +81,8 @@ class ReportResult:
         failed: Path of each image that failed, mapped to the reason.
         logdir: The folder given for TensorBoard (it holds ``{model}/{image}`` runs), or ``None``.
         html: Path of ``index.html``, or ``None``.
+        random_weights: True when the model's weights are a random initialisation
+            (``weights="none"`` with a model name): not a trained network.
 
     Example:
         >>> ReportResult("alexnet", "none", ["features.0"], failed={"a.jpg": "not an image"}).ok
@@ -94,6 +96,7 @@ class ReportResult:
     failed: dict[str, str] = field(default_factory=dict)
     logdir: Path | None = None
     html: Path | None = None
+    random_weights: bool = False
 
     @property
     def ok(self) -> bool:
