@@ -225,6 +225,9 @@ def _check_html(folder: Path, result: actviz.ReportResult) -> str:
     for source in sources:
         width, height = Image.open(folder / source).size
         assert re.search(rf'src="{re.escape(source)}"[^>]*width="{width}" height="{height}"', page)
+        # Each picture is a link to its own PNG, which the browser opens at full size.
+        assert re.search(rf'<a href="{re.escape(source)}"[^>]*><img src="{re.escape(source)}"', page)
+    assert page.count("<a href=") == len(sources) + page.count('<a href="#')
     assert "<script" not in page.lower() and "http://" not in page and "https://" not in page
     return page
 
@@ -269,7 +272,8 @@ def test_report_writes_tensorboard_runs_and_html(
 
     page = _check_html(tmp_path / "html", result)
     assert page.count('<tr><td class="mono">') == len(convs) * len(images)  # one stats row per layer and image
-    assert "Conv2d" in page and "dead channels" in page and "Top-5" in page
+    assert "Conv2d" in page and "dead channels" in page
+    assert "Top-5" not in page and 'class="preds"' not in page  # random weights: no class names, no empty box
 
 
 def test_report_grid_is_the_watchers_rendering_of_the_conv_output(tmp_path: Path) -> None:
@@ -427,3 +431,30 @@ def test_random_weights_are_unmissable_on_the_page_in_tensorboard_and_the_comman
     assert "Random" not in text and text.endswith(f"weights state_dict {tmp_path / 'trained.pth'} (ImageNet class names)")
     own = actviz.report(_tiny_net(), [CAT], logdir=None, size=SIZE, progress=False)
     assert not own.random_weights and own.weights == "its own"
+
+
+def test_html_numbers_are_formatted_one_way(tmp_path: Path) -> None:
+    from actviz.report.html import format_number, format_percent
+
+    result = actviz.report("alexnet", [CAT], logdir=None, html=tmp_path, size=SIZE, layers="all", progress=False)
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    rows = re.findall(r'<tr><td class="mono">.*?</tr>', page)
+    assert len(rows) == len(result.images[0].layers) == 21
+    for row, record in zip(rows, result.images[0].layers):
+        cells = re.findall(r'<td class="num(?: warn)?">(.*?)</td>', row)
+        summary = record.summary
+        assert cells[:4] == [format_number(v) for v in (summary.mean, summary.std, summary.min, summary.max)]
+        assert cells[4] == format_percent(summary.zero_fraction)
+        assert all(re.fullmatch(r"-?\d+(\.\d+)?(e-?\d+)?|–", cell) for cell in cells[:4]), cells
+        assert re.fullmatch(r"\d+\.\d%", cells[4]), cells
+    built = build_model("alexnet", "none", size=SIZE)  # the first conv and ReLU, by hand
+    with torch.no_grad():
+        conv = built.module.features[0](built.preprocess(load_image(CAT)).unsqueeze(0))
+    conv_cells = re.findall(r'<td class="num(?: warn)?">(.*?)</td>', rows[0])
+    relu_cells = re.findall(r'<td class="num(?: warn)?">(.*?)</td>', rows[1])
+    assert float(conv_cells[0]) == pytest.approx(conv.mean().item(), rel=1e-3)
+    assert float(conv_cells[3]) == pytest.approx(conv.max().item(), rel=1e-3)
+    assert relu_cells[4] == f"{(conv <= 0).float().mean().item():.1%}"
+    captions = re.findall(r"<figcaption>(.*?)</figcaption>", page)[1:]  # after the input's
+    assert captions and all(re.fullmatch(r"\d+ of \d+ channels · mean \S+ · zero \d+\.\d% · dead \d+", c)
+                            for c in captions), captions

@@ -129,6 +129,8 @@ def report(
         layer_names=[layer_display_name(name) for name, _ in selected],
         logdir=None if logdir is None else Path(logdir),
         random_weights=built.random_weights,
+        input_size=built.input_size,
+        max_channels=options.max_channels,
     )
     if result.logdir is not None:
         result.logdir.mkdir(parents=True, exist_ok=True)
@@ -154,7 +156,7 @@ def report(
     if html is not None:
         from .html import write_html
 
-        result.html = write_html(result, html, size=built.input_size, max_channels=options.max_channels)
+        result.html = write_html(result, html)
     return result
 
 

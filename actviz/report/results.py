@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..options import DEFAULT_MAX_CHANNELS
 from ..results import Summary
 
 __all__ = ["ImageReport", "LayerRecord", "ReportResult"]
@@ -83,6 +84,8 @@ class ReportResult:
         html: Path of ``index.html``, or ``None``.
         random_weights: True when the model's weights are a random initialisation
             (``weights="none"`` with a model name): not a trained network.
+        input_size: Side of the square model input, in pixels.
+        max_channels: Most channels drawn per grid.
 
     Example:
         >>> ReportResult("alexnet", "none", ["features.0"], failed={"a.jpg": "not an image"}).ok
@@ -97,6 +100,8 @@ class ReportResult:
     logdir: Path | None = None
     html: Path | None = None
     random_weights: bool = False
+    input_size: int = 224
+    max_channels: int = DEFAULT_MAX_CHANNELS
 
     @property
     def ok(self) -> bool:
