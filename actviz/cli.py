@@ -20,6 +20,21 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_IMAGE_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+#: The first thing ``actviz report --help`` shows: a whole command that runs offline.
+OFFLINE_EXAMPLE = "actviz report --model alexnet --weights none --image cat.jpg --html report_html"
+
+_REPORT_DESCRIPTION = f"""\
+try it (offline: random weights, nothing is downloaded; any photo works as cat.jpg):
+  {OFFLINE_EXAMPLE}
+  # then open report_html/index.html, or run: tensorboard --logdir runs/report
+
+Run each image once through a torchvision classification model and write, for every
+selected layer, the feature-map grid (drawn exactly as actviz.watch draws it) and its
+statistics to TensorBoard and, with --html, to a self-contained web page. Random
+weights show edges and colours, not learned features: --weights DEFAULT downloads
+torchvision's pretrained weights once.
+"""
+
 _REPORT_EPILOG = """\
 examples:
   # every conv layer of pretrained AlexNet on one image (weights downloaded once)
@@ -71,11 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="feature-map report of a torchvision model on images (TensorBoard and HTML)",
-        description=(
-            "Run each image once through a torchvision classification model and write, for every "
-            "selected layer, the feature-map grid (drawn exactly as actviz.watch draws it) and its "
-            "statistics to TensorBoard and, with --html, to a self-contained web page."
-        ),
+        description=_REPORT_DESCRIPTION,
         epilog=_REPORT_EPILOG,
         formatter_class=_Formatter,
     )

@@ -137,3 +137,26 @@ def test_main_leaves_the_callers_logging_as_it_was() -> None:
     before = package_logger.handlers[:], package_logger.level, package_logger.propagate
     assert main(["report", "--model", "alexnet", *SMALL, "--image", str(CAT), "--no-tensorboard", "--quiet"]) == 0
     assert (package_logger.handlers[:], package_logger.level, package_logger.propagate) == before
+
+
+def test_help_starts_with_a_complete_offline_example_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = capsys.readouterr().out
+    first = next(line.strip() for line in text.split("\n\n", 1)[1].splitlines() if line.startswith("  actviz "))
+    assert text.index(first) < text.index("options:") < text.index("examples:")  # before anything else
+    assert "--weights none" in first and "--image" in first and "--model" in first
+    # Run it as printed, with our cat as cat.jpg and no network at all: it needs nothing else.
+    (tmp_path / "cat.jpg").write_bytes(CAT.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # an empty cache: a download would fail
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    argv = shlex.split(first)
+    assert argv[0] == "actviz" and main(argv[1:]) == 0
+    assert (tmp_path / "report_html" / "index.html").is_file()
+    assert list((tmp_path / "runs" / "report" / "alexnet" / "cat").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "torch_home").exists()
