@@ -79,19 +79,20 @@ footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px
 
 
 def format_number(value: float) -> str:
-    """Every statistic on the page: four significant digits, an exponent only outside [1e-4, 1e4).
+    """Every statistic on the page: four significant digits, trailing zeros kept, an exponent only outside [1e-4, 1e4).
 
-    NaN and ±Inf (no finite value to show) are an en dash.
+    Zero is ``0``; NaN and ±Inf (no finite value to show) are an en dash.
 
     Example:
-        >>> [format_number(v) for v in (0.000123456, 1234.5678, 123456.0, -2.5e-7, -0.0, float("nan"))]
-        ['0.0001235', '1235', '1.235e5', '-2.5e-7', '0', '–']
+        >>> [format_number(v) for v in (0.000123456, -1.06, 1234.5678, 123456.0, -2.5e-7, -0.0, float("nan"))]
+        ['0.0001235', '-1.060', '1235', '1.235e5', '-2.500e-7', '0', '–']
     """
     if not math.isfinite(value):
         return "–"
     if value == 0:
-        return "0"  # not "-0"
-    mantissa, _, exponent = f"{value:.4g}".partition("e")
+        return "0"  # not "-0" or "0.000"
+    mantissa, _, exponent = f"{value:#.4g}".partition("e")
+    mantissa = mantissa.rstrip(".")  # "1235." -> "1235"
     return f"{mantissa}e{int(exponent)}" if exponent else mantissa
 
 
