@@ -19,6 +19,7 @@ MODULES = [
     "actviz.png",
     "actviz.report",
     "actviz.report.capture",
+    "actviz.report.errors",
     "actviz.report.html",
     "actviz.report.images",
     "actviz.report.models",

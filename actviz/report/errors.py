@@ -1,4 +1,13 @@
-"""The report's errors. The ``actviz`` command turns :class:`ReportError` into exit code 2."""
+"""The report's errors. The ``actviz`` command turns :class:`ReportError` into exit code 2.
+
+Example:
+    >>> import actviz
+    >>> try:
+    ...     actviz.report("vgg61", ["cat.jpg"], logdir=None, progress=False)
+    ... except ReportError as error:
+    ...     print(str(error).split(";")[0])
+    unknown model 'vgg61'
+"""
 
 from __future__ import annotations
 
