@@ -9,6 +9,7 @@ Then ``tensorboard --logdir runs`` shows feature-map grids, activation and
 gradient histograms, parameter histograms and per-layer statistics.
 """
 
+from ._version import __version__
 from .api import watch
 from .gradcam import grad_cam
 from .options import CaptureOptions
@@ -19,8 +20,6 @@ from .schedule import Schedule
 from .selection import select_layers
 from .summaries import summarize
 from .watcher import Watcher
-
-__version__ = "0.1.0"
 
 __all__ = [
     "watch",

@@ -3,7 +3,7 @@
 During ``scaler.scale(loss).backward()`` every gradient is the true one times the loss
 scale. actviz copies the scale tensor on the device when a logging step's backward pass
 starts and divides the logged gradients by it on the host. GradScaler keeps its scale and
-its per-optimizer stage in private attributes; they are read here and nowhere else.
+its per-optimizer stage in private attributes, read through :mod:`actviz._internals`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from ._internals import grad_scaler_scale, grad_scaler_unscaled
 
 __all__ = ["check_grad_scaler", "loss_scale_of", "unscaled_by"]
 
@@ -28,7 +30,7 @@ def loss_scale_of(grad_scaler: Any) -> torch.Tensor | None:
     """The scaler's scale as a device tensor, or ``None`` when it scales nothing (disabled or not yet used)."""
     if grad_scaler is None or not grad_scaler.is_enabled():
         return None
-    return getattr(grad_scaler, "_scale", None)  # private: get_scale() would read it on the host (a sync)
+    return grad_scaler_scale(grad_scaler)  # get_scale() would read it on the host: a sync
 
 
 def unscaled_by(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
@@ -37,8 +39,4 @@ def unscaled_by(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
     ``scaler.step(optimizer)`` unscales before it calls ``optimizer.step()``, so this is True
     in the optimizer's step pre-hook of an AMP loop that uses the scaler as documented.
     """
-    if grad_scaler is None:
-        return False
-    states = getattr(grad_scaler, "_per_optimizer_states", {})  # private, as GradScaler keeps it
-    stage = states.get(id(optimizer), {}).get("stage") if hasattr(states, "get") else None
-    return getattr(stage, "name", None) == "UNSCALED"
+    return grad_scaler is not None and grad_scaler_unscaled(grad_scaler, optimizer)

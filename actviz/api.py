@@ -6,6 +6,7 @@ leaves no hook and no run folder behind.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,8 +22,9 @@ from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, Ca
 from .results import StepResults
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
-from .sinks import TensorBoardSink
-from .watcher import Watcher, open_watchers
+from .sinks import TensorBoardSink, use_fast_crc
+from .open_watchers import watching
+from .watcher import Watcher
 
 __all__ = ["watch"]
 
@@ -36,6 +38,12 @@ def _is_logging_rank() -> bool:
 def _world_size() -> int:
     distributed = torch.distributed
     return distributed.get_world_size() if distributed.is_available() and distributed.is_initialized() else 1
+
+
+def _is_summary_writer(writer: Any) -> bool:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return isinstance(writer, SummaryWriter)
 
 
 def _prepare_log_dir(log_dir: str | os.PathLike[str]) -> str:
@@ -90,8 +98,9 @@ def watch(
             ``image_every=False`` turns pictures off.
         layers: Which layers to watch. ``None`` means every module that owns parameters
             (Conv, Linear, norms, Embedding, RNNs, attention). Otherwise one or a list of:
-            a module type (``nn.Conv2d``), a name (``"features.0"``), a glob on names
-            (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
+            a module type (``nn.Conv2d``), a keyword (``"conv"``, ``"relu"``, ``"all"``: see
+            :data:`actviz.selection.LAYER_KEYWORDS`), a name (``"features.0"``), a glob on
+            names (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
         max_channels: Most channels drawn per feature-map grid; the strongest are kept.
         bins: Number of histogram buckets.
         histogram_sample_size: Bucket counts come from a strided sample of at most this
@@ -151,10 +160,12 @@ def watch(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     options = CaptureOptions(
-        bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs
+        bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
+        update_ratio=update_ratio, merge_ranks=merge_ranks,
     )
-    flags = (("auto_step", auto_step), ("strict", strict), ("merge_ranks", merge_ranks), ("update_ratio", update_ratio))
-    for flag_name, flag in flags:
+    if merge_ranks and _world_size() == 1:
+        options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge
+    for flag_name, flag in (("auto_step", auto_step), ("strict", strict)):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
     check_grad_scaler(grad_scaler)
@@ -169,15 +180,14 @@ def watch(
         raise TypeError(f"on_step must be a function results -> None, got {type(on_step).__name__}: {on_step!r}")
     if log_dir is not None and writer is not None:
         raise ValueError("give log_dir or writer, not both: actviz writes to one SummaryWriter")
-    if writer is not None and not callable(getattr(writer, "add_histogram_raw", None)):
+    if writer is not None and not _is_summary_writer(writer):
         raise TypeError(f"writer must be a torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
     chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)
     check_probe(probe, model)
     cam_layers = gradcam_layers(unwrap_compiled(model), gradcam, probe)
-    existing = open_watchers.get(model)
-    if existing is not None and existing() is not None and not existing().closed:
+    if watching(model) is not None:
         raise ValueError(
             f"this {type(model).__name__} is already watched; close the first watcher "
             "(viz.close()) before watching it again"
@@ -185,19 +195,18 @@ def watch(
 
     sink = None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
+        use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
             owned = SummaryWriter(_prepare_log_dir(log_dir) if log_dir is not None else None)
-            sink = TensorBoardSink(owned, owns_writer=True)
+            sink = TensorBoardSink(owned, owns_writer=True, layout=True)
         else:
-            sink = TensorBoardSink(writer, owns_writer=False)
-        sink.write_layout()
+            sink = TensorBoardSink(writer, owns_writer=False, layout=True)
     return Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
-        grad_scaler=grad_scaler, merge_ranks=merge_ranks and _world_size() > 1, on_step=on_step,
+        grad_scaler=grad_scaler, on_step=on_step,
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),
-        update_ratio=update_ratio,
     )

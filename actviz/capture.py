@@ -1,9 +1,9 @@
 """The hooks of one logging step, and the small results they leave.
 
-A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers
-and their parameters, reduces every tensor inside its hook, on the tensor's device,
-decides itself when the step is over, and then hands the step on with one call of
-``deliver``. The path of one activation, from hook to event file:
+A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers and
+their parameters, reduces every tensor inside its hook, on the tensor's device, decides
+itself when the step is over, and hands it on with one call of ``deliver``. The path of
+one activation, from hook to event file:
 
 1. :meth:`StepCapture._on_layer_output` (a forward hook) calls
    :func:`~actviz.layer_outputs.reduce_output`; the small tensors it returns stay on
@@ -22,11 +22,9 @@ parameters without reaching its outputs, none is coming: it ends without gradien
 says so once. A step with nothing to wait for ends with its forward.
 
 No hook holds a batch: activations are reduced before the next layer runs, so a later
-in-place op cannot change what was logged. Output gradients come from
-``output.register_hook`` inside the forward hook; module backward hooks raise on the
-in-place ReLU after every conv in AlexNet and VGG (pytorch#61519).
-Layers that run without grad inside a training forward (``checkpoint(use_reentrant=True)``)
-keep their hook until the backward pass recomputes them, and get their gradient then.
+in-place op cannot change what was logged. Output gradients come from ``output.register_hook``
+(module backward hooks raise on AlexNet's and VGG's in-place ReLUs, pytorch#61519). Layers
+run without grad (``checkpoint(use_reentrant=True)``) get it when backward recomputes them.
 """
 
 from __future__ import annotations
@@ -39,6 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._internals import queue_end_of_backward
+from .compiled import eager, outside_graphs
 from .hooks import HookHandles
 from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, output_tensors, reduce_output
 from .merge import merge_across_ranks
@@ -72,13 +72,12 @@ class StepCapture:
         on_no_backward: Called with this capture when it ends without the backward pass
             its outputs waited for.
         grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
-        merge_ranks: Merge the summaries across ranks when the step ends (see :mod:`actviz.merge`);
-            every rank must run a capture for the same steps. ``deliver`` may then be ``None``.
-        describe_layers: Also write the text ``layers``: each layer's type, output shape and
-            parameter count (see :func:`~actviz.layer_outputs.layer_table`).
+        describe_layers: Also write the text ``layers`` (see :func:`~actviz.layer_outputs.layer_table`).
         pictures: Pictures made before the step (the probe's): ``(tag, draw, sources, full_tag)``.
-        update_ratio: Log each parameter's relative change across the update after the step;
-            the step then ends at the next forward (or ``flush()``), once the update is done.
+
+    With ``options.merge_ranks`` every rank runs a capture for the same steps and ``deliver``
+    may be ``None``; with ``options.update_ratio`` a step ends at the next forward, once the
+    update is done.
 
     Example:
         >>> from actviz.options import CaptureOptions
@@ -106,10 +105,8 @@ class StepCapture:
         on_error: ErrorHandler,
         on_no_backward: Callable[[StepCapture], None] | None = None,
         grad_scaler: Any = None,
-        merge_ranks: bool = False,
         describe_layers: bool = False,
         pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
-        update_ratio: bool = False,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -127,17 +124,16 @@ class StepCapture:
             self._pending.add_picture(tag, draw, *sources, full_tag=full_tag)
         self._hooks = HookHandles()
         self._layers = dict(layers)
-        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, update_ratio)
+        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
         self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
-        self._merge = merge_ranks
+        self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
         self._drawn = DrawnTensors()
         self._callback_queued = False
         self._pass_reached = False  # the backward pass under way has reached a watched output
-        # A logging step's forward runs eagerly, so that torch.compile never traces actviz's hooks
-        # and later logging steps reuse the graphs the others made (see README "Training setups").
-        self._eager: Any = torch.compiler.set_stance("force_eager")
+        self._eager: Any = eager()  # so that torch.compile never traces actviz's hooks (actviz.compiled)
+        self._eager.__enter__()
         try:
             self._attach(model)
         except BaseException:
@@ -145,9 +141,9 @@ class StepCapture:
             raise
 
     def _end_eager(self) -> None:
-        eager, self._eager = self._eager, None
-        if eager is not None:
-            eager.__exit__(None, None, None)
+        stance, self._eager = self._eager, None
+        if stance is not None:
+            stance.__exit__(None, None, None)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -155,13 +151,14 @@ class StepCapture:
         for name, module in self._layers.items():
             hook = partial(self._on_layer_output, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
-        done = torch.compiler.disable(self._on_forward_done)  # as the watcher's root hook
+        done = outside_graphs(self._on_forward_done)  # as the watcher's root hook
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
             self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad, self._on_optimizer_step)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
         try:
             return function(*args)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
@@ -245,7 +242,7 @@ class StepCapture:
         self._callback_queued = True
         self._parameters.take_loss_scale()
         try:
-            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+            queue_end_of_backward(self._on_backward_end)
         except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
             logger.debug("could not queue an end-of-backward callback", exc_info=True)
 
@@ -263,13 +260,8 @@ class StepCapture:
         """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
         if not self.done and self.backward_seen:
             self._parameters.take_gradients(optimizer)
-            if not self._parameters.update_ratio:  # else wait until the update is done: the next forward
+            if not self.options.update_ratio:  # else wait until the update is done: the next forward
                 self.finish()
-
-    def _merge_ranks(self) -> bool:
-        if merge_across_ranks(self._pending.mergeable, self.options.bins):
-            return True
-        raise RuntimeError("the ranks disagree on this step's tags (a layer skipped on some), so it is not merged")
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -279,10 +271,9 @@ class StepCapture:
             self.finish()
 
     def finish(self, missed_backward: bool = False) -> None:
-        """Remove every hook, start the copy to the host and deliver the step, once.
+        """Remove every hook, start the copy to the host and deliver the step; once, however often called.
 
-        ``missed_backward`` says the backward pass the outputs waited for never came. Safe to
-        call more than once.
+        ``missed_backward`` says the backward pass the outputs waited for never came.
         """
         if self.done:
             return
@@ -296,7 +287,8 @@ class StepCapture:
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
-        if self._merge and not self._guarded("(merge_ranks)", self._merge_ranks):
+        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable,
+                                             self.options.bins):
             return
         if self._pending.empty or self._deliver is None:
             return

@@ -20,6 +20,21 @@ __all__ = ["main", "build_parser"]
 
 EXIT_OK, EXIT_IMAGE_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+#: The first thing ``actviz report --help`` shows: a whole command that runs offline.
+OFFLINE_EXAMPLE = "actviz report --model alexnet --weights none --image cat.jpg --html report_html"
+
+_REPORT_DESCRIPTION = f"""\
+try it (offline: random weights, nothing is downloaded; any photo works as cat.jpg):
+  {OFFLINE_EXAMPLE}
+  # then open report_html/index.html, or run: tensorboard --logdir runs/report
+
+Run each image once through a torchvision classification model and write, for every
+selected layer, the feature-map grid (drawn exactly as actviz.watch draws it) and its
+statistics to TensorBoard and, with --html, to a self-contained web page. Random
+weights show edges and colours, not learned features: --weights DEFAULT downloads
+torchvision's pretrained weights once.
+"""
+
 _REPORT_EPILOG = """\
 examples:
   # every conv layer of pretrained AlexNet on one image (weights downloaded once)
@@ -31,12 +46,13 @@ examples:
   # weights you downloaded yourself, a few named layers, a smaller input
   actviz report --model vgg16_bn --weights vgg16_bn.pth --layers features.0 'features.1*' --size 160 --image cat.jpg
 
-  tensorboard --logdir runs/report      # then open the IMAGES tab; one run per image
+  tensorboard --logdir runs/report      # then open the IMAGES tab; one run per model and image
 
 output:
-  TensorBoard: one run per image in LOGDIR/<image name>, at step 0, with the tags
-    feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/..., input,
-    image (text) and, with pretrained weights, predictions (top-5 text table).
+  TensorBoard: one run per model and image in LOGDIR/<model>/<image name>, at step 0,
+    with the tags feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/...,
+    input, image (text: file, model, weights) and, with pretrained weights, predictions
+    (top-5 text table).
   HTML: DIR/index.html with the input, top-5, a statistics table and every grid;
     PNGs next to it in DIR/<image name>/. No JavaScript or network needed.
 
@@ -58,7 +74,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``actviz`` argument parser, with its ``report`` subcommand."""
-    from . import __version__
+    from ._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="actviz",
@@ -70,11 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="feature-map report of a torchvision model on images (TensorBoard and HTML)",
-        description=(
-            "Run each image once through a torchvision classification model and write, for every "
-            "selected layer, the feature-map grid (drawn exactly as actviz.watch draws it) and its "
-            "statistics to TensorBoard and, with --html, to a self-contained web page."
-        ),
+        description=_REPORT_DESCRIPTION,
         epilog=_REPORT_EPILOG,
         formatter_class=_Formatter,
     )
@@ -94,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument(
         "--logdir", default="runs/report",
-        help="folder for the TensorBoard runs, one per image",
+        help="folder for the TensorBoard runs, one per model and image: LOGDIR/<model>/<image>",
     )
     report.add_argument(
         "--no-tensorboard", action="store_true", help="do not write TensorBoard runs (use with --html)"
@@ -148,6 +160,7 @@ def _messages_on_stderr(quiet: bool) -> Iterator[None]:
 
 def _run_report(args: argparse.Namespace) -> int:
     from .report import ReportError, report
+    from .report.models import RANDOM_WEIGHTS_NOTE
 
     try:
         result = report(
@@ -171,8 +184,11 @@ def _run_report(args: argparse.Namespace) -> int:
     if not args.quiet:
         done = len(result.images)
         print(f"{result.model}: {done} of {done + len(result.failed)} image(s), {len(result.layer_names)} layers")
-        if result.logdir is not None and result.images:
-            print(f"TensorBoard runs: {result.logdir}   (view: tensorboard --logdir {result.logdir})")
+        if result.random_weights:
+            print(f"{result.model}: {RANDOM_WEIGHTS_NOTE}")
+        written = [item.run_dir for item in result.images if item.run_dir is not None]
+        if result.logdir is not None and written:
+            print(f"TensorBoard runs: {written[0].parent}   (view: tensorboard --logdir {result.logdir})")
         if result.html is not None:
             print(f"HTML report:      {result.html}")
     if result.failed:

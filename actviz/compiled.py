@@ -6,20 +6,42 @@ original as ``_orig_mod``: actviz watches the original's layers, under their own
 A model compiled in place with ``model.compile()`` compiles its own ``__call__``,
 forward hooks included, so actviz wraps that compiled call instead of adding a hook
 inside it. On a logging step the capture sets ``torch.compiler.set_stance("force_eager")``
-for the forward: the layer hooks then run in plain Python, nothing new is compiled, and
-the steps that log nothing run the graphs compiled without actviz. These are the two
-private attributes of ``torch.nn.Module`` actviz relies on for compiled models.
+for the forward (once torch.compile is imported; before, nothing is compiled anyway): the layer hooks then run in plain Python, nothing new is compiled, and
+the steps that log nothing run the graphs compiled without actviz. The two private
+attributes this takes are read through :mod:`actviz._internals`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["StepHookHandle", "attach_step_hook", "unwrap_compiled"]
+from ._internals import compiled_call, compiled_original, set_compiled_call
+
+__all__ = ["StepHookHandle", "attach_step_hook", "eager", "outside_graphs", "unwrap_compiled"]
+
+
+def _dynamo_loaded() -> bool:
+    """Whether torch.compile has been imported: until then nothing can be compiled or traced."""
+    return "torch._dynamo" in sys.modules
+
+
+def outside_graphs(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, never traced by torch.compile (``torch.compiler.disable``) once torch.compile is loaded.
+
+    Importing ``torch._dynamo`` takes a second or two, so a process that never compiles skips it.
+    """
+    return torch.compiler.disable(function) if _dynamo_loaded() else function
+
+
+def eager() -> contextlib.AbstractContextManager[Any]:
+    """A context in which compiled functions run eagerly (``set_stance("force_eager")``), or a no-op."""
+    return torch.compiler.set_stance("force_eager") if _dynamo_loaded() else contextlib.nullcontext()
 
 
 def unwrap_compiled(model: nn.Module) -> nn.Module:
@@ -30,8 +52,8 @@ def unwrap_compiled(model: nn.Module) -> nn.Module:
         >>> unwrap_compiled(layer) is layer
         True
     """
-    original = getattr(model, "_orig_mod", None)
-    return original if isinstance(original, nn.Module) else model
+    original = compiled_original(model)
+    return model if original is None else original
 
 
 class StepHookHandle:
@@ -53,18 +75,18 @@ def attach_step_hook(model: nn.Module, hook: Callable[[nn.Module, Any], None]) -
     compiled ``__call__`` would trace a pre-hook (a graph break, and new graphs whenever
     the hooks change), so the compiled call itself is wrapped.
     """
-    compiled = getattr(model, "_compiled_call_impl", None)
+    compiled = compiled_call(model)
     if compiled is None:
-        return StepHookHandle(model.register_forward_pre_hook(torch.compiler.disable(hook)).remove)
+        return StepHookHandle(model.register_forward_pre_hook(outside_graphs(hook)).remove)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         hook(model, args)
         return compiled(*args, **kwargs)
 
-    model._compiled_call_impl = call
+    set_compiled_call(model, call)
 
     def remove() -> None:
-        if model._compiled_call_impl is call:  # unless someone compiled it again since
-            model._compiled_call_impl = compiled
+        if compiled_call(model) is call:  # unless someone compiled it again since
+            set_compiled_call(model, compiled)
 
     return StepHookHandle(remove)

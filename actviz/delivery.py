@@ -9,6 +9,7 @@ write or callback warns once and training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from collections.abc import Callable
@@ -86,7 +87,8 @@ class Delivery:
             if message is not None:
                 self._alerted = True
                 results.texts["alerts"] = message
-                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                with contextlib.suppress(Exception):  # a filter that makes warnings errors must not lose the step
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
         return results
 
     def _written(self, results: StepResults) -> None:

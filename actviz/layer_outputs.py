@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ._internals import batch_and_instance_norm_types, tensor_version
 from .options import CaptureOptions
 from .rendering import picture_source
 from .summaries import Reduction, reduce_tensor
@@ -78,7 +79,7 @@ def reduce_output(
 #: Layers that map each channel of each sample through an affine function (BatchNorm in training
 #: and eval, InstanceNorm, GroupNorm). With every channel normalised on its own, their grid is
 #: their input's grid again, pixel for pixel (inverted where the weight is negative).
-PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._NormBase, nn.GroupNorm)
+PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (*batch_and_instance_norm_types(), nn.GroupNorm)
 
 
 def batch_dim_of(module: nn.Module) -> int:
@@ -116,7 +117,7 @@ class DrawnTensors:
         self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
 
     def add(self, tensor: torch.Tensor) -> None:
-        self._drawn[id(tensor)] = (weakref.ref(tensor), tensor._version)
+        self._drawn[id(tensor)] = (weakref.ref(tensor), tensor_version(tensor))
 
     def would_repeat(self, module: nn.Module, inputs: Any) -> bool:
         """True if ``module`` is per-channel affine and its first input is a grid drawn this step, unchanged."""
@@ -126,4 +127,4 @@ class DrawnTensors:
         if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
             return False
         drawn = self._drawn.get(id(first))
-        return drawn is not None and drawn[0]() is first and drawn[1] == first._version
+        return drawn is not None and drawn[0]() is first and drawn[1] == tensor_version(first)

@@ -37,9 +37,10 @@ def is_sharded(tensor: torch.Tensor) -> bool:
 
 
 def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> bool:
-    """Merge ``(tag, reduction)`` pairs across all ranks, in place. Every rank must call it.
+    """Merge ``(tag, reduction)`` pairs across all ranks, in place, and return True. Every rank must call it.
 
-    Returns False, having merged nothing, when the ranks disagree on the tags.
+    Raises:
+        RuntimeError: The ranks disagree on the tags (a layer skipped on some); nothing is merged.
     """
     if not entries:
         return True
@@ -49,7 +50,7 @@ def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> b
     check = torch.tensor([signature, -signature], dtype=torch.int64, device=device)
     dist.all_reduce(check, op=dist.ReduceOp.MAX)
     if int(check[0]) != -int(check[1]):  # max == min: every rank sent the same checksum
-        return False
+        raise RuntimeError("the ranks disagree on this step's tags (a layer skipped on some), so it is not merged")
     reductions = [reduction for _, reduction in entries]
     rows = torch.stack([_sums_row(reduction, device, wide) for reduction in reductions])
     # rows: numel, nonzero, finite_nonzero, sum, sum of squares, min, max

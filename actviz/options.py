@@ -50,6 +50,8 @@ class CaptureOptions:
         max_channels: Most channels drawn per feature-map grid; the strongest are kept.
         outputs: ``"first"`` logs the first tensor of a tuple, list or dict output under the
             layer's name; ``"all"`` logs each with its position as a suffix.
+        update_ratio: Log each parameter's relative change across the update after a stats step.
+        merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.merge`).
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -68,6 +70,8 @@ class CaptureOptions:
     histogram_sample_size: int | None = DEFAULT_SAMPLE_SIZE
     max_channels: int = DEFAULT_MAX_CHANNELS
     outputs: Literal["first", "all"] = "first"
+    update_ratio: bool = False
+    merge_ranks: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS)
@@ -76,6 +80,9 @@ class CaptureOptions:
             check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
         if self.outputs not in ("first", "all"):
             raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
+        for name in ("update_ratio", "merge_ranks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @classmethod
     def names(cls) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .compiled import eager, unwrap_compiled
 from .gradcam import call_model, grad_cam, gradcam_overlay, last_conv_name
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
 from .rendering import _normalize, picture_source
@@ -73,11 +74,9 @@ def gradcam_layers(model: nn.Module, gradcam: Any, probe: Any) -> list[tuple[str
 
 def unwrap_for_probe(model: nn.Module) -> nn.Module:
     """The module a probe runs through: DDP's and torch.compile's wrapped module, else ``model``."""
-    for attribute in ("module", "_orig_mod"):  # DistributedDataParallel, OptimizedModule
-        inner = getattr(model, attribute, None)
-        if isinstance(inner, nn.Module) and type(model).__name__ in ("DistributedDataParallel", "OptimizedModule"):
-            model = inner
-    return model
+    if type(model).__name__ == "DistributedDataParallel":
+        model = model.module
+    return unwrap_compiled(model)
 
 
 def probe_image(probe: Any) -> torch.Tensor | None:
@@ -142,14 +141,14 @@ class Probe:
         handles = [module.register_forward_hook(lambda *a, name=name, dim=batch_dim_of(module): hook(name, dim, *a))
                    for name, module in self._layers]
         try:
-            with torch.compiler.set_stance("force_eager"), torch.no_grad():
+            with eager(), torch.no_grad():
                 model.eval()
                 call_model(model, self.inputs)
             image = probe_image(self.inputs)
             if image is not None:
                 found.append(("probe/input", draw_probe_input, (image,), True))
                 for name, layer in self.gradcam:
-                    with torch.compiler.set_stance("force_eager"):
+                    with eager():
                         cam = grad_cam(model, layer, self.inputs)[0]
                     found.append((f"gradcam/{name}", gradcam_overlay, (image, cam), True))
         finally:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torchvision.utils import make_grid
 
 from .options import DEFAULT_MAX_CHANNELS
 
@@ -188,6 +187,8 @@ def draw_grid(
     channels: torch.Tensor, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE, padding: int = GRID_PADDING
 ) -> torch.Tensor:
     """The host half of :func:`feature_map_grid`: every channel of a ``(C, H, W)`` tensor, tiled."""
+    from torchvision.utils import make_grid  # here, so that watch() without pictures never imports torchvision
+
     values = channels.float()
     size = tile_size(*values.shape[-2:], min_tile=min_tile, max_tile=max_tile)
     tiles = _normalize(values, dims=(1, 2)).unsqueeze(1)

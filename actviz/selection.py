@@ -1,7 +1,9 @@
-"""Selection: which layers of a model to watch.
+"""Selection: which layers of a model to watch or report.
 
 Pure functions over ``model.named_modules()``. Names are resolved once, when
-the watcher is built, and every spec must match something.
+the watcher is built, and every spec must match something. :func:`actviz.watch`
+and :func:`actviz.report` (``actviz report --layers``) share this vocabulary,
+keywords included.
 """
 
 from __future__ import annotations
@@ -13,11 +15,21 @@ from typing import Union
 
 from torch import nn
 
-__all__ = ["LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "layer_display_name"]
+__all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "layer_display_name"]
 
-#: One entry of ``watch(layers=...)``: a module type, a qualified name, a glob
-#: pattern on names, a module object, or a predicate ``(name, module) -> bool``.
+#: One entry of ``watch(layers=...)``: a module type, a keyword, a qualified name, a
+#: glob pattern on names, a module object, or a predicate ``(name, module) -> bool``.
 LayerSpec = Union[type, str, nn.Module, Callable[[str, nn.Module], bool]]
+
+#: Strings that select layers by type, not by name. A keyword wins over a layer of the same
+#: name (ResNet has a layer named ``relu``, and ``"relu"`` still means every ReLU); select
+#: such a layer by its module object or by a glob that matches only its name (``"rel[u]"``).
+LAYER_KEYWORDS: dict[str, str] = {
+    "conv": "every nn.Conv2d",
+    "relu": "every nn.ReLU",
+    "all": "every module without children",
+}
+_KEYWORD_TYPES: dict[str, tuple[type[nn.Module], ...]] = {"conv": (nn.Conv2d,), "relu": (nn.ReLU,)}
 
 #: Tag name used for the watched model itself (``named_modules()`` calls it "").
 ROOT_NAME = "(model)"
@@ -59,6 +71,9 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     close = _closest(word, [c for c in candidates if c])
     if close:
         return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
+    keyword = difflib.get_close_matches(word, list(LAYER_KEYWORDS), n=1, cutoff=0.6)
+    if keyword:
+        return f"; did you mean the keyword {keyword[0]!r} ({LAYER_KEYWORDS[keyword[0]]})?"
     preview = ", ".join(repr(c) for c in list(candidates)[1:9])
     return f"; the model's layers include {preview}" if preview else ""
 
@@ -66,6 +81,8 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
 def _match_one(spec: LayerSpec, modules: list[tuple[str, nn.Module]]) -> list[str]:
     """Names matched by one spec, raising with a helpful message when none match."""
     names = [name for name, _ in modules]
+    if isinstance(spec, str) and spec in LAYER_KEYWORDS:
+        return _match_keyword(spec, modules)
     if isinstance(spec, str):
         if _GLOB_CHARS & set(spec):
             matched = [name for name in names if name and fnmatch.fnmatchcase(name, spec)]
@@ -101,6 +118,21 @@ def _match_one(spec: LayerSpec, modules: list[tuple[str, nn.Module]]) -> list[st
     )
 
 
+def _match_keyword(keyword: str, modules: list[tuple[str, nn.Module]]) -> list[str]:
+    if keyword == "all":
+        leaves = [name for name, module in modules if name and next(module.children(), None) is None]
+        return leaves or [modules[0][0]]  # a model without children is its one layer
+    kinds = _KEYWORD_TYPES[keyword]
+    matched = [name for name, module in modules if isinstance(module, kinds)]
+    if not matched:
+        present = sorted({type(m).__name__ for _, m in modules})
+        raise ValueError(
+            f"layers={keyword!r} selects {LAYER_KEYWORDS[keyword]}, and the model has none; "
+            f"types present: {', '.join(present)}. Pass 'all', a module type or layer names"
+        )
+    return matched
+
+
 def select_layers(
     model: nn.Module, layers: LayerSpec | Iterable[LayerSpec] | None = None
 ) -> list[tuple[str, nn.Module]]:
@@ -109,9 +141,12 @@ def select_layers(
     Args:
         model: The model whose layers to select.
         layers: ``None`` for :func:`default_layers`, or one spec or an iterable of specs.
-            Each spec is a module type (``nn.Conv2d``), a qualified name (``"features.0"``),
-            a glob on names (``"classifier.*"``), a module object, or a predicate
-            ``(name, module) -> bool``. The union of all matches is returned.
+            Each spec is a module type (``nn.Conv2d``), a keyword (``"conv"``: every
+            ``Conv2d``; ``"relu"``: every ``ReLU``; ``"all"``: every module without
+            children), a qualified name (``"features.0"``), a glob on names
+            (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
+            The union of all matches is returned. A keyword wins over a layer of the same
+            name; a glob such as ``"con[v]"`` or the module object selects that layer.
 
     Returns:
         The selected layers, each once, in the order ``model.named_modules()`` yields them.
@@ -127,6 +162,8 @@ def select_layers(
         ['conv1', 'conv2']
         >>> [name for name, _ in select_layers(net, "conv*")]
         ['conv1', 'conv2']
+        >>> [name for name, _ in select_layers(net, ["relu", "conv2"])]   # a keyword and a name
+        ['relu', 'conv2']
         >>> select_layers(net, ["conv3"])
         Traceback (most recent call last):
         ...

@@ -20,20 +20,20 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import queue
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
+from torch.utils.tensorboard.summary import custom_scalars
 from torch.utils.tensorboard.summary import text as text_summary
 
+from ._internals import event_file_writer, replace_record_checksum
 from .png import encode_png
 from .results import StepResults, Summary
 
@@ -54,24 +54,38 @@ logger = logging.getLogger(__name__)
 
 
 def use_fast_crc() -> bool:
-    """Make TensorBoard's event writer checksum records in C instead of pure Python.
+    """Make TensorBoard's event writer checksum records in C instead of pure Python, process-wide.
 
     Without TensorFlow, ``tensorboard`` computes the CRC-32C of every record it writes
     with a Python loop over the bytes: about 7 ms for one 34 KB feature-map PNG, on the
     writer's thread but holding the GIL, so it slows training more than the PNG encoding.
     With the ``crc32c`` package installed this swaps in the same checksum from C (the
-    values are identical; tensorboardX does the same). Idempotent; False if ``crc32c``
-    is missing.
+    values are identical, and checked on a probe before the swap; tensorboardX does the
+    same).
+
+    This changes a module of ``tensorboard``, so it holds for every ``SummaryWriter`` in
+    the process, yours included. :func:`actviz.watch` and :func:`actviz.report` call it
+    once each, explicitly; no sink does. It is idempotent and fail-safe: if anything goes
+    wrong (``crc32c`` missing, TensorBoard renamed what is swapped), TensorBoard is left as
+    it was, the reason is logged once at DEBUG level, and it returns False.
+
+    Example:
+        >>> use_fast_crc(), use_fast_crc()
+        (True, True)
     """
+    global _fast_crc_failure_logged
     try:
         import crc32c
-        from tensorboard.summary.writer import record_writer
-    except ImportError:
-        logger.debug("crc32c not installed: TensorBoard records are checksummed in pure Python")
+
+        return replace_record_checksum(_masked_crc32c(crc32c.crc32c))
+    except Exception:  # noqa: BLE001 - a faster checksum is never worth an error
+        if not _fast_crc_failure_logged:
+            _fast_crc_failure_logged = True
+            logger.debug("TensorBoard records stay checksummed in pure Python", exc_info=True)
         return False
-    if getattr(record_writer.masked_crc32c, "__module__", None) != __name__:
-        record_writer.masked_crc32c = _masked_crc32c(crc32c.crc32c)
-    return True
+
+
+_fast_crc_failure_logged = False
 
 
 def _masked_crc32c(crc32c: Callable[[bytes], int]) -> Callable[[bytes], int]:
@@ -84,17 +98,20 @@ def _masked_crc32c(crc32c: Callable[[bytes], int]) -> Callable[[bytes], int]:
 
 
 class TensorBoardSink:
-    """Writes :class:`~actviz.capture.StepResults` through a ``SummaryWriter``.
+    """Writes :class:`~actviz.results.StepResults` through a ``SummaryWriter``.
 
     Args:
         writer: A ``torch.utils.tensorboard.SummaryWriter``.
         owns_writer: Close the writer in :meth:`close`. True only when actviz created it.
+        layout: Write :data:`DASHBOARD_LAYOUT` for TensorBoard's Custom Scalars tab with the
+            first step (TensorBoard keeps one layout per run: it replaces one written before).
     """
 
-    def __init__(self, writer: Any, owns_writer: bool) -> None:
-        use_fast_crc()
+    def __init__(self, writer: Any, owns_writer: bool, layout: bool = False) -> None:
         self.writer = writer
         self.owns_writer = owns_writer
+        self.layout = layout
+        self._layout_written = False
         self._closed = False
 
     def write(self, results: StepResults) -> None:
@@ -102,54 +119,23 @@ class TensorBoardSink:
 
         One ``Summary`` with many values is what TensorFlow's merged summaries write, and
         every TensorBoard loader reads it; it saves an event, a checksum and a queue
-        hand-off per value. Writers without a file writer get one ``add_*`` call per value.
+        hand-off per value.
         """
         values = _step_values(results)
-        step = results.step
-        get_file_writer = getattr(self.writer, "_get_file_writer", None)
-        if get_file_writer is not None:
-            values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
-            values += [_image_value(tag, image) for tag, image in results.pictures.items()]
-            get_file_writer().add_summary(SummaryProto(value=values), step)
-            return
-        for value in values:
-            self._write_one(value, step)
-        for layer, image in results.images.items():
-            self.writer.add_image(f"feature_maps/{layer}", image, step, dataformats="CHW")
-        for tag, image in results.pictures.items():
-            self.writer.add_image(tag, image, step, dataformats="CHW")
-
-    def _write_one(self, value: SummaryProto.Value, step: int) -> None:
-        """Write one scalar or histogram value through the writer's public methods."""
-        if value.WhichOneof("value") == "simple_value":
-            self.writer.add_scalar(value.tag, value.simple_value, step)
-            return
-        if value.WhichOneof("value") == "tensor":  # a text summary
-            self.writer.add_text(value.tag, value.tensor.string_val[0].decode(), step)
-            return
-        histo = value.histo
-        self.writer.add_histogram_raw(
-            value.tag, min=histo.min, max=histo.max, num=histo.num, sum=histo.sum,
-            sum_squares=histo.sum_squares, bucket_limits=list(histo.bucket_limit),
-            bucket_counts=list(histo.bucket), global_step=step,
-        )
+        values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
+        values += [_image_value(tag, image) for tag, image in results.pictures.items()]
+        if self.layout and not self._layout_written:  # with the first step, as TensorBoard keeps one per run
+            values += list(custom_scalars(DASHBOARD_LAYOUT).value)
+        event_file_writer(self.writer).add_summary(SummaryProto(value=values), results.step)
+        self._layout_written = True
 
     def write_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag``."""
-        # add_image would re-encode through a LANCZOS resize at PNG level 6; a fast level is
-        # several times cheaper. Fall back to add_image for writers without a file writer.
-        get_file_writer = getattr(self.writer, "_get_file_writer", None)
-        if get_file_writer is None:
-            self.writer.add_image(tag, image, step, dataformats="CHW")
-            return
-        get_file_writer().add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
+        """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag``, through the same PNG encoder.
 
-    def write_layout(self) -> None:
-        """Lay out TensorBoard's Custom Scalars tab: one chart per statistic, every layer on it.
-
-        TensorBoard keeps one such layout per run; this one replaces any written to the run before.
+        ``add_image`` would re-encode it through a LANCZOS resize at PNG level 6; a fast
+        level is several times cheaper.
         """
-        self.writer.add_custom_scalars(DASHBOARD_LAYOUT)
+        event_file_writer(self.writer).add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
 
     def flush(self) -> None:
         if not self._closed:
@@ -273,7 +259,6 @@ class BackgroundSink:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="actviz-writer", daemon=True)
             self._thread.start()
-            atexit.register(_close_at_exit, weakref.ref(self))
         self._queue.put(pending)
 
     def _run(self) -> None:
@@ -307,10 +292,3 @@ class BackgroundSink:
             self._queue.put(None)
             self._thread.join()
         self.sink.close()
-
-
-def _close_at_exit(sink_ref: weakref.ref[BackgroundSink]) -> None:
-    # A daemon thread dies with the interpreter: write what is queued if nobody closed the watcher.
-    sink = sink_ref()
-    if sink is not None:
-        sink.close()

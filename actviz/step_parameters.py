@@ -35,9 +35,11 @@ class StepParameters:
         pending: Where the step's results go.
         report: Called with the failing parameter name and the exception.
         grad_scaler: A ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``.
-        update_ratio: Also log ``update_ratio/{param}`` = ||w_after - w_before|| / ||w_before||
-            across the update that follows the step, from a copy of the parameters taken just
-            before it (when the gradients are taken) and compared when the step ends.
+
+    With ``options.update_ratio`` it also logs ``update_ratio/{param}`` =
+    ||w_after - w_before|| / ||w_before|| across the update that follows the step, from a
+    copy of the parameters taken just before it (with the gradients) and compared when the
+    step ends.
     """
 
     def __init__(
@@ -47,10 +49,9 @@ class StepParameters:
         pending: PendingStep,
         report: Callable[[str, BaseException], None],
         grad_scaler: Any = None,
-        update_ratio: bool = False,
     ) -> None:
         self.named = list(parameters)
-        self.update_ratio = update_ratio
+        self.update_ratio = options.update_ratio
         self._before: list[torch.Tensor] | None = None
         self.trainable = [(name, param) for name, param in self.named if param.requires_grad]
         self._options = options

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -26,6 +25,7 @@ from .results import StepResults
 from .schedule import Schedule
 from .selection import layer_display_name
 from .delivery import Delivery
+from .open_watchers import register, unregister
 from .probe import Probe, unwrap_for_probe
 from .sinks import TensorBoardSink
 
@@ -36,8 +36,6 @@ logger = logging.getLogger(__name__)
 #: Most steps kept open while they wait for a backward pass that has not come yet.
 MAX_WAITING = 4
 
-# Models with an open watcher, so that a second watch() on the same model fails loudly.
-open_watchers: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Watcher]] = weakref.WeakKeyDictionary()
 
 
 class Watcher:
@@ -58,16 +56,12 @@ class Watcher:
         auto_step: bool,
         strict: bool,
         grad_scaler: Any = None,
-        merge_ranks: bool = False,
         on_step: Callable[[StepResults], None] | None = None,
         probe: Probe | None = None,
-        update_ratio: bool = False,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
-        self.merge_ranks = merge_ranks
         self._probe = probe
-        self.update_ratio = update_ratio
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._delivery = None if sink is None else Delivery(sink, strict, on_step)
@@ -84,9 +78,9 @@ class Watcher:
         self._skipped: set[str] = set()
         self._closed = False
         self._root_handle: StepHookHandle | None = None
-        if sink is not None or merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
+        if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
             self._root_handle = attach_step_hook(model, self._on_model_forward)
-        open_watchers[model] = weakref.ref(self)
+        register(model, self)
 
     # -- public ------------------------------------------------------------------------------
 
@@ -104,6 +98,11 @@ class Watcher:
     def writer(self) -> Any:
         """The ``SummaryWriter`` written to, or ``None`` on ranks other than 0."""
         return None if self._delivery is None else self._delivery.writer
+
+    @property
+    def merge_ranks(self) -> bool:
+        """Whether every rank's summaries are merged into rank 0's (``watch(merge_ranks=True)``)."""
+        return self._options.merge_ranks
 
     @property
     def step(self) -> int:
@@ -169,8 +168,7 @@ class Watcher:
                 self._root_handle.remove()
             self._end_capture()
         finally:
-            if open_watchers.get(self.model) is not None and open_watchers[self.model]() is self:
-                del open_watchers[self.model]
+            unregister(self.model, self)
             if self._delivery is not None:
                 self._delivery.close()
 
@@ -239,10 +237,8 @@ class Watcher:
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
             grad_scaler=self.grad_scaler,
-            merge_ranks=self.merge_ranks and want_stats,
             describe_layers=want_stats and writes and not self._layers_described,
             pictures=pictures,
-            update_ratio=self.update_ratio,
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 

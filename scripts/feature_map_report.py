@@ -4,7 +4,8 @@
     python scripts/feature_map_report.py --weights DEFAULT        # pretrained (downloads ~240 MB once)
     python scripts/feature_map_report.py --model vgg16 --image my.jpg
 
-Then open ``report_html/index.html`` in a browser, or run ``tensorboard --logdir runs/report``.
+Then open ``report_html/index.html`` in a browser, or run ``tensorboard --logdir runs/report``
+(one run per model and image: ``runs/report/<model>/<image>``).
 The ``actviz report`` command does the same with more options (``actviz report --help``).
 """
 
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import actviz
+from actviz.report.models import RANDOM_WEIGHTS_NOTE
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = [HERE.parent / "tests" / "data" / name for name in ("chelsea.jpg", "coffee.jpg")]
@@ -45,6 +47,8 @@ def main() -> int:
                 f"  {layer.name:<12} {layer.type:<8} {'x'.join(map(str, layer.shape)):<16} "
                 f"mean {stats.mean:+.3f}  std {stats.std:.3f}  dead channels {layer.dead_channels}/{layer.channels}"
             )
+    if result.random_weights:  # say it where the numbers are read, as the page and the command do
+        print(f"\n{RANDOM_WEIGHTS_NOTE}")
     print(f"\nHTML: {result.html}\nTensorBoard: tensorboard --logdir {result.logdir}")
     for reason in result.failed.values():
         print(f"failed: {reason}", file=sys.stderr)

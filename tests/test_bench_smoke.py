@@ -6,6 +6,7 @@ No timing is asserted here; the numbers come from a real run (see README "Perfor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,43 @@ def test_quick_run_writes_json_with_every_case(tmp_path):
 
     assert report["meta"]["cpu_shortcuts"] == cpu_shortcuts()  # which summary path was timed
     assert "| actviz_logging |" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import bench_overhead
+
+    return bench_overhead
+
+
+def test_amortised_is_computed_from_idle_and_logging_in_one_place(bench):
+    idle, logging_ = {"status": "ok", "total_ratio": 1.01}, {"status": "ok", "total_ratio": 1.5}
+    computed = {"actviz_idle": idle, "actviz_logging": logging_,
+                "actviz_amortised": {"status": "ok", "method": "computed"}}
+    bench.amortised(computed)
+    assert computed["actviz_amortised"]["total_ratio"] == pytest.approx((99 * 1.01 + 1.5) / 100)  # 1.0149
+    measured = {"actviz_idle": idle, "actviz_logging": logging_,
+                "actviz_amortised": {"status": "ok", "total_ratio": 1.004, "pairs": 200}}
+    bench.amortised(measured)
+    assert measured["actviz_amortised"] == {"status": "ok", "total_ratio": 1.004, "pairs": 200,
+                                            "computed": pytest.approx(1.0149), "method": "measured"}
+
+
+def test_a_case_variant_is_one_line_and_runs_in_its_environment(bench, monkeypatch, tmp_path):
+    eager, fused = bench.CASES["actviz_logging_eager"], bench.CASES["actviz_logging"]
+    assert eager.env == {"ACTVIZ_FUSED": "0"} and eager.setup.func is fused.setup.func
+    assert eager.setup.keywords == fused.setup.keywords == {"every": 1}
+    seen = []
+
+    def probe(model, log_dir):
+        seen.append(("setup", os.environ.get("ACTVIZ_BENCH_PROBE")))
+        return bench.Setup("probe", after_step=lambda loss: seen.append(("step", os.environ.get("ACTVIZ_BENCH_PROBE"))),
+                           cleanup=[lambda: seen.append(("cleanup", os.environ.get("ACTVIZ_BENCH_PROBE")))])
+
+    monkeypatch.delenv("ACTVIZ_BENCH_PROBE", raising=False)
+    monkeypatch.setitem(bench.CASES, "probe", bench.Case(probe, env={"ACTVIZ_BENCH_PROBE": "0"}))
+    result = bench.run_case("transformer", "probe", steps=2, warmup=1, budget_s=60, tmp=tmp_path)
+    assert result["status"] == "ok" and result["pairs"] == 2 and result["note"] == "probe"
+    assert seen == [("setup", "0")] + [("step", "0")] * 3 + [("cleanup", "0")]  # warm-up + 2 measured steps
+    assert "ACTVIZ_BENCH_PROBE" not in os.environ  # restored

@@ -56,7 +56,8 @@ def test_good_run_exits_0_and_writes_outputs(tmp_path: Path, capsys: pytest.Capt
     assert "alexnet: 1 of 1 image(s), 2 layers" in out and str(tmp_path / "html" / "index.html") in out
     assert sorted(p.name for p in (tmp_path / "html" / "chelsea").iterdir()) == [
         "features.0.png", "features.3.png", "input.png"]
-    assert (tmp_path / "tb" / "chelsea").is_dir()
+    assert (tmp_path / "tb" / "alexnet" / "chelsea").is_dir()
+    assert f"TensorBoard runs: {tmp_path / 'tb' / 'alexnet'}   (view: tensorboard --logdir {tmp_path / 'tb'})" in out
 
 
 def test_quiet_run_prints_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,7 +74,7 @@ def test_corrupt_image_exits_1_names_it_and_keeps_the_others(tmp_path: Path) -> 
     assert done.returncode == 1
     assert f"cannot read image '{broken}'" in done.stderr and "1 image(s) failed" in done.stderr
     assert "Traceback" not in done.stderr
-    assert [p.name for p in (tmp_path / "tb").iterdir()] == ["chelsea"]
+    assert [p.name for p in (tmp_path / "tb" / "alexnet").iterdir()] == ["chelsea"]
 
 
 @pytest.mark.parametrize(
@@ -136,3 +137,26 @@ def test_main_leaves_the_callers_logging_as_it_was() -> None:
     before = package_logger.handlers[:], package_logger.level, package_logger.propagate
     assert main(["report", "--model", "alexnet", *SMALL, "--image", str(CAT), "--no-tensorboard", "--quiet"]) == 0
     assert (package_logger.handlers[:], package_logger.level, package_logger.propagate) == before
+
+
+def test_help_starts_with_a_complete_offline_example_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = capsys.readouterr().out
+    first = next(line.strip() for line in text.split("\n\n", 1)[1].splitlines() if line.startswith("  actviz "))
+    assert text.index(first) < text.index("options:") < text.index("examples:")  # before anything else
+    assert "--weights none" in first and "--image" in first and "--model" in first
+    # Run it as printed, with our cat as cat.jpg and no network at all: it needs nothing else.
+    (tmp_path / "cat.jpg").write_bytes(CAT.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # an empty cache: a download would fail
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    argv = shlex.split(first)
+    assert argv[0] == "actviz" and main(argv[1:]) == 0
+    assert (tmp_path / "report_html" / "index.html").is_file()
+    assert list((tmp_path / "runs" / "report" / "alexnet" / "cat").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "torch_home").exists()

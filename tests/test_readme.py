@@ -87,3 +87,15 @@ def test_the_schedule_examples_run(marker, tmp_path, monkeypatch):
     exec(code, namespace)
     namespace["viz"].close()
     assert (tmp_path / "runs" / "x").is_dir()
+
+
+def test_the_report_example_from_python(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "data").symlink_to(Path(__file__).parent / "data")
+    exec(block_containing("result = actviz.report("), {"actviz": actviz})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("features.0 Conv2d (1, 64, 31, 31) ")  # size=128
+    assert printed[-1] == f"{Path('report_html') / 'index.html'} {{}}"  # the page; no image failed
+    assert (tmp_path / "report_html" / "index.html").is_file()
+    assert list((tmp_path / "runs" / "report" / "alexnet" / "chelsea").glob("events.out.tfevents.*"))

@@ -1,6 +1,7 @@
 """Layer selection and schedules: every spec form, and every way to get one wrong."""
 
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torchvision
@@ -8,6 +9,8 @@ from torch import nn
 
 from actviz.schedule import Schedule
 from actviz.selection import ROOT_NAME, default_layers, select_layers
+
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +105,42 @@ def test_schedules():
     ]:
         with pytest.raises(error, match=message):
             Schedule.parse(bad)
+
+
+def test_keywords_select_by_type(alexnet):
+    assert names(select_layers(alexnet, "conv")) == ["features.0", "features.3", "features.6", "features.8", "features.10"]
+    assert names(select_layers(alexnet, "relu")) == [
+        "features.1", "features.4", "features.7", "features.9", "features.11", "classifier.2", "classifier.5"]
+    leaves = [name for name, module in alexnet.named_modules() if name and not list(module.children())]
+    assert names(select_layers(alexnet, "all")) == leaves and len(leaves) == 21
+    assert names(select_layers(alexnet, ["classifier.6", "conv"]))[-2:] == ["features.10", "classifier.6"]
+    assert names(select_layers(nn.Linear(2, 2), "all")) == [""]  # a model without children is its one layer
+
+
+def test_a_keyword_wins_over_a_layer_of_that_name_and_a_glob_reaches_the_layer():
+    # Like torchvision's ResNet: a layer named "relu" beside the ReLUs of the blocks.
+    conv_block = nn.Sequential(nn.Conv2d(1, 1, 1), nn.Conv2d(1, 1, 1))
+    net = nn.Sequential(OrderedDict(conv=conv_block, relu=nn.ReLU(), block=nn.Sequential(nn.ReLU())))
+    assert names(select_layers(net, "conv")) == ["conv.0", "conv.1"]  # every Conv2d, not the block
+    assert names(select_layers(net, "relu")) == ["relu", "block.0"]
+    assert names(select_layers(net, "con[v]")) == ["conv"]  # the layer itself, by a glob
+    assert names(select_layers(net, [conv_block])) == ["conv"]  # or by its module object
+
+
+def test_keyword_errors_teach(alexnet):
+    with pytest.raises(ValueError, match=r"unknown layer 'convs'; did you mean the keyword 'conv' \(every nn.Conv2d\)"):
+        select_layers(alexnet, "convs")
+    transformer = nn.TransformerEncoderLayer(8, 2)
+    with pytest.raises(ValueError, match=r"layers='conv' selects every nn.Conv2d, and the model has none; "
+                                         r"types present: .*Linear.*Pass 'all', a module type or layer names"):
+        select_layers(transformer, "conv")
+
+
+def test_watch_and_report_share_the_keywords(tmp_path):
+    import actviz
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU())
+    with actviz.watch(model, tmp_path, layers="relu") as viz:
+        assert viz.layer_names == ["1", "3"]
+    result = actviz.report(model, [DATA / "chelsea.jpg"], layers="relu", logdir=None, size=32, progress=False)
+    assert result.layer_names == ["1", "3"]

@@ -1,8 +1,12 @@
-"""Writing: the fast TensorBoard checksum and failed writes that must not stop training."""
+"""Writing: the fast TensorBoard checksum, the one write path, exit, and failed writes that must not stop training."""
 
 from __future__ import annotations
 
+import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -15,7 +19,15 @@ from tensorboard.summary.writer import record_writer
 from torch.utils.tensorboard import SummaryWriter
 
 import actviz
-from actviz.sinks import use_fast_crc
+from actviz import sinks
+from actviz.rendering import feature_map_grid
+from actviz.results import StepResults, Summary
+from actviz.sinks import TensorBoardSink, use_fast_crc
+from actviz.summaries import summarize
+
+
+def finish_summary(tensor: torch.Tensor) -> Summary:
+    return Summary.from_vector(summarize(tensor).tolist())
 
 
 def test_fast_crc_gives_tensorboards_checksums():
@@ -26,6 +38,62 @@ def test_fast_crc_gives_tensorboards_checksums():
     for size in (0, 1, 7, 8, 9, 1000, 34_000):
         data = os.urandom(size) if size else b""
         assert fast(data) == pywrap_tensorflow.masked_crc32c(data)
+
+
+def test_no_sink_patches_tensorboard_but_watch_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
+    with SummaryWriter(tmp_path / "mine") as writer:
+        TensorBoardSink(writer, owns_writer=False)
+        sinks.BackgroundSink(TensorBoardSink(writer, owns_writer=False), on_error=print).close()
+    assert record_writer.masked_crc32c is pywrap_tensorflow.masked_crc32c  # constructors leave it alone
+    actviz.watch(small_cnn(), tmp_path / "watched").close()
+    assert record_writer.masked_crc32c is not pywrap_tensorflow.masked_crc32c
+    assert getattr(record_writer.masked_crc32c, "actviz_fast_crc", False)
+
+
+def test_fast_crc_is_fail_safe_when_tensorboard_renames_the_checksum(monkeypatch, caplog):
+    monkeypatch.delattr(record_writer, "masked_crc32c")
+    monkeypatch.setattr(sinks, "_fast_crc_failure_logged", False)
+    with caplog.at_level(logging.DEBUG, logger="actviz.sinks"):
+        assert use_fast_crc() is False
+        assert use_fast_crc() is False
+    assert not hasattr(record_writer, "masked_crc32c")  # left as it was: nothing added
+    failures = [r for r in caplog.records if "pure Python" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].levelno == logging.DEBUG  # once, at DEBUG
+    assert "masked_crc32c" in failures[0].exc_text
+
+
+def test_fast_crc_without_the_crc32c_package_leaves_tensorboard_alone(monkeypatch):
+    monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
+    monkeypatch.setitem(sys.modules, "crc32c", None)  # import crc32c raises ImportError
+    monkeypatch.setattr(sinks, "_fast_crc_failure_logged", False)
+    assert use_fast_crc() is False
+    assert record_writer.masked_crc32c is pywrap_tensorflow.masked_crc32c
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, torch
+registered = []
+_register = atexit.register
+atexit.register = lambda function, *args, **kwargs: (registered.append(function.__module__), _register(function, *args, **kwargs))[1]
+import actviz
+for index in range(3):  # three watchers, never closed: their steps are written at exit
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    viz = actviz.watch(model, sys.argv[1] + f"/run{index}", every=1)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+print(registered.count("actviz.open_watchers"), sum(module.startswith("actviz") for module in registered))
+"""
+
+
+def test_one_atexit_entry_writes_the_pending_steps_of_every_watcher(tmp_path, read_run):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1 1"  # one atexit entry, actviz's, for the three watchers
+    for index in range(3):
+        run = read_run(tmp_path / f"run{index}")
+        assert run.histogram_steps("activations/0") == [0] and run.image_steps("feature_maps/0") == [0]
 
 
 class FullDiskFileWriter:
@@ -60,54 +128,49 @@ def test_strict_raises_a_failing_write_in_the_training_thread(tmp_path):
     writer.close()
 
 
-class PublicMethodsOnly:
-    """A writer with SummaryWriter's public methods but no ``_get_file_writer``."""
+def _write_with_public_methods(writer: SummaryWriter, results: StepResults) -> None:
+    """What SummaryWriter's own methods write for one step: the reference for the sink's one event."""
+    for tag, summary in results.activations.items():
+        limits, counts = summary.histogram()
+        writer.add_histogram_raw(
+            f"activations/{tag}", min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
+            sum_squares=summary.sum_squares, bucket_limits=limits, bucket_counts=counts, global_step=results.step,
+        )
+        for name in ("mean", "std", "zero_fraction", "nonfinite"):
+            writer.add_scalar(f"activation_stats/{tag}/{name}", getattr(summary, name), results.step)
+    for tag, image in results.images.items():
+        writer.add_image(f"feature_maps/{tag}", image, results.step, dataformats="CHW")
 
-    def __init__(self, log_dir):
-        self._writer = SummaryWriter(log_dir)
-        self.calls = []
 
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name.startswith("add_"):
-            self.calls.append(name)
-        return getattr(self._writer, name)
-
-
-def test_a_step_is_one_event_with_the_same_values_as_the_public_methods_write(tmp_path, read_run):
-    model, twin = small_cnn(), small_cnn()
-    twin.load_state_dict(model.state_dict())
-    public = PublicMethodsOnly(tmp_path / "public")
-    with actviz.watch(model, tmp_path / "merged", every=1, strict=True), \
-            actviz.watch(twin, writer=public, every=1, strict=True):
-        torch.manual_seed(0)
-        train_step(model)
-        torch.manual_seed(0)
-        train_step(twin)
-    public._writer.close()
-    assert {"add_scalar", "add_histogram_raw", "add_image"} <= set(public.calls)
+def test_a_step_is_one_event_with_the_values_summarywriters_methods_write(tmp_path, read_run):
+    torch.manual_seed(0)
+    activation = torch.randn(2, 3, 5, 5).relu()
+    results = StepResults(
+        step=7,
+        activations={"conv": finish_summary(activation), "head": finish_summary(torch.arange(6.0))},
+        images={"conv": feature_map_grid(activation[0])},
+    )
+    merged_writer = SummaryWriter(tmp_path / "merged")
+    TensorBoardSink(merged_writer, owns_writer=True).write(results)
+    merged_writer.close()
+    with SummaryWriter(tmp_path / "public") as public_writer:
+        _write_with_public_methods(public_writer, results)
 
     events = list(EventFileLoader(str(next((tmp_path / "merged").glob("events.*")))).Load())
     step_events = [event for event in events if event.HasField("summary")]
-    assert len(step_events) == 1  # one event carries the whole step
+    assert len(step_events) == 1 and step_events[0].step == 7  # one event carries the whole step
     merged, separate = read_run(tmp_path / "merged"), read_run(tmp_path / "public")
-    assert merged.scalar_tags == separate.scalar_tags and len(merged.scalar_tags) > 0
-    assert merged.histogram_tags == separate.histogram_tags and len(merged.histogram_tags) > 0
-    assert merged.image_tags == separate.image_tags and len(merged.image_tags) > 0
-    texts = set(merged.events.Tags()["tensors"])
-    assert texts == {"layers"}  # the layer table, at the first stats step
-    assert len(step_events[0].summary.value) == len(
-        merged.scalar_tags | merged.histogram_tags | merged.image_tags | texts
-    )
+    assert merged.scalar_tags == separate.scalar_tags and len(merged.scalar_tags) == 8
+    assert merged.histogram_tags == separate.histogram_tags == {"activations/conv", "activations/head"}
+    assert merged.image_tags == separate.image_tags == {"feature_maps/conv"}
+    assert len(step_events[0].summary.value) == 8 + 2 + 1
+    assert merged.scalar("activation_stats/head/mean", 7) == 2.5  # (0 + 1 + ... + 5) / 6, by hand
     for tag in merged.scalar_tags:
-        assert merged.scalar(tag, 0) == pytest.approx(separate.scalar(tag, 0), rel=1e-6, nan_ok=True)
+        assert merged.scalar(tag, 7) == pytest.approx(separate.scalar(tag, 7), rel=1e-6, nan_ok=True)
     for tag in merged.histogram_tags:
-        a, b = merged.histogram(tag, 0), separate.histogram(tag, 0)
-        assert (a.min, a.max, a.num) == (b.min, b.max, b.num)
+        a, b = merged.histogram(tag, 7), separate.histogram(tag, 7)
+        assert (a.min, a.max, a.num, a.sum) == (b.min, b.max, b.num, b.sum)
         assert a.bucket == b.bucket and a.bucket_limit == b.bucket_limit
-    for tag in merged.image_tags:
-        picture, through_add_image = merged.image(tag, 0), separate.image(tag, 0)
-        if picture.ndim == 2:  # add_image stores a grayscale grid as RGB with three equal channels
-            picture = np.repeat(picture[:, :, None], 3, axis=2)
-        assert (picture == through_add_image).all()
+    picture, through_add_image = merged.image("feature_maps/conv", 7), separate.image("feature_maps/conv", 7)
+    # add_image stores a grayscale grid as RGB with three equal channels
+    assert (np.repeat(picture[:, :, None], 3, axis=2) == through_add_image).all()

@@ -1,4 +1,4 @@
-"""HTML sink for :func:`actviz.report`: one ``index.html`` and its PNG files.
+"""The HTML page of :func:`actviz.report`: one ``index.html`` and its PNG files.
 
 The page is static: inline CSS, system fonts, no JavaScript and nothing fetched
 from the network, so it opens offline in any browser, can be zipped and mailed,
@@ -17,14 +17,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .png import encode_png
+from .._version import __version__
+from ..png import encode_png
+from .models import RANDOM_WEIGHTS_NOTE, SEED
+from .results import ImageReport, LayerRecord, ReportResult
 
-if TYPE_CHECKING:
-    from .report import ImageReport, LayerRecord, ReportResult
-
-__all__ = ["write_html", "format_number"]
+__all__ = ["format_number", "format_percent", "write_html"]
 
 _CSS = """
 :root { color-scheme: light; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0969da; }
@@ -44,6 +43,8 @@ nav { margin: 14px 0; padding: 10px 14px; background: var(--soft); border: 1px s
 nav a { margin-right: 14px; }
 a { color: var(--accent); text-decoration: none; }
 a:hover { text-decoration: underline; }
+.banner { margin: 16px 0; padding: 12px 16px; border: 2px solid #bf8700; border-radius: 6px; background: #fff8c5;
+          font-weight: 600; }
 .failed { border: 1px solid #ff8182; background: #ffebe9; border-radius: 6px; padding: 10px 14px; margin: 14px 0; }
 .failed ul { margin: 4px 0 0; padding-left: 20px; }
 .intro { display: flex; flex-wrap: wrap; gap: 28px; align-items: flex-start; }
@@ -52,7 +53,6 @@ a:hover { text-decoration: underline; }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 6px; }
 .preds { min-width: 320px; flex: 1; }
 .preds h3 { margin-top: 0; }
-.note { color: var(--muted); font-style: italic; }
 table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { padding: 5px 10px; border-bottom: 1px solid var(--line); text-align: left; }
 th { background: var(--soft); font-weight: 600; font-size: 13px; }
@@ -79,15 +79,31 @@ footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px
 
 
 def format_number(value: float) -> str:
-    """Four significant digits, or an en dash for NaN and ±Inf.
+    """Every statistic on the page: four significant digits, trailing zeros kept, an exponent only outside [1e-4, 1e4).
+
+    Zero is ``0``; NaN and ±Inf (no finite value to show) are an en dash.
 
     Example:
-        >>> format_number(0.000123456), format_number(1234.5678), format_number(float("nan"))
-        ('0.0001235', '1235', '–')
+        >>> [format_number(v) for v in (0.000123456, -1.06, 1234.5678, 123456.0, -2.5e-7, -0.0, float("nan"))]
+        ['0.0001235', '-1.060', '1235', '1.235e5', '-2.500e-7', '0', '–']
     """
     if not math.isfinite(value):
         return "–"
-    return f"{value:.4g}"
+    if value == 0:
+        return "0"  # not "-0" or "0.000"
+    mantissa, _, exponent = f"{value:#.4g}".partition("e")
+    mantissa = mantissa.rstrip(".")  # "1235." -> "1235"
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
+
+
+def format_percent(fraction: float) -> str:
+    """Every fraction on the page (zero fractions, probabilities): a percentage with one decimal.
+
+    Example:
+        >>> format_percent(0.25), format_percent(1 / 3), format_percent(float("nan"))
+        ('25.0%', '33.3%', '–')
+    """
+    return f"{fraction:.1%}" if math.isfinite(fraction) else "–"
 
 
 def _file_name(layer: str) -> str:
@@ -102,22 +118,19 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "×".join(str(size) for size in shape)
 
 
-def _img(src: str, alt: str, width: int, height: int, css: str = "") -> str:
-    klass = f' class="{css}"' if css else ""
+def _img(src: str, alt: str, width: int, height: int) -> str:
+    """The picture, linked to its PNG file: a click (no JavaScript) shows it at full size."""
     return (
-        f'<img{klass} src="{html.escape(src)}" alt="{html.escape(alt)}" width="{width}" height="{height}" '
-        'loading="lazy">'
+        f'<a href="{html.escape(src)}" title="open at full size, {width}×{height} px">'
+        f'<img src="{html.escape(src)}" alt="{html.escape(alt)}" width="{width}" height="{height}"></a>'
     )
 
 
 def _predictions(item: ImageReport) -> str:
-    if not item.predictions:
-        return (
-            '<div class="preds"><h3>Top-5 predictions</h3><p class="note">Not shown: the class names are '
-            "unknown for these weights (random weights or your own model).</p></div>"
-        )
+    if not item.predictions:  # random weights or your own model: no class names, so no box at all
+        return ""
     rows = "".join(
-        f'<tr><td class="num">{rank}</td><td>{html.escape(label)}</td><td class="num">{p:.1%}</td>'
+        f'<tr><td class="num">{rank}</td><td>{html.escape(label)}</td><td class="num">{format_percent(p)}</td>'
         f'<td><div class="bar"><span style="width:{p * 100:.1f}%"></span></div></td></tr>'
         for rank, (label, p) in enumerate(item.predictions, 1)
     )
@@ -138,7 +151,7 @@ def _stats_row(item: ImageReport, record: LayerRecord) -> str:
         f'<tr><td class="mono">{linked}</td><td>{html.escape(record.type)}</td><td class="mono">{_shape(record.shape)}</td>'
         f'<td class="num">{format_number(summary.mean)}</td><td class="num">{format_number(summary.std)}</td>'
         f'<td class="num">{format_number(summary.min)}</td><td class="num">{format_number(summary.max)}</td>'
-        f'<td class="num">{summary.zero_fraction:.1%}</td><td{dead_class}>{dead}</td></tr>'
+        f'<td class="num">{format_percent(summary.zero_fraction)}</td><td{dead_class}>{dead}</td></tr>'
     )
 
 
@@ -170,15 +183,14 @@ def _section(item: ImageReport, folder: Path) -> str:
         file_name = f"{item.run}/{_file_name(record.name)}.png"
         (folder / file_name).write_bytes(encode_png(record.grid))
         _, grid_h, grid_w = record.grid.shape
-        channels = f"{record.shown_channels} of {record.channels} channels" if record.channels else ""
+        caption = [f"{record.shown_channels} of {record.channels} channels"] if record.channels else []
+        caption += [f"mean {format_number(record.summary.mean)}", f"zero {format_percent(record.summary.zero_fraction)}"]
+        caption += [] if record.dead_channels is None else [f"dead {record.dead_channels}"]
         figures.append(
             f'<figure class="layer" id="{_anchor(item.run, record.name)}"><header><b>{html.escape(record.name)}</b>'
             f"<span>{html.escape(record.type)} · {_shape(record.shape)}</span></header>"
             + _img(file_name, f"feature maps of {record.name}", grid_w, grid_h)
-            + f"<figcaption>{channels} · mean {format_number(record.summary.mean)} · "
-            f"zero {record.summary.zero_fraction:.0%}"
-            + ("" if record.dead_channels is None else f" · dead {record.dead_channels}")
-            + "</figcaption></figure>"
+            + f"<figcaption>{' · '.join(caption)}</figcaption></figure>"
         )
     maps = '<h3>Feature maps</h3><div class="maps">' + "".join(figures) + "</div>" if figures else ""
     return (
@@ -187,30 +199,26 @@ def _section(item: ImageReport, folder: Path) -> str:
     )
 
 
-def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, max_channels: int) -> Path:
+def write_html(result: ReportResult, folder: str | os.PathLike[str]) -> Path:
     """Write ``index.html`` and its PNG files for a report into ``folder``; return the page's path.
 
     Args:
         result: What :func:`actviz.report` computed.
         folder: Output folder, created if needed. Files of an earlier report are overwritten.
-        size: Side of the model input, for the page's header.
-        max_channels: Channel limit per grid, for the page's header.
 
     Example:
         >>> import actviz, tempfile
         >>> result = actviz.report("alexnet", ["tests/data/chelsea.jpg"], logdir=None, size=96, progress=False)
         >>> with tempfile.TemporaryDirectory() as folder:
-        ...     sorted(p.name for p in write_html(result, folder, 96, 64).parent.rglob("*.png"))[:3]
+        ...     sorted(p.name for p in write_html(result, folder).parent.rglob("*.png"))[:3]
         ['features.0.png', 'features.10.png', 'features.3.png']
     """
-    from . import __version__
-
     root = Path(folder)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OSError(f"cannot create html folder '{root}': {error.strerror or error}") from error
-    title = f"What {result.model} sees"
+    title = f"What {result.model} sees" + (" (random weights, untrained)" if result.random_weights else "")
     nav = ""
     if len(result.images) > 1:
         nav = "<nav>Images: " + "".join(
@@ -220,14 +228,15 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
     if result.failed:
         items = "".join(f"<li>{html.escape(reason)}</li>" for reason in result.failed.values())
         failed = f'<div class="failed"><b>{len(result.failed)} image(s) could not be processed:</b><ul>{items}</ul></div>'
-    weights = result.weights + (" (random initialisation, seed 0)" if result.weights == "none" else "")
+    weights = result.weights + (f" (random initialisation, seed {SEED})" if result.random_weights else "")
+    banner = f'<p class="banner" role="note">{html.escape(RANDOM_WEIGHTS_NOTE)}</p>' if result.random_weights else ""
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     header = (
         f"<header><h1>{html.escape(title)}</h1><div class=\"meta\">"
         f"<dl><dt>model</dt><dd><code>{html.escape(result.model)}</code></dd>"
         f"<dt>weights</dt><dd>{html.escape(weights)}</dd>"
-        f"<dt>input</dt><dd>{size}×{size} pixels, one forward pass per image</dd>"
-        f"<dt>layers</dt><dd>{len(result.layer_names)} selected; up to {max_channels} channels drawn per layer</dd>"
+        f"<dt>input</dt><dd>{result.input_size}×{result.input_size} pixels, one forward pass per image</dd>"
+        f"<dt>layers</dt><dd>{len(result.layer_names)} selected; up to {result.max_channels} channels drawn per layer</dd>"
         f"<dt>made</dt><dd>{now} with actviz {__version__}</dd></dl></div></header>"
     )
     body = "".join(_section(item, root) for item in result.images)
@@ -236,13 +245,13 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str], size: int, 
         "from black (its lowest value) to white (its highest); when a layer has more channels than are drawn, "
         "the strongest by mean |activation| are shown, in channel order. Statistics cover the whole output. "
         "A <em>dead</em> channel has no positive value for this image, so it is all zero after a ReLU; "
-        "conv outputs are recorded before their in-place ReLU.</footer>"
+        "conv outputs are recorded before their in-place ReLU. Click a picture to open its PNG at full size.</footer>"
     )
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
-        f"<body><main>{header}{nav}{failed}{body}{footer}</main></body></html>\n"
+        f"<body><main>{header}{banner}{nav}{failed}{body}{footer}</main></body></html>\n"
     )
     index = root / "index.html"
     index.write_text(page, encoding="utf-8")

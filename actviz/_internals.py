@@ -1,0 +1,198 @@
+"""Every private PyTorch, TensorBoard and torchvision API actviz uses, each behind one small function.
+
+Nothing else in actviz reaches past a public API. Each function says why the public
+API is not enough, and ``tests/test_internals.py`` checks each assumption, so that a
+release of PyTorch, TensorBoard or torchvision that changes one fails the suite loudly
+instead of changing what actviz logs.
+
+=====================================  ===========================================
+function                               private API
+=====================================  ===========================================
+:func:`queue_end_of_backward`          the autograd engine's ``queue_callback``
+:func:`tensor_version`                 ``Tensor._version``
+:func:`batch_and_instance_norm_types`  ``torch.nn.modules.batchnorm._NormBase``
+:func:`event_file_writer`              ``SummaryWriter._get_file_writer``
+:func:`replace_record_checksum`        ``tensorboard...record_writer.masked_crc32c``
+:func:`image_classification`           ``torchvision.transforms._presets``
+:func:`grad_scaler_scale`              ``GradScaler._scale``
+:func:`grad_scaler_unscaled`           ``GradScaler._per_optimizer_states``
+:func:`compiled_original`              ``OptimizedModule._orig_mod``
+:func:`compiled_call` and              ``nn.Module._compiled_call_impl``
+:func:`set_compiled_call`              (what ``model.compile()`` sets)
+=====================================  ===========================================
+
+The summaries also call ``torch._foreach_norm``, ``torch._foreach_powsum``,
+``torch._foreach_max`` and other ``_foreach`` ops directly: they are aten operators that
+take a list of tensors in one dispatch (PyTorch's optimizers and ``clip_grad_norm_`` are
+built on them), not private attributes. ``tests/test_internals.py`` checks the semantics
+actviz relies on (an L0 norm counts NaN and Inf as non-zero, a float64 ``dtype=``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "batch_and_instance_norm_types",
+    "compiled_call",
+    "compiled_original",
+    "grad_scaler_scale",
+    "grad_scaler_unscaled",
+    "set_compiled_call",
+    "event_file_writer",
+    "image_classification",
+    "queue_end_of_backward",
+    "replace_record_checksum",
+    "tensor_version",
+]
+
+
+def queue_end_of_backward(callback: Callable[[], None]) -> None:
+    """Ask autograd to call ``callback`` once, when the backward pass now running ends.
+
+    Why private: PyTorch has no public "backward finished" hook. DDP uses this same call
+    to start its last all-reduce. Raises ``RuntimeError`` outside a backward pass.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The counter that every in-place operation on ``tensor`` (or a view of it) increases.
+
+    Why private: no public API tells whether a tensor was changed in place since it was
+    last seen; autograd itself reads this counter to refuse stale saved tensors.
+
+    Example:
+        >>> t = torch.zeros(2)
+        >>> before = tensor_version(t); _ = t.add_(1)
+        >>> tensor_version(t) - before
+        1
+    """
+    return tensor._version
+
+
+def batch_and_instance_norm_types() -> tuple[type[nn.Module], ...]:
+    """The module types that normalise each channel on its own: BatchNorm, SyncBatchNorm, InstanceNorm.
+
+    Why private: their one common base class, ``_NormBase``, covers the lazy variants and
+    subclasses too. If it is ever renamed, the public classes below are used instead.
+
+    Example:
+        >>> isinstance(nn.BatchNorm2d(3), batch_and_instance_norm_types())
+        True
+    """
+    try:
+        from torch.nn.modules.batchnorm import _NormBase
+    except ImportError:  # tests/test_internals.py fails loudly on this branch
+        return (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+                nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+    return (_NormBase,)
+
+
+def event_file_writer(writer: Any) -> Any:
+    """The ``FileWriter`` behind a ``torch.utils.tensorboard.SummaryWriter``.
+
+    Why private: ``SummaryWriter``'s public ``add_*`` methods write one event per value
+    and re-encode images; only its file writer's ``add_summary`` takes one ``Summary``
+    proto with all of a step's values (what TensorFlow's merged summaries write).
+    """
+    return writer._get_file_writer()
+
+
+def replace_record_checksum(fast: Callable[[bytes], int]) -> bool:
+    """Make TensorBoard's event writer checksum every record with ``fast``, for the whole process.
+
+    Why private: without TensorFlow, TensorBoard computes each record's masked CRC-32C in
+    pure Python, through its ``record_writer`` module's global ``masked_crc32c``; there
+    is no public way to give it a faster one. ``fast`` is tried on a probe first and must
+    give TensorBoard's value; the module is changed only by the last statement, so an
+    error anywhere leaves it as it was. Idempotent. Callers catch the errors
+    (:func:`actviz.sinks.use_fast_crc`).
+
+    Raises:
+        ValueError: ``fast`` gives another checksum than TensorBoard's.
+        ImportError, AttributeError: TensorBoard moved or renamed it.
+    """
+    from tensorboard.summary.writer import record_writer
+
+    current = record_writer.masked_crc32c
+    if getattr(current, "actviz_fast_crc", False):
+        return True
+    probe = b"actviz compares the checksums before it swaps them"
+    if fast(probe) != current(probe):
+        raise ValueError(f"the fast checksum gives {fast(probe)}, TensorBoard's {current(probe)}")
+    fast.actviz_fast_crc = True  # type: ignore[attr-defined]
+    record_writer.masked_crc32c = fast
+    return True
+
+
+def image_classification(
+    crop_size: int, resize_size: int, mean: Sequence[float], std: Sequence[float], interpolation: Any = None
+) -> Any:
+    """torchvision's classification preprocessing: resize, center-crop, scale to [0, 1], normalise.
+
+    Why private: it is the class that pretrained weights' ``transforms()`` return, so a
+    report at another input size preprocesses exactly as the weights do, scaled. Its
+    ``crop_size``, ``resize_size``, ``mean`` and ``std`` attributes say what it does.
+
+    Example:
+        >>> t = image_classification(crop_size=64, resize_size=73, mean=(0.5,) * 3, std=(0.25,) * 3)
+        >>> t.crop_size, t.resize_size
+        ([64], [73])
+    """
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms._presets import ImageClassification
+
+    return ImageClassification(
+        crop_size=crop_size, resize_size=resize_size, mean=tuple(mean), std=tuple(std),
+        interpolation=InterpolationMode.BILINEAR if interpolation is None else interpolation,
+    )
+
+
+def grad_scaler_scale(grad_scaler: Any) -> torch.Tensor | None:
+    """The device tensor a ``GradScaler`` multiplies losses by, or ``None`` before its first ``scale()``.
+
+    Why private: the public ``get_scale()`` returns a Python float, which reads the device
+    tensor on the host: a GPU sync in every logging step's backward pass.
+    """
+    return getattr(grad_scaler, "_scale", None)
+
+
+def grad_scaler_unscaled(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> bool:
+    """True once ``grad_scaler.unscale_(optimizer)`` ran for this iteration (``scaler.step`` runs it).
+
+    Why private: GradScaler records it only in its per-optimizer state, as the stage
+    ``OptState.UNSCALED``; no public method tells whether gradients are unscaled yet.
+    """
+    states = getattr(grad_scaler, "_per_optimizer_states", None)
+    state = states.get(id(optimizer)) if isinstance(states, dict) else None  # .get: don't create one
+    stage = state.get("stage") if isinstance(state, dict) else None
+    return getattr(stage, "name", None) == "UNSCALED"
+
+
+def compiled_original(model: nn.Module) -> nn.Module | None:
+    """The module ``torch.compile(model)`` wraps, or ``None`` for a module that is no such wrapper.
+
+    Why private: ``OptimizedModule`` keeps it as ``_orig_mod`` (its ``state_dict`` keys carry
+    the ``_orig_mod.`` prefix for the same reason), and offers no public accessor.
+    """
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) else None
+
+
+def compiled_call(model: nn.Module) -> Callable[..., Any] | None:
+    """The compiled ``__call__`` that ``model.compile()`` installed, or ``None``.
+
+    Why private: ``Module.compile()`` compiles ``_call_impl``, hooks included, and stores
+    it as ``_compiled_call_impl``; actviz wraps it to keep its step hook out of the graph.
+    """
+    return getattr(model, "_compiled_call_impl", None)
+
+
+def set_compiled_call(model: nn.Module, call: Callable[..., Any] | None) -> None:
+    """Replace what :func:`compiled_call` returns (to wrap it, then to put it back)."""
+    model._compiled_call_impl = call

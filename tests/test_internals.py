@@ -1,0 +1,168 @@
+"""Each private API in actviz._internals does what actviz assumes: these fail loudly when one changes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+from PIL import Image
+from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
+from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+from tensorboard.summary.writer import record_writer
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from actviz import _internals
+
+PACKAGE = Path(_internals.__file__).parent
+CAT = Path(__file__).parent / "data" / "chelsea.jpg"
+
+
+def test_queue_end_of_backward_runs_once_after_every_gradient() -> None:
+    x = torch.ones(3, requires_grad=True)
+    w = torch.ones(3, requires_grad=True)
+    seen: list[str] = []
+
+    def on_grad(grad: torch.Tensor) -> None:
+        seen.append("grad")
+        _internals.queue_end_of_backward(lambda: seen.append(f"end, x.grad={x.grad is not None}"))
+
+    y = x * 2
+    y.register_hook(on_grad)
+    (y * w).sum().backward()
+    # Called once, after the leaves' gradients are accumulated: the end of the backward pass.
+    assert seen == ["grad", "end, x.grad=True"]
+    with pytest.raises(RuntimeError):  # outside a backward pass there is nothing to queue on
+        _internals.queue_end_of_backward(lambda: None)
+
+
+def test_tensor_version_counts_in_place_ops_only() -> None:
+    t = torch.zeros(4)
+    start = _internals.tensor_version(t)
+    _ = t + 1
+    assert _internals.tensor_version(t) == start
+    t.relu_()
+    t[1:].add_(1)  # through a view
+    assert _internals.tensor_version(t) == start + 2
+
+
+def test_norm_base_is_the_private_class_and_covers_every_batch_and_instance_norm() -> None:
+    from torch.nn.modules.batchnorm import _NormBase
+
+    assert _internals.batch_and_instance_norm_types() == (_NormBase,)  # not the fallback
+    for norm in (nn.BatchNorm1d(2), nn.BatchNorm2d(2), nn.BatchNorm3d(2), nn.SyncBatchNorm(2),
+                 nn.InstanceNorm1d(2), nn.InstanceNorm2d(2), nn.InstanceNorm3d(2), nn.LazyBatchNorm2d()):
+        assert isinstance(norm, _internals.batch_and_instance_norm_types()), type(norm).__name__
+    for other in (nn.LayerNorm(2), nn.GroupNorm(1, 2), nn.Conv2d(2, 2, 1)):
+        assert not isinstance(other, _internals.batch_and_instance_norm_types()), type(other).__name__
+
+
+def test_event_file_writer_takes_a_summary_proto(tmp_path: Path) -> None:
+    with SummaryWriter(tmp_path) as writer:
+        file_writer = _internals.event_file_writer(writer)
+        values = [SummaryProto.Value(tag="a", simple_value=1.5), SummaryProto.Value(tag="b", simple_value=-2.0)]
+        file_writer.add_summary(SummaryProto(value=values), 3)
+    records = RawEventFileLoader(str(next(tmp_path.glob("events.*")))).Load()
+    events = [e for e in map(Event.FromString, records) if e.HasField("summary")]
+    assert [(e.step, [(v.tag, v.simple_value) for v in e.summary.value]) for e in events] == [
+        (3, [("a", 1.5), ("b", -2.0)])
+    ]
+
+
+def test_record_checksum_is_looked_up_when_each_record_is_written(tmp_path: Path, monkeypatch) -> None:
+    # The swap only helps if RecordWriter reads the module's global at write time.
+    calls: list[int] = []
+
+    def counting(data: bytes) -> int:
+        calls.append(len(data))
+        return pywrap_tensorflow.masked_crc32c(data)
+
+    monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
+    assert _internals.replace_record_checksum(counting) is True
+    assert record_writer.masked_crc32c is counting
+    calls.clear()  # the probe it was checked on
+    with open(tmp_path / "records", "wb") as handle:
+        record_writer.RecordWriter(handle).write(b"0123456789")
+    assert calls == [8, 10]  # the length header's checksum, then the data's
+
+
+def test_a_wrong_checksum_is_refused_and_tensorboard_left_alone(monkeypatch) -> None:
+    monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
+    with pytest.raises(ValueError, match="checksum"):
+        _internals.replace_record_checksum(lambda data: 0)
+    assert record_writer.masked_crc32c is pywrap_tensorflow.masked_crc32c
+
+
+def test_image_classification_is_what_pretrained_weights_preprocess_with() -> None:
+    weights = torchvision.models.AlexNet_Weights.DEFAULT  # transforms() needs no download
+    preset = weights.transforms()
+    made = _internals.image_classification(
+        crop_size=preset.crop_size[0], resize_size=preset.resize_size[0], mean=preset.mean, std=preset.std,
+        interpolation=preset.interpolation,
+    )
+    assert type(made) is type(preset)
+    assert (made.crop_size, made.resize_size, made.mean, made.std) == (
+        [224], [256], [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    image = Image.open(CAT).convert("RGB")
+    assert torch.equal(made(image), preset(image))
+
+
+def test_grad_scaler_keeps_its_scale_as_a_tensor_and_marks_unscaled_optimizers() -> None:
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    assert _internals.grad_scaler_scale(scaler) is None  # made by the first scale()
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    scale = _internals.grad_scaler_scale(scaler)
+    assert isinstance(scale, torch.Tensor) and scale.item() == scaler.get_scale() == 2.0**10
+    assert not _internals.grad_scaler_unscaled(scaler, optimizer)
+    scaler.unscale_(optimizer)
+    assert _internals.grad_scaler_unscaled(scaler, optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    assert not _internals.grad_scaler_unscaled(scaler, optimizer)  # a new iteration
+
+
+def test_compiled_modules_keep_the_original_and_the_compiled_call() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert _internals.compiled_original(model) is None and _internals.compiled_call(model) is None
+    assert _internals.compiled_original(torch.compile(model, backend="eager")) is model
+    model.compile(backend="eager")
+    compiled = _internals.compiled_call(model)
+    assert callable(compiled)
+    calls = []
+    _internals.set_compiled_call(model, lambda *args: calls.append(args) or compiled(*args))
+    model(torch.ones(1, 2))  # Module.__call__ goes through the compiled call
+    assert len(calls) == 1
+    _internals.set_compiled_call(model, compiled)
+
+
+def test_foreach_ops_do_what_the_summaries_rely_on() -> None:
+    x = torch.tensor([1.0, float("nan"), 0.0, float("inf"), -2.0])
+    z = torch.nan_to_num(x, 0.0, 0.0, 0.0)
+    counts = torch._foreach_norm([x, z], 0, dtype=torch.float64)  # L0: NaN and Inf count as non-zero
+    assert [c.item() for c in counts] == [4.0, 2.0] and counts[0].dtype == torch.float64
+    (squares,) = torch._foreach_powsum([z.bfloat16()], 2, dtype=torch.float64)
+    assert squares.item() == 5.0 and squares.dtype == torch.float64
+    (absolute,) = torch._foreach_powsum([z], 1, dtype=torch.float64)
+    assert absolute.item() == 3.0  # |x|, not x
+    assert [m.item() for m in torch._foreach_max([z, -z])] == [1.0, 2.0]
+
+
+def test_no_other_module_touches_these_private_apis() -> None:
+    private = {"_execution_engine", "_version", "_NormBase", "_get_file_writer", "masked_crc32c", "_presets",
+               "_scale", "_per_optimizer_states", "_orig_mod", "_compiled_call_impl"}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "_internals.py":
+            continue
+        tree = ast.parse(path.read_text())
+        names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        names |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names}
+        names |= {node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+        assert not names & private, f"{path.relative_to(PACKAGE.parent)} uses {sorted(names & private)}"

@@ -1,0 +1,136 @@
+"""The package's shape: one version, small modules, no import cycle, light imports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import actviz
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_reads_the_version_from_actviz_version_py() -> None:
+    # Expand pyproject.toml as pip does when it builds the package (attr: is read statically).
+    code = (
+        "from setuptools.config.pyprojecttoml import read_configuration; "
+        "print(read_configuration('pyproject.toml', expand=True)['project']['version'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == actviz.__version__
+    from actviz._version import __version__
+
+    assert __version__ == actviz.__version__ and __version__.count(".") == 2
+
+
+PACKAGE = ROOT / "actviz"
+MAX_LINES = 300
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the actviz modules it imports, anywhere in the file (functions and TYPE_CHECKING too)."""
+    import ast
+
+    files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                    base = f"{base}.{node.module}" if node.module else base
+                else:
+                    base = node.module or ""
+                for alias in node.names:  # `from .pkg import module` names a module, else an attribute
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
+        graph[name] = {target for target in targets if target in files and target != name}
+    return graph
+
+
+def test_no_module_is_over_300_lines() -> None:
+    sizes = {_module_name(path): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    assert len(sizes) > 20 and "actviz.report.html" in sizes
+    assert {name: lines for name, lines in sizes.items() if lines > MAX_LINES} == {}
+
+
+def test_no_import_cycle_inside_actviz() -> None:
+    graph = _import_graph()
+    assert "actviz.report.results" in graph["actviz.report.html"]  # the graph sees relative imports
+    assert "actviz.layer_outputs" in graph["actviz.report.capture"]
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                cycle = path[path.index(target):] + [target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+_BLOCK = """
+import sys
+
+
+class Refuse:
+    '''Makes `import torchvision` and `import tqdm` fail, as if they were not installed.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torchvision", "tqdm"):
+            raise ImportError(f"{name} is blocked by the test")
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+"""
+
+_WATCH = """
+import sys
+import torch
+import actviz
+
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
+with actviz.watch(model, sys.argv[1], every=1, image_every=IMAGE_EVERY, strict=True) as viz:
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    viz.flush()
+    print("torchvision" in sys.modules)
+"""
+
+
+def _python(code: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def test_watch_runs_without_torchvision_and_tqdm_when_it_draws_no_picture(tmp_path: Path, read_run) -> None:
+    # torch imports tqdm itself when it is installed (torch.hub), so "not in sys.modules" can't
+    # be tested for tqdm; refusing both imports shows that watch() needs neither.
+    assert _python(_BLOCK + _WATCH.replace("IMAGE_EVERY", "lambda step: False"), str(tmp_path)) == "False"
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/0") == [0] and run.histogram_steps("weight_grads/3.weight") == [0]
+    assert run.image_tags == set()
+
+
+def test_torchvision_is_imported_when_the_first_picture_is_drawn(tmp_path: Path, read_run) -> None:
+    code = "import sys, actviz; print('torchvision' in sys.modules)\n" + _WATCH.replace("IMAGE_EVERY", "1")
+    assert _python(code, str(tmp_path)).split() == ["False", "True"]  # not by import actviz; by drawing
+    assert read_run(tmp_path).image_steps("feature_maps/0") == [0]
