@@ -9,6 +9,7 @@ MODULES = [
     "actviz.api",
     "actviz.batch_summaries",
     "actviz.capture",
+    "actviz.fused",
     "actviz.layer_outputs",
     "actviz.options",
     "actviz.png",
