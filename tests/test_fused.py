@@ -16,7 +16,8 @@ from torch import nn
 
 import actviz
 from actviz import fused
-from actviz.summaries import header_sums, summarize
+import actviz.summaries
+from actviz.summaries import header_sums, reduce_tensor, summarize
 
 KEY = ("header_sums", "cpu", torch.float32)
 
@@ -110,6 +111,13 @@ def test_float32_squares_past_the_float32_range_are_right_where_eager_reads_inf(
     assert fused_summary.sum == exact.sum().item()
 
 
+def test_tensors_past_the_int32_counts_take_the_eager_path(monkeypatch):
+    monkeypatch.setattr(actviz.summaries, "_INT32_COUNTS_MAX", 100)  # instead of 2**31 elements: 8 GB of float32
+    before = calls()
+    assert reduce_tensor(torch.randn(100)).form == "var_mean" and reduce_tensor(torch.randn(99)).form == "sums"
+    assert calls() == before + 1
+
+
 def test_header_sums_by_hand():
     # NaN and -Inf count as non-zero and become 0: non-zero 4, then 2; sum 3 - 1; squares 9 + 1.
     values = torch.tensor([3.0, math.nan, 0.0, -1.0, -math.inf])
@@ -191,8 +199,6 @@ def test_the_summary_stays_compiled_in_a_compiled_model_and_under_force_eager():
     forms = []
 
     def hook(module, inputs, output):
-        from actviz.summaries import reduce_tensor
-
         forms.append(reduce_tensor(output).form)
 
     model[1].register_forward_hook(hook)
