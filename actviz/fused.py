@@ -5,7 +5,9 @@
 calls it. Every tensor of one dtype shares the compiled code: its length is an
 unbacked dynamic size (so not even length 1 is specialized), it is given stride 1
 and no view base, and the global state Dynamo guards on is the same on every call.
-A run compiles one graph per device type and dtype, however many layer shapes.
+A run compiles at most two graphs per device type and dtype, however many layer
+shapes: one for tensors under :data:`LARGE` elements, one for the others, each tuned
+for its size.
 
 * **Lazily.** Nothing is compiled until the first call, which comes from the first
   logging step's hooks: a run that never logs compiles nothing.
@@ -26,7 +28,7 @@ A run compiles one graph per device type and dtype, however many layer shapes.
 Private APIs, all here: ``torch._dynamo.lookup_backend("inductor")`` (the backend,
 wrapped to count graphs and calls), ``torch._dynamo.decorators.mark_unbacked`` with
 ``hint_override`` (Inductor tunes its reduction, the split on a GPU and the threads
-on a CPU, for 16 M elements instead of for the first tensor it sees),
+on a CPU, for its size class instead of for the first tensor it sees),
 ``torch._dynamo.eval_frame._stance`` (read, to skip ``set_stance`` when it is
 already the default) and ``torch._inductor.codegen.common`` (which devices Inductor
 compiles for). An error from any of them counts as a failed compile.
@@ -49,11 +51,15 @@ __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 
 logger = logging.getLogger(__name__)
 
-#: The length Inductor tunes the reduction for (its split into blocks on a GPU, its threads on a CPU).
-SIZE_HINT = 1 << 24
+#: Tensors from this length on get their own graph, tuned for 16 M elements (a GPU splits the reduction
+#: over many blocks, a CPU over its threads); shorter ones one tuned for 4096 (one block, one thread: on a
+#: GPU one kernel instead of two, on a CPU no thread team to wait for, as aten's reductions).
+LARGE = 1 << 15
+SIZE_HINTS = {False: 1 << 12, True: 1 << 24}
 
-#: (function name, device type, dtype) -> its compiled function, or None once it failed.
-_compiled: dict[tuple[str, str, torch.dtype], CompiledFunction | None] = {}
+Key = tuple[str, str, torch.dtype, bool]
+#: (function name, device type, dtype, large) -> its compiled function, or None once it failed.
+_compiled: dict[Key, CompiledFunction | None] = {}
 _warned = False
 _supported: dict[str, bool] = {}
 
@@ -110,15 +116,15 @@ def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor)
     if type(values) is not torch.Tensor or values.is_inference():
         return None  # a subclass (DTensor) or an inference tensor: its own guards, so leave it to eager torch
     # Dynamo guards on the stride, even of a length-1 tensor, and on the shape of a view's base: give it
-    # stride 1 and no base, so that one graph serves every call.
+    # stride 1 and no base, so that one graph serves every call of its size class.
     if values.stride() != (1,):
         values = values.as_strided((values.numel(),), (1,)) if values.numel() == 1 else values.contiguous()
     values = values.data
-    key = (function.__qualname__, values.device.type, values.dtype)
+    key = (function.__qualname__, values.device.type, values.dtype, values.numel() >= LARGE)
     compiled = _compiled.get(key, ...)
     try:
         if compiled is ...:
-            compiled = _compiled[key] = CompiledFunction(function, values.device.type, values.dtype)
+            compiled = _compiled[key] = CompiledFunction(function, *key[1:])
         return None if compiled is None else compiled(values)
     except Exception as error:  # noqa: BLE001 - a summary must never stop training
         _compiled[key] = None
@@ -126,9 +132,9 @@ def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor)
         return None
 
 
-def _report_failure(key: tuple[str, str, torch.dtype], error: BaseException) -> None:
+def _report_failure(key: Key, error: BaseException) -> None:
     global _warned
-    name, device_type, dtype = key
+    name, device_type, dtype, _ = key
     reason = " ".join([line for line in str(error).splitlines() if line.strip()][:2])[:500] or type(error).__name__
     message = f"actviz: compiling {name} for {device_type} {dtype} failed, so it runs eagerly: {reason}"
     if _warned:
@@ -149,8 +155,8 @@ def _stance() -> str | None:
     return getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
 
 
-def compiled_functions() -> dict[tuple[str, str, torch.dtype], CompiledFunction | None]:
-    """Every function compiled so far, by (name, device type, dtype); ``None`` where it failed."""
+def compiled_functions() -> dict[Key, CompiledFunction | None]:
+    """Every function compiled so far, by (name, device type, dtype, large); ``None`` where it failed."""
     return dict(_compiled)
 
 
@@ -161,16 +167,20 @@ class CompiledFunction:
         function: A pure function of one 1-D tensor.
         device_type: ``"cuda"``, ``"cpu"``, ...
         dtype: The dtype of the tensors it will take.
+        large: Whether they have :data:`LARGE` elements or more.
     """
 
-    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor], device_type: str, dtype: torch.dtype) -> None:
+    def __init__(
+        self, function: Callable[[torch.Tensor], torch.Tensor], device_type: str, dtype: torch.dtype, large: bool
+    ) -> None:
         import torch._dynamo
 
         self.device_type = device_type
+        self.size_hint = SIZE_HINTS[large]
         self.graphs = 0  # graphs compiled for this key
         self.calls = 0  # calls that ran compiled code
         self._inductor = _inductor_backend()
-        name = f"{function.__name__}_{device_type}_{str(dtype).removeprefix('torch.')}"
+        name = f"{function.__name__}_{device_type}_{str(dtype).removeprefix('torch.')}{'_large' if large else ''}"
         names = {"co_name": name, **({"co_qualname": name} if hasattr(function.__code__, "co_qualname") else {})}
         code = function.__code__.replace(**names)  # its own Dynamo cache entries and recompile limit
         copy = types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)
@@ -181,8 +191,8 @@ class CompiledFunction:
         return self._call(values)
 
     def _call_compiled(self, values: torch.Tensor) -> torch.Tensor:
-        # One length for every call (an unbacked size, so not even 1 is specialized), tuned for large tensors.
-        torch._dynamo.decorators.mark_unbacked(values, 0, hint_override=SIZE_HINT)
+        # One graph for every length (an unbacked size, so not even 1 is specialized), tuned for its size class.
+        torch._dynamo.decorators.mark_unbacked(values, 0, hint_override=self.size_hint)
         # The same global state on every call, as Dynamo guards on it; each switch only where needed (µs each).
         with ExitStack() as stack:
             if _stance() != "default":
