@@ -52,10 +52,11 @@ __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 logger = logging.getLogger(__name__)
 
 #: Tensors from this length on get their own graph, tuned for 16 M elements (a GPU splits the reduction
-#: over many blocks, a CPU over its threads); shorter ones one tuned for 4096 (one block, one thread: on a
-#: GPU one kernel instead of two, on a CPU no thread team to wait for, as aten's reductions).
+#: over many blocks, a CPU over its threads); shorter ones one tuned for 256 (one block, one thread: on a
+#: GPU one kernel instead of two, on a CPU no thread team to wait for, as aten's reductions; Inductor's
+#: CPU loop goes parallel from 512 elements per thread of the hint).
 LARGE = 1 << 15
-SIZE_HINTS = {False: 1 << 12, True: 1 << 24}
+SIZE_HINTS = {False: 1 << 8, True: 1 << 24}
 
 Key = tuple[str, str, torch.dtype, bool]
 #: (function name, device type, dtype, large) -> its compiled function, or None once it failed.
