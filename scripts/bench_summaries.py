@@ -7,7 +7,7 @@ through the environment (``ACTVIZ_FUSED``, ``ACTVIZ_CPU_SHORTCUTS``), read at ev
 
 Usage::
 
-    python scripts/bench_summaries.py sizes        # summarize() of one float32 tensor, per size
+    python scripts/bench_summaries.py sizes        # summarize() of one float32 tensor, per size (--dtype)
     python scripts/bench_summaries.py step         # logging steps of a small CNN (every=1), per path
     python scripts/bench_summaries.py first-step   # the first fused logging step's extra seconds, cold and warm
 """
@@ -51,11 +51,12 @@ def train_step(model: nn.Module, viz: actviz.Watcher | None = None) -> float:
     return time.perf_counter() - start
 
 
-def sizes(reps: int) -> None:
+def sizes(reps: int, dtype: torch.dtype) -> None:
     """summarize() per size; each call takes the next of a pool of tensors (64 MB or more), as out of cache as in training."""
-    print("| elements | fused | NumPy shortcut | eager torch |\n|---|---|---|---|")
+    print(f"| {dtype} elements | fused | NumPy shortcut | eager torch |\n|---|---|---|---|")
     for numel in (10**3, 10**4, 10**5, 10**6, 10**7):
-        pool = [torch.randn(numel) for _ in range(max(2, min(64, (64 << 20) // (4 * numel))))]
+        count = max(2, min(64, (64 << 20) // (dtype.itemsize * numel)))
+        pool = [torch.randn(numel).to(dtype) for _ in range(count)]
         times: dict[str, list[float]] = {path: [] for path in PATHS}
         tensors = itertools.cycle(pool)
         for rep in range(reps + 2):  # the first two: compiling and warming up
@@ -71,17 +72,16 @@ def sizes(reps: int) -> None:
 
 
 def step(steps: int) -> None:
-    model = cnn()
-    times: dict[str, list[float]] = {path: [] for path in [*PATHS, "bare"]}
+    """Logging steps (every=1) of a watched CNN on each path, and steps of a bare copy, in turn."""
+    model, bare = cnn(), cnn()
+    times: dict[str, list[float]] = {path: [] for path in ["bare", *PATHS]}
     with actviz.watch(model, tempfile.mkdtemp(), every=1) as viz:
-        for index in range(steps + 2):
-            for path, env in PATHS.items():
-                os.environ.update(env)
-                elapsed = train_step(model, viz)
+        for index in range(steps + 2):  # the first two: compiling and warming up
+            for path in times:
+                os.environ.update(PATHS.get(path, {}))
+                elapsed = train_step(bare) if path == "bare" else train_step(model, viz)
                 if index >= 2:
                     times[path].append(elapsed)
-    bare = cnn()
-    times["bare"] = [train_step(bare) for _ in range(steps)]
     for path, values in times.items():
         print(f"{path}: median {statistics.median(values) * 1e3:.1f} ms over {len(values)} steps", flush=True)
 
@@ -103,11 +103,12 @@ def main() -> None:
     parser.add_argument("what", choices=["sizes", "step", "first-step", "first-step-child"])
     parser.add_argument("--reps", type=int, default=30, help="calls (sizes) or steps (step) per path")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch.set_num_threads")
+    parser.add_argument("--dtype", default="float32", help="sizes: the tensors' dtype (bfloat16: no NumPy shortcut)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs", flush=True)
     if args.what == "sizes":
-        sizes(args.reps)
+        sizes(args.reps, getattr(torch, args.dtype))
     elif args.what == "step":
         step(args.reps)
     elif args.what == "first-step-child":
