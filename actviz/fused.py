@@ -1,11 +1,11 @@
 """Compiled summaries: a pure tensor function run through ``torch.compile`` (Inductor), safely.
 
 :func:`run` compiles a function of one 1-D tensor, such as
-:func:`actviz.summaries.header_sums`, once per (function, device type, dtype) and
-calls it. Every tensor of one dtype shares the compiled code: its length is an
+:func:`actviz.summaries.header_sums`, once per (function, device, dtype, size class) and
+calls it. Every tensor of one device and dtype shares the compiled code: its length is an
 unbacked dynamic size (so not even length 1 is specialized), it is given stride 1
 and no view base, and the global state Dynamo guards on is the same on every call.
-A run compiles at most two graphs per device type and dtype, however many layer
+A run compiles at most two graphs per device and dtype, however many layer
 shapes: one for tensors under :data:`LARGE` elements, one for the others, each tuned
 for its size.
 
@@ -59,7 +59,8 @@ LARGE = 1 << 15
 SIZE_HINTS = {False: 1 << 8, True: 1 << 24}
 
 Key = tuple[str, str, torch.dtype, bool]
-#: (function name, device type, dtype, large) -> its compiled function, or None once it failed.
+#: (function name, device, dtype, large) -> its compiled function, or None once it failed. The device
+#: with its index ("cuda:1"), as Dynamo guards on it: one process driving two GPUs gets graphs for each.
 _compiled: dict[Key, CompiledFunction | None] = {}
 _warned = False
 _supported: dict[str, bool] = {}
@@ -121,7 +122,7 @@ def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor)
     if values.stride() != (1,):
         values = values.as_strided((values.numel(),), (1,)) if values.numel() == 1 else values.contiguous()
     values = values.data
-    key = (function.__qualname__, values.device.type, values.dtype, values.numel() >= LARGE)
+    key = (function.__qualname__, str(values.device), values.dtype, values.numel() >= LARGE)
     compiled = _compiled.get(key, ...)
     try:
         if compiled is ...:
@@ -135,9 +136,9 @@ def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor)
 
 def _report_failure(key: Key, error: BaseException) -> None:
     global _warned
-    name, device_type, dtype, _ = key
+    name, device, dtype, _ = key
     reason = " ".join([line for line in str(error).splitlines() if line.strip()][:2])[:500] or type(error).__name__
-    message = f"actviz: compiling {name} for {device_type} {dtype} failed, so it runs eagerly: {reason}"
+    message = f"actviz: compiling {name} for {device} {dtype} failed, so it runs eagerly: {reason}"
     if _warned:
         logger.info(message)
     else:
@@ -157,31 +158,31 @@ def _stance() -> str | None:
 
 
 def compiled_functions() -> dict[Key, CompiledFunction | None]:
-    """Every function compiled so far, by (name, device type, dtype, large); ``None`` where it failed."""
+    """Every function compiled so far, by (name, device, dtype, large); ``None`` where it failed."""
     return dict(_compiled)
 
 
 class CompiledFunction:
-    """One function compiled for one device type and dtype, with counts of its graphs and calls.
+    """One function compiled for one device, dtype and size class, with counts of its graphs and calls.
 
     Args:
         function: A pure function of one 1-D tensor.
-        device_type: ``"cuda"``, ``"cpu"``, ...
+        device: ``"cuda:0"``, ``"cpu"``, ...
         dtype: The dtype of the tensors it will take.
         large: Whether they have :data:`LARGE` elements or more.
     """
 
     def __init__(
-        self, function: Callable[[torch.Tensor], torch.Tensor], device_type: str, dtype: torch.dtype, large: bool
+        self, function: Callable[[torch.Tensor], torch.Tensor], device: str, dtype: torch.dtype, large: bool
     ) -> None:
         import torch._dynamo
 
-        self.device_type = device_type
+        self.device_type = torch.device(device).type
         self.size_hint = SIZE_HINTS[large]
         self.graphs = 0  # graphs compiled for this key
         self.calls = 0  # calls that ran compiled code
         self._inductor = _inductor_backend()
-        name = f"{function.__name__}_{device_type}_{str(dtype).removeprefix('torch.')}{'_large' if large else ''}"
+        name = f"{function.__name__}_{device.replace(':', '')}_{str(dtype).removeprefix('torch.')}{'_large' * large}"
         names = {"co_name": name, **({"co_qualname": name} if hasattr(function.__code__, "co_qualname") else {})}
         code = function.__code__.replace(**names)  # its own Dynamo cache entries and recompile limit
         copy = types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)

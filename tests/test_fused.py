@@ -145,9 +145,9 @@ def test_graphs_stay_bounded_over_many_layer_shapes():
     assert len(run.histogram_tags) == 6 * 33  # activations, gradients, and weight and bias, values and gradients
     assert calls() - before == 2 * 2 * 33  # every activation and output gradient went through compiled code
     graphs: dict[tuple[str, torch.dtype], int] = {}
-    for (_, device_type, dtype, _), function in fused.compiled_functions().items():
-        assert function is not None, (device_type, dtype)  # none failed to compile
-        graphs[device_type, dtype] = graphs.get((device_type, dtype), 0) + function.graphs
+    for (_, device, dtype, _), function in fused.compiled_functions().items():
+        assert function is not None, (device, dtype)  # none failed to compile
+        graphs[device, dtype] = graphs.get((device, dtype), 0) + function.graphs
     assert graphs[("cpu", torch.float32)] == 2  # one per size class, length 1 included
     assert max(graphs.values()) <= 2, graphs
 
