@@ -137,7 +137,7 @@ def test_graphs_stay_bounded_over_many_layer_shapes():
     torch.manual_seed(0)
     model = staircase(wide=True)  # 33 layers
     before = calls()
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, torch._dynamo.config.patch(recompile_limit=1):  # no recompile
         with actviz.watch(model, folder, every=1, layers=nn.Linear):
             for batch in (1, 3):  # output lengths 9..39, 40,000 and 1, then 27..117, 120,000 and 3
                 model(torch.randn(batch, 8)).sum().backward()  # the last gradient: expanded, stride 0
