@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting"]
+__all__ = [
+    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
+]
 
 DEFAULT_BINS = 64
 DEFAULT_MAX_CHANNELS = 64

@@ -52,7 +52,7 @@ def train_step(model: nn.Module, viz: actviz.Watcher | None = None) -> float:
 
 
 def sizes(reps: int, dtype: torch.dtype) -> None:
-    """summarize() per size; each call takes the next of a pool of tensors (64 MB or more), as out of cache as in training."""
+    """summarize() per size, each call on the next tensor of a pool of 64 MB or more: out of cache, as in training."""
     print(f"| {dtype} elements | fused | NumPy shortcut | eager torch |\n|---|---|---|---|")
     for numel in (10**3, 10**4, 10**5, 10**6, 10**7):
         count = max(2, min(64, (64 << 20) // (dtype.itemsize * numel)))
@@ -95,8 +95,9 @@ def first_step() -> None:
         os.environ.update(PATHS["fused"])
         first, *later = [train_step(model, viz) for _ in range(4)]
     steady = statistics.median(later)
-    print(f"NumPy logging step {warm[-1]:.3f} s; fused: first {first:.3f} s, then {', '.join(f'{t:.3f}' for t in later)} s; "
-          f"extra {first - steady:.2f} s")
+    then = ", ".join(f"{elapsed:.3f}" for elapsed in later)
+    print(f"NumPy logging step {warm[-1]:.3f} s; fused: first {first:.3f} s, then {then} s;", end=" ")
+    print(f"extra {first - steady:.2f} s")
 
 
 def main() -> None:
