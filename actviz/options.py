@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts"]
+__all__ = [
+    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
+]
 
 DEFAULT_BINS = 64
 DEFAULT_MAX_CHANNELS = 64
@@ -29,6 +31,22 @@ def cpu_shortcuts() -> bool:
     copy), so that the suite tests that path and anyone can count its ops on a CPU.
     """
     return os.environ.get("ACTVIZ_CPU_SHORTCUTS", "1") != "0"
+
+
+def fused_setting() -> bool | None:
+    """``ACTVIZ_FUSED``: ``1`` forces the compiled summaries on every device, ``0`` turns them off.
+
+    Unset (or any other value), :func:`actviz.fused.use_fused` decides: on for CUDA and
+    the other devices Inductor compiles for, off on the CPU (see "Performance" in the README).
+
+    Example:
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"ACTVIZ_FUSED": "0"}):
+        ...     fused_setting()
+        False
+    """
+    value = os.environ.get("ACTVIZ_FUSED", "")
+    return {"1": True, "0": False}.get(value)
 
 
 def check_positive_int(name: str, value: Any, example: int) -> None:

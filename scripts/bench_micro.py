@@ -99,7 +99,8 @@ def _live_tensors() -> tuple[int, int]:
     count = size = 0
     for obj in gc.get_objects():
         with contextlib.suppress(Exception):  # some objects raise on isinstance or have no storage
-            if isinstance(obj, torch.Tensor):
+            # Plain tensors and parameters: torch.compile's fake tensors hold no memory (and symbolic sizes).
+            if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
                 count, size = count + 1, size + obj.untyped_storage().nbytes()
     return count, size
 

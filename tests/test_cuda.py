@@ -1,4 +1,4 @@
-"""On a CUDA GPU: no host sync on the training thread, and the same numbers as on the CPU.
+"""On a CUDA GPU: no host sync on the training thread, the same numbers as on the CPU, fused summaries.
 
 Skipped where no GPU is present (CI has none). Run on a GPU machine with
 ``python -m pytest tests/test_cuda.py``.
@@ -13,6 +13,8 @@ import torch
 from conftest import Run, small_cnn
 
 import actviz
+from actviz import Summary, fused
+from actviz.summaries import reduce_tensor, summarize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -56,3 +58,36 @@ def test_values_equal_the_cpus(tmp_path):
     for tag in cpu.image_tags:
         difference = cpu.image(tag, 0).astype(int) - gpu.image(tag, 0).astype(int)
         assert abs(difference).max() <= 1  # GPU convolutions round differently
+
+
+def cuda_calls() -> int:
+    """Calls that ran the compiled summary on a CUDA device."""
+    functions = fused.compiled_functions().items()
+    return sum(function.calls for (_, device, _, _), function in functions if function and device.startswith("cuda"))
+
+
+def cuda_kernels(function) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        function()
+        torch.cuda.synchronize()
+    return sum(event.device_type == torch.autograd.DeviceType.CUDA for event in profile.events())
+
+
+def test_summaries_are_fused_by_default_in_fewer_kernels_with_the_eager_numbers(monkeypatch):
+    tensor = torch.randn(300_000, device="cuda")
+    tensor[::997], tensor[5::1001] = float("nan"), 0.0
+    monkeypatch.delenv("ACTVIZ_FUSED", raising=False)
+    before = cuda_calls()
+    fused_summary = Summary.from_vector(summarize(tensor, sample_size=None).tolist())  # compiles
+    assert cuda_calls() == before + 1
+    fused_kernels = cuda_kernels(lambda: reduce_tensor(tensor))
+    monkeypatch.setenv("ACTVIZ_FUSED", "0")
+    eager_summary = Summary.from_vector(summarize(tensor, sample_size=None).tolist())
+    eager_kernels = cuda_kernels(lambda: reduce_tensor(tensor))
+    assert fused_kernels < eager_kernels, (fused_kernels, eager_kernels)
+    a, b = fused_summary, eager_summary
+    assert (a.num, a.nonfinite, a.zeros, a.min, a.max) == (b.num, b.nonfinite, b.zeros, b.min, b.max)
+    assert a.bucket_counts == b.bucket_counts
+    exact = tensor.double().nan_to_num(0.0, 0.0, 0.0).cpu()
+    assert abs(a.sum - exact.sum().item()) <= 1e-9 * exact.abs().sum().item()  # float64 sums
+    assert a.sum_squares == pytest.approx((exact * exact).sum().item(), rel=1e-9)

@@ -47,6 +47,7 @@ class CountOps(TorchDispatchMode):
 @pytest.fixture(autouse=True)
 def device_path(monkeypatch):
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    monkeypatch.setenv("ACTVIZ_FUSED", "0")  # the eager path; the compiled one is tests/test_fused.py's
 
 
 @pytest.mark.parametrize("dtype, budget", [(torch.float32, 5), (torch.float64, 5), (torch.bfloat16, 6)])

@@ -18,6 +18,7 @@ from actviz.summaries import finish, flat_view, reduce_tensor, sample_stride, su
 def path(request, monkeypatch):
     """Run every test here twice: with the CPU shortcut, and on the accelerator path (ACTVIZ_CPU_SHORTCUTS=0)."""
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "1" if request.param == "shortcuts" else "0")
+    monkeypatch.setenv("ACTVIZ_FUSED", "0")  # its eager form; the compiled one is tests/test_fused.py's
     return request.param
 
 
