@@ -19,6 +19,10 @@ function                               private API
 :func:`compiled_original`              ``OptimizedModule._orig_mod``
 :func:`compiled_call` and              ``nn.Module._compiled_call_impl``
 :func:`set_compiled_call`              (what ``model.compile()`` sets)
+:func:`inductor_backend`               ``torch._dynamo.lookup_backend``
+:func:`mark_size_unbacked`             ``torch._dynamo.decorators.mark_unbacked``
+:func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
+:func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
 
 The summaries also call ``torch._foreach_norm``, ``torch._foreach_powsum``,
@@ -42,6 +46,10 @@ __all__ = [
     "compiled_original",
     "grad_scaler_scale",
     "grad_scaler_unscaled",
+    "compiler_stance",
+    "inductor_backend",
+    "inductor_compiles_for",
+    "mark_size_unbacked",
     "set_compiled_call",
     "event_file_writer",
     "image_classification",
@@ -196,3 +204,49 @@ def compiled_call(model: nn.Module) -> Callable[..., Any] | None:
 def set_compiled_call(model: nn.Module, call: Callable[..., Any] | None) -> None:
     """Replace what :func:`compiled_call` returns (to wrap it, then to put it back)."""
     model._compiled_call_impl = call
+
+
+def inductor_backend() -> Callable[..., Any]:
+    """Inductor as a ``torch.compile`` backend function, to wrap (actviz.fused counts its graphs).
+
+    Why private: ``torch.compile(backend="inductor")`` takes the name only; wrapping the
+    backend needs the function, which ``lookup_backend`` returns.
+    """
+    import torch._dynamo
+
+    return torch._dynamo.lookup_backend("inductor")
+
+
+def mark_size_unbacked(tensor: torch.Tensor, dim: int, size_hint: int) -> None:
+    """Make ``tensor``'s size at ``dim`` dynamic for every value, 0 and 1 included, tuned for ``size_hint``.
+
+    Why private: the public ``torch._dynamo.mark_dynamic`` still specializes sizes 0 and 1
+    and tunes for the first size seen; one graph per size class needs the unbacked form.
+    """
+    import torch._dynamo
+
+    torch._dynamo.decorators.mark_unbacked(tensor, dim, hint_override=size_hint)
+
+
+def compiler_stance() -> str | None:
+    """The stance ``torch.compiler.set_stance`` last set (``"default"``, ``"force_eager"``, ...), or ``None``.
+
+    Why private: torch has a setter and no getter; reading it skips a needless switch.
+    """
+    import torch._dynamo
+
+    return getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
+
+
+def inductor_compiles_for(device_type: str) -> bool:
+    """Whether Inductor has a code generator for ``device_type`` (``"cuda"``, ``"xpu"``, ``"cpu"``, ...).
+
+    Why private: there is no public list of the devices ``torch.compile`` supports.
+    """
+    try:
+        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+
+        init_backend_registration()
+        return get_scheduling_for_device(device_type) is not None
+    except Exception:  # noqa: BLE001 - an Inductor without this API: say no, and stay eager
+        return False

@@ -25,13 +25,11 @@ for its size.
   for that key from then on, and the caller takes the eager path. Tensor
   subclasses and inference tensors (other guards) get ``None`` at once.
 
-Private APIs, all here: ``torch._dynamo.lookup_backend("inductor")`` (the backend,
-wrapped to count graphs and calls), ``torch._dynamo.decorators.mark_unbacked`` with
-``hint_override`` (Inductor tunes its reduction, the split on a GPU and the threads
-on a CPU, for its size class instead of for the first tensor it sees),
-``torch._dynamo.eval_frame._stance`` (read, to skip ``set_stance`` when it is
-already the default) and ``torch._inductor.codegen.common`` (which devices Inductor
-compiles for). An error from any of them counts as a failed compile.
+It needs four private APIs, each behind one function in :mod:`actviz._internals`:
+Inductor's backend (wrapped to count graphs and calls), ``mark_unbacked`` with a size
+hint (Inductor tunes its reduction for the size class, not for the first tensor it sees),
+the current stance (to skip ``set_stance`` when it is already the default) and which
+devices Inductor compiles for. An error from any of them counts as a failed compile.
 """
 
 from __future__ import annotations
@@ -45,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ._internals import compiler_stance, inductor_backend, inductor_compiles_for, mark_size_unbacked
 from .options import fused_setting
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
@@ -86,19 +85,8 @@ def use_fused(device: torch.device) -> bool:
     if device.type == "cpu":
         return False
     if device.type not in _supported:
-        _supported[device.type] = _inductor_supports(device.type)
+        _supported[device.type] = inductor_compiles_for(device.type)
     return _supported[device.type]
-
-
-def _inductor_supports(device_type: str) -> bool:
-    try:
-        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
-
-        init_backend_registration()
-        return get_scheduling_for_device(device_type) is not None
-    except Exception:  # noqa: BLE001 - an Inductor without this API: stay eager
-        logger.debug("cannot tell whether Inductor compiles for %s", device_type, exc_info=True)
-        return False
 
 
 def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) -> torch.Tensor | None:
@@ -146,17 +134,6 @@ def _report_failure(key: Key, error: BaseException) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _inductor_backend() -> Callable[..., Any]:
-    import torch._dynamo
-
-    return torch._dynamo.lookup_backend("inductor")
-
-
-def _stance() -> str | None:
-    """The global ``torch.compiler.set_stance``; ``None`` where torch keeps it elsewhere."""
-    return getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
-
-
 def compiled_functions() -> dict[Key, CompiledFunction | None]:
     """Every function compiled so far, by (name, device, dtype, large); ``None`` where it failed."""
     return dict(_compiled)
@@ -181,7 +158,7 @@ class CompiledFunction:
         self.size_hint = SIZE_HINTS[large]
         self.graphs = 0  # graphs compiled for this key
         self.calls = 0  # calls that ran compiled code
-        self._inductor = _inductor_backend()
+        self._inductor = inductor_backend()
         name = f"{function.__name__}_{device.replace(':', '')}_{str(dtype).removeprefix('torch.')}{'_large' * large}"
         names = {"co_name": name, **({"co_qualname": name} if hasattr(function.__code__, "co_qualname") else {})}
         code = function.__code__.replace(**names)  # its own Dynamo cache entries and recompile limit
@@ -194,10 +171,10 @@ class CompiledFunction:
 
     def _call_compiled(self, values: torch.Tensor) -> torch.Tensor:
         # One graph for every length (an unbacked size, so not even 1 is specialized), tuned for its size class.
-        torch._dynamo.decorators.mark_unbacked(values, 0, hint_override=self.size_hint)
+        mark_size_unbacked(values, 0, self.size_hint)
         # The same global state on every call, as Dynamo guards on it; each switch only where needed (µs each).
         with ExitStack() as stack:
-            if _stance() != "default":
+            if compiler_stance() != "default":
                 stack.enter_context(torch.compiler.set_stance("default"))
             if torch.is_grad_enabled():  # forward hooks: on; backward hooks: off
                 stack.enter_context(torch.no_grad())

@@ -159,7 +159,7 @@ def test_a_failed_compile_warns_once_and_falls_back(monkeypatch):
 
         return backend
 
-    monkeypatch.setattr(fused, "_inductor_backend", broken_backend)
+    monkeypatch.setattr(fused, "inductor_backend", broken_backend)
     monkeypatch.setattr(fused, "_compiled", {})
     monkeypatch.setattr(fused, "_warned", False)
     tensor = random_values()
@@ -173,7 +173,7 @@ def test_a_failed_compile_warns_once_and_falls_back(monkeypatch):
 
 
 def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
-    monkeypatch.setattr(fused, "_inductor_backend", lambda: None)  # calling it raises
+    monkeypatch.setattr(fused, "inductor_backend", lambda: None)  # calling it raises
     monkeypatch.setattr(fused, "_compiled", {})
     monkeypatch.setattr(fused, "_warned", False)
     model = staircase(3)

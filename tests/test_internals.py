@@ -154,9 +154,21 @@ def test_foreach_ops_do_what_the_summaries_rely_on() -> None:
     assert [m.item() for m in torch._foreach_max([z, -z])] == [1.0, 2.0]
 
 
+def test_compiler_internals_do_what_actviz_fused_relies_on() -> None:
+    assert _internals.inductor_compiles_for("cpu") and not _internals.inductor_compiles_for("no-such-device")
+    assert callable(_internals.inductor_backend())
+    assert _internals.compiler_stance() == "default"
+    with torch.compiler.set_stance("force_eager"):
+        assert _internals.compiler_stance() == "force_eager"
+    values = torch.zeros(5)
+    _internals.mark_size_unbacked(values, 0, 256)
+    assert values.shape == (5,)  # marks it; changes nothing else
+
+
 def test_no_other_module_touches_these_private_apis() -> None:
     private = {"_execution_engine", "_version", "_NormBase", "_get_file_writer", "masked_crc32c", "_presets",
-               "_scale", "_per_optimizer_states", "_orig_mod", "_compiled_call_impl"}
+               "_scale", "_per_optimizer_states", "_orig_mod", "_compiled_call_impl", "lookup_backend",
+               "mark_unbacked", "_stance", "common"}
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_internals.py":
             continue
