@@ -15,6 +15,7 @@ from .gradcam import grad_cam
 from .options import CaptureOptions
 from .rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
+from .report.images import load_images
 from .results import StepResults, Summary
 from .schedule import Schedule
 from .selection import select_layers
@@ -24,6 +25,7 @@ from .watcher import Watcher
 __all__ = [
     "watch",
     "grad_cam",
+    "load_images",
     "report",
     "ReportResult",
     "Watcher",

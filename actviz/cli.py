@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
         "or layer names and globs such as features.0 'features.1*'",
     )
     report.add_argument(
+        "--gradcam", nargs="?", const=True, default=False, metavar="LAYER",
+        help="also draw Grad-CAM of each image's top-1 class over it (HTML and TensorBoard gradcam/LAYER), "
+        "at the last Conv2d or at LAYER",
+    )
+    report.add_argument(
         "--max-channels", type=int, default=CaptureOptions.max_channels, metavar="N",
         help="most channels drawn per layer; the strongest by mean |activation| are kept",
     )
@@ -174,6 +179,7 @@ def _run_report(args: argparse.Namespace) -> int:
             size=args.size,
             device=args.device,
             progress=not args.quiet,
+            gradcam=args.gradcam,
         )
     except ReportError as error:
         print(f"actviz: error: {error}", file=sys.stderr)

@@ -212,3 +212,44 @@ def test_the_update_ratio_is_what_plain_sgd_gives_by_hand(tmp_path, read_run):
                 assert run.scalar(f"update_ratio/{name}", step) == pytest.approx(ratio, rel=1e-3), (step, name)
                 checked += 1
     assert checked >= 10
+
+
+# -- the report's Grad-CAM and load_images --------------------------------------------------------
+
+
+def test_load_images_is_torchvisions_classification_preprocessing():
+    from PIL import Image
+    from torchvision import transforms
+
+    path = "tests/data/chelsea.jpg"
+    by_hand = transforms.Compose([
+        transforms.Resize(round(96 * 256 / 224)), transforms.CenterCrop(96), transforms.ToTensor(),
+        transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    ])(Image.open(path).convert("RGB"))
+    batch = actviz.load_images([path, "tests/data/coffee.jpg"], size=96)
+    assert batch.shape == (2, 3, 96, 96)
+    torch.testing.assert_close(batch[0], by_hand, atol=1e-5, rtol=0)
+    from actviz.report.errors import ImageError
+
+    with pytest.raises(ImageError, match="cannot read image 'missing.jpg': no such file"):
+        actviz.load_images(["missing.jpg"])
+
+
+def test_report_gradcam_draws_the_top_class_over_the_input(tmp_path, read_run):
+    from actviz.gradcam import grad_cam, gradcam_overlay
+
+    result = actviz.report("alexnet", ["tests/data/chelsea.jpg"], weights="none", logdir=tmp_path / "runs",
+                           html=tmp_path / "html", size=96, progress=False, gradcam=True)
+    item = result.images[0]
+    layer, picture = item.gradcam
+    assert layer == "features.10"  # alexnet's last Conv2d
+    torch.manual_seed(0)  # the report's random initialisation, seed 0
+    import torchvision
+
+    model = torchvision.models.alexnet()
+    cam = grad_cam(model, layer, actviz.load_images(["tests/data/chelsea.jpg"], size=96))[0]
+    assert torch.equal(picture, gradcam_overlay(item.input_image.float() / 255, cam))
+    assert read_run(tmp_path / "runs" / "alexnet" / "chelsea").image_tags >= {"gradcam/features.10"}
+    page = (tmp_path / "html" / "index.html").read_text()
+    assert '<a href="chelsea/gradcam.png"' in page and "Grad-CAM of the top class" in page
+    assert (tmp_path / "html" / "chelsea" / "gradcam.png").exists()

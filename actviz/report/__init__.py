@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..gradcam import grad_cam, gradcam_overlay, last_conv_name
 from ..layer_outputs import output_tensors
+from ..probe import gradcam_layers
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..results import StepResults
 from ..selection import LayerSpec, layer_display_name, select_layers
@@ -68,6 +70,7 @@ def report(
     size: int | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    gradcam: bool | str = False,
 ) -> ReportResult:
     """Show what every selected layer of a CNN sees in each image: TensorBoard runs and an HTML page.
 
@@ -100,6 +103,9 @@ def report(
             size (224 for AlexNet and VGG), else 224.
         device: ``"cpu"`` or ``"cuda"``.
         progress: Show a tqdm progress bar over images × layers.
+        gradcam: ``True`` adds Grad-CAM of each image's top-1 class at the last ``Conv2d``,
+            drawn over the input, to the page and as ``gradcam/{layer}`` in TensorBoard; a
+            layer name picks another layer.
 
     Returns:
         A :class:`ReportResult`; ``result.ok`` is False if any image failed.
@@ -121,6 +127,7 @@ def report(
     resolved_device = _check_device(device)
     built = build_model(model, weights, size)
     selected = _checked(select_layers, built.module, layers)
+    cam_layer = _checked(_gradcam_layer, built.module, gradcam)
     built.module.to(resolved_device)  # in place: modules move their own parameters
     paths = [Path(image) for image in images]
     result = ReportResult(
@@ -140,7 +147,7 @@ def report(
         for path, run in zip(paths, run_names(paths)):
             done_before = bar.n
             try:
-                item = _report_one(path, run, built, selected, options, resolved_device, bar.update)
+                item = _report_one(path, run, built, selected, options, resolved_device, bar.update, cam_layer)
             except ImageError as error:
                 result.failed[str(path)] = str(error)
                 logger.error("%s", error)
@@ -168,18 +175,34 @@ def _report_one(
     options: CaptureOptions,
     device: torch.device,
     on_layer: Callable[[], None],
+    cam_layer: str | None = None,
 ) -> ImageReport:
     picture = load_image(path)
     batch = built.preprocess(picture).unsqueeze(0)
     records, output = capture_layers(built.module, batch.to(device), selected, options.max_channels, on_layer)
+    shown = display_image(batch, built.preprocess)
+    cam = None
+    if cam_layer is not None:  # the top-1 class, the model's mode and .grad left as they were
+        cam = (cam_layer, gradcam_overlay(shown.float() / 255, grad_cam(built.module, cam_layer, batch.to(device))[0]))
     return ImageReport(
         path=path,
         run=run,
         source_size=picture.size,
-        input_image=display_image(batch, built.preprocess),
+        input_image=shown,
         layers=records,
         predictions=_top_k(output, built.categories),
+        gradcam=cam,
     )
+
+
+def _gradcam_layer(model: nn.Module, gradcam: bool | str) -> str | None:
+    if gradcam is False or gradcam is None:
+        return None
+    if gradcam is True:
+        return last_conv_name(model)
+    if not isinstance(gradcam, str):
+        raise TypeError(f"gradcam= must be True, False or a layer name, got {type(gradcam).__name__}: {gradcam!r}")
+    return gradcam_layers(model, gradcam, probe=True)[0][0]  # checks the name, with a "did you mean"
 
 
 def _top_k(output: Any, categories: list[str] | None, k: int = TOP_K) -> list[tuple[str, float]]:
@@ -225,6 +248,8 @@ def _write_tensorboard(run_dir: Path, item: ImageReport, built: BuiltModel) -> N
         writer.add_text("image", _image_text(item, built), 0)
         if item.predictions:
             writer.add_text("predictions", _predictions_markdown(item.predictions), 0)
+        if item.gradcam is not None:
+            sink.write_image(f"gradcam/{item.gradcam[0]}", item.gradcam[1], 0)
     finally:
         sink.close()
 

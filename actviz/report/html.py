@@ -155,6 +155,20 @@ def _stats_row(item: ImageReport, record: LayerRecord) -> str:
     )
 
 
+def _gradcam(item: ImageReport, folder: Path) -> str:
+    if item.gradcam is None:
+        return ""
+    layer, picture = item.gradcam
+    file_name = f"{item.run}/gradcam.png"
+    (folder / file_name).write_bytes(encode_png(picture))
+    _, height, width = picture.shape
+    return (
+        '<figure class="input">' + _img(file_name, f"Grad-CAM of {layer} over {item.path.name}", width, height)
+        + f"<figcaption>Grad-CAM of the top class at <code>{html.escape(layer)}</code>: yellow where it "
+        "looks</figcaption></figure>"
+    )
+
+
 def _section(item: ImageReport, folder: Path) -> str:
     run_dir = folder / item.run
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +179,7 @@ def _section(item: ImageReport, folder: Path) -> str:
         '<div class="intro"><figure class="input">'
         + _img(f"{item.run}/input.png", f"input image {item.path.name}", width, height)
         + f"<figcaption>Model input: {width}×{height} crop of the {source_w}×{source_h} file</figcaption></figure>"
+        + _gradcam(item, folder)
         + _predictions(item)
         + "</div>"
     )

@@ -17,7 +17,7 @@ from .errors import ImageError
 if TYPE_CHECKING:
     from .models import Preprocess
 
-__all__ = ["display_image", "folder_name", "load_image", "run_names"]
+__all__ = ["display_image", "folder_name", "load_image", "load_images", "run_names"]
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -67,6 +67,36 @@ def load_image(path: str | os.PathLike[str]) -> Image.Image:
         raise ImageError(f"cannot read image '{path}': not an image file Pillow can read") from None
     except (OSError, ValueError, SyntaxError) as error:
         raise ImageError(f"cannot read image '{path}': {error}") from None
+
+
+def load_images(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], size: int = 224) -> torch.Tensor:
+    """Image files as one batch a torchvision classifier takes: ``(N, 3, size, size)`` float32.
+
+    The report's preprocessing: resize the shorter side to ``size * 256 / 224``, center-crop
+    ``size`` and normalise with ImageNet's mean and std (what torchvision's pretrained
+    AlexNet, VGG and ResNet weights expect at ``size=224``). Made for
+    ``actviz.watch(model, log_dir, probe=actviz.load_images(["cat.jpg"]))``.
+
+    Args:
+        paths: One path or a list of them.
+        size: Side of the square input, at least 16.
+
+    Raises:
+        ImageError: A file cannot be read; the message names it.
+        ReportError: ``size`` is not an int of at least 16.
+
+    Example:
+        >>> load_images(["tests/data/chelsea.jpg", "tests/data/coffee.jpg"], size=64).shape
+        torch.Size([2, 3, 64, 64])
+    """
+    from .models import make_preprocess
+
+    preprocess = make_preprocess(None, size)
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise ImageError("load_images got no paths; give a list of image files, e.g. ['cat.jpg']")
+    return torch.stack([preprocess(load_image(path)) for path in paths])
 
 
 def display_image(batch: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:

@@ -59,6 +59,8 @@ class ImageReport:
         predictions: ``(class name, probability)`` of the top 5 classes; empty when the
             class names are unknown (random weights or your own model).
         run_dir: Its TensorBoard run, ``{logdir}/{model}/{run}``, or ``None`` when none was written.
+        gradcam: With ``gradcam=``: ``(layer, picture)``, Grad-CAM of the top class at that layer
+            over the input, as a ``(3, H, W)`` ``uint8`` tensor; else ``None``.
     """
 
     path: Path
@@ -68,6 +70,7 @@ class ImageReport:
     layers: list[LayerRecord] = field(default_factory=list)
     predictions: list[tuple[str, float]] = field(default_factory=list)
     run_dir: Path | None = None
+    gradcam: tuple[str, torch.Tensor] | None = None
 
 
 @dataclass
