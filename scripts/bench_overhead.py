@@ -8,7 +8,7 @@ around forward, backward and optimizer step (``torch.cuda.synchronize`` on cuda)
 cases are the table :data:`CASES`: a setup function each, returning what to run after
 each step and how to clean up, and an environment. "amortised" is measured over whole
 periods of ``every=100`` or computed from idle and logging in one place (:func:`amortised`).
-The models are in ``bench_models.py``; histograms, the idle hook and memory in ``bench_micro.py``.
+The setups are in ``bench_cases.py``, the models in ``bench_models.py``; histograms, the idle hook and memory in ``bench_micro.py``.
 
 Usage::
 
@@ -41,104 +41,16 @@ from typing import Any
 from unittest import mock
 
 import torch
+from bench_cases import DEFAULT_EVERY, Setup, actviz_case, amortised_case, ignite_case, tutorial_case, wandb_case
 from bench_micro import histogram_benchmark, idle_hook_cost, idle_share, memory_benchmark, micro_markdown
 from bench_models import MODELS, Trainer, build_model
 from torch import nn
 
 import actviz
 from actviz.options import cpu_shortcuts
-from actviz.selection import select_layers
 from actviz.sinks import use_fast_crc
 
-DEFAULT_EVERY = 100
 DEVICE = torch.device("cpu")  # --device sets it
-
-
-# -- the cases: each sets up the B side and says what to run after each step and how to clean up --
-
-
-@dataclass
-class Setup:
-    """What a case's setup returns. The hooks run inside B's timed step; ``cleanup`` runs after the case."""
-
-    note: str
-    cleanup: list[Callable[[], Any]] = field(default_factory=list)
-    after_step: Callable[[torch.Tensor], None] | None = None  # called with the loss
-    after_backward: Callable[[int], None] | None = None  # called with the step count
-    before_measure: Callable[[], None] | None = None  # between warm-up and the measured pairs
-
-
-def actviz_case(model: nn.Module, log_dir: Path, every: int) -> Setup:
-    viz = actviz.watch(model, log_dir, every=every)
-    if every != 1:
-        return Setup("step 0 logs during warm-up; measured steps log nothing", [viz.close])
-    # Wait for the background writer inside B's time, so that its work is charged to B.
-    return Setup("every=1: feature maps, activation/gradient/weight/weight-grad histograms, scalars; "
-                 "timed until the step is written (viz.flush())", [viz.close], after_step=lambda loss: viz.flush())
-
-
-def amortised_case(model: nn.Module, log_dir: Path) -> Setup:
-    viz = actviz.watch(model, log_dir)  # the default every=100
-    # After warm-up the measured steps are 1..N, so N/100 of them log; those are timed until written.
-    return Setup("default every=100 over whole periods; total_ratio (ratio of summed times) is the amortised cost",
-                 [viz.close], after_step=lambda loss: viz.flush() if (viz.step - 1) % DEFAULT_EVERY == 0 else None,
-                 before_measure=lambda: viz.set_step(1))
-
-
-def tutorial_case(model: nn.Module, log_dir: Path) -> Setup:
-    """Forward hooks: make_grid + add_image + add_histogram; full backward hooks: add_histogram; every step."""
-    from torch.utils.tensorboard import SummaryWriter
-    from torchvision.utils import make_grid
-
-    writer, step = SummaryWriter(str(log_dir)), 0
-
-    def forward(name: str, module: nn.Module, inputs: Any, output: Any) -> None:
-        out = output[0] if isinstance(output, tuple) else output
-        writer.add_histogram(f"activations/{name}", out, step)
-        sample = out[0].detach()
-        if sample.dim() in (2, 3):  # (C, H, W): one tile per channel; (T, D): one grayscale picture
-            tiles = sample.unsqueeze(1) if sample.dim() == 3 else sample.unsqueeze(0)
-            writer.add_image(f"feature_maps/{name}", make_grid(tiles, normalize=True, scale_each=True), step)
-
-    def backward(name: str, module: nn.Module, grad_input: Any, grad_output: Any) -> None:
-        if grad_output and grad_output[0] is not None:
-            writer.add_histogram(f"gradients/{name}", grad_output[0], step)
-
-    def next_step(loss: torch.Tensor) -> None:
-        nonlocal step
-        step += 1
-
-    handles = []
-    for name, module in select_layers(model, None):
-        handles += [module.register_forward_hook(partial(forward, name)),
-                    module.register_full_backward_hook(partial(backward, name))]
-    return Setup("make_grid+add_image+add_histogram in forward hooks, add_histogram in full backward hooks",
-                 [*(handle.remove for handle in handles), writer.close], after_step=next_step)
-
-
-def ignite_case(model: nn.Module, log_dir: Path) -> Setup:
-    """``add_histogram`` of every parameter and gradient after backward, as ignite's handlers do."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(log_dir))
-
-    def log(step: int) -> None:
-        for name, param in model.named_parameters():
-            writer.add_histogram(f"weights/{name}", param, step)
-            if param.grad is not None:
-                writer.add_histogram(f"grads/{name}", param.grad, step)
-
-    return Setup("add_histogram of each parameter and its gradient", [writer.close], after_backward=log)
-
-
-def wandb_case(model: nn.Module, log_dir: Path, log_freq: int) -> Setup:
-    import wandb
-
-    run = wandb.init(mode="offline", dir=str(log_dir.parent), project="actviz-bench", name=log_dir.name,
-                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True))
-    wandb.watch(model, log="all", log_freq=log_freq)
-    return Setup(f"log_freq={log_freq}; each step also calls run.log(loss) so the histograms are committed",
-                 [lambda: wandb.unwatch(model), run.finish], after_step=lambda loss: run.log({"loss": loss.item()}))
 
 
 @dataclass(frozen=True)
@@ -149,6 +61,8 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)  # set for the case's duration
     whole_periods: bool = False  # measured over whole periods of DEFAULT_EVERY steps, else computed
     needs: str | None = None  # a package the case is skipped without
+    probe: bool = False  # pass probe= (sample 0 of the first batch) to the setup
+    compiled: bool = False  # both copies torch.compile'd (Inductor), timed once compiled
 
 
 #: The cases, in the order of the table. A variant is one more line (another env, another setup).
@@ -159,6 +73,11 @@ CASES: dict[str, Case] = {
     # The eager summaries beside the fused ones (ACTVIZ_FUSED=0 does nothing where it is not read).
     "actviz_logging_eager": Case(partial(actviz_case, every=1), env={"ACTVIZ_FUSED": "0"}),
     "actviz_amortised": Case(amortised_case, whole_periods=True),
+    # A fixed probe: one extra forward per image step, feature maps drawn from it.
+    "actviz_logging_probe": Case(partial(actviz_case, every=1), probe=True),
+    # Both copies compiled: a step that logs nothing runs the compiled graph untouched.
+    "compiled_bare": Case(lambda model, log_dir: Setup("both compiled: the noise floor"), compiled=True),
+    "compiled_actviz_idle": Case(partial(actviz_case, every=10**9), compiled=True),
     "tutorial": Case(tutorial_case),
     "ignite": Case(ignite_case),
     "wandb_all_1": Case(partial(wandb_case, log_freq=1), needs="wandb"),
@@ -208,10 +127,13 @@ def run_case(model_name: str, name: str, steps: int, warmup: int, budget_s: floa
         steps, budget_s = DEFAULT_EVERY * (steps // DEFAULT_EVERY), math.inf
     model, batches, _ = build_model(model_name, DEVICE)
     bare, watched = Trainer(model, DEVICE), Trainer(copy.deepcopy(model), DEVICE)
+    if case.compiled:
+        bare.model, watched.model = torch.compile(bare.model), torch.compile(watched.model)
+    extra = {"probe": batches(0)[0][:1]} if case.probe else {}
     setup = Setup("")
     with mock.patch.dict(os.environ, case.env):  # restored afterwards
         try:
-            setup = case.setup(watched.model, tmp / f"{model_name}-{name}")
+            setup = case.setup(watched.model, tmp / f"{model_name}-{name}", **extra)
             result = measure_pairs(bare, watched, batches, warmup, steps, budget_s, setup)
         finally:
             for function in setup.cleanup:
