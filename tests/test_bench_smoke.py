@@ -93,3 +93,18 @@ def test_a_case_variant_is_one_line_and_runs_in_its_environment(bench, monkeypat
     assert result["status"] == "ok" and result["pairs"] == 2 and result["note"] == "probe"
     assert seen == [("setup", "0")] + [("step", "0")] * 3 + [("cleanup", "0")]  # warm-up + 2 measured steps
     assert "ACTVIZ_BENCH_PROBE" not in os.environ  # restored
+
+
+def test_bench_compile_runs_both_sides_in_fresh_processes(tmp_path):
+    """scripts/bench_compile.py: one bare and one watched run, each its own process; Dynamo's counts come back."""
+    out = tmp_path / "compile.json"
+    command = [sys.executable, str(SCRIPT.parent / "bench_compile.py"), "--backend", "eager", "--steps", "3",
+               "--every", "2", "--repeats", "1", "--json", str(out)]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    report = json.loads(out.read_text())
+    bare, watched = report["runs"]["bare"][0], report["runs"]["watched"][0]
+    assert bare["graphs"] >= 1 and watched["graphs"] == bare["graphs"]  # actviz adds no graph
+    assert watched["recompiles"] == 0
+    assert report["ratio"] == pytest.approx(report["median"]["watched"]["seconds"] / report["median"]["bare"]["seconds"])
+    assert "ratio" in finished.stdout
