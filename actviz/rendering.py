@@ -223,12 +223,6 @@ def picture_source(
     return heatmap, tensor.detach().select(batch_dim, 0).clone()
 
 
-def render_output(tensor: torch.Tensor, max_channels: int, batch_dim: int = 0) -> torch.Tensor | None:
-    """Picture of one sample of a layer output: a channel grid for 4-D, a heat map for 3-D, else ``None``."""
-    found = picture_source(tensor, max_channels, batch_dim)
-    return None if found is None else found[0](found[1])
-
-
 def _viridis_table() -> torch.Tensor:
     """``(256, 3)`` ``uint8`` colours: viridis interpolated linearly between its nine points."""
     palette = torch.tensor(_VIRIDIS, dtype=torch.float64)
