@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from torch.utils.hooks import RemovableHandle
+from typing import Protocol
 
-__all__ = ["HookHandles"]
+__all__ = ["HookHandles", "Removable"]
+
+
+class Removable(Protocol):
+    """A ``torch.utils.hooks.RemovableHandle``, or anything else with an idempotent ``remove()``."""
+
+    def remove(self) -> None: ...
 
 
 class HookHandles:
@@ -21,9 +27,9 @@ class HookHandles:
     """
 
     def __init__(self) -> None:
-        self._groups: dict[str, list[RemovableHandle]] = {}
+        self._groups: dict[str, list[Removable]] = {}
 
-    def add(self, group: str, handle: RemovableHandle) -> None:
+    def add(self, group: str, handle: Removable) -> None:
         self._groups.setdefault(group, []).append(handle)
 
     def remove(self, group: str | None = None) -> None:

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
 from .merge import is_sharded
 from .options import CaptureOptions
+from .optimizer_steps import subscribe
 from .summaries import Reduction, local_shard, reduce_tensor
 from .transfer import PendingStep
 
@@ -81,14 +81,14 @@ class StepParameters:
         """
         watched = {id(param) for _, param in self.trainable}
 
-        def optimizer_hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        def optimizer_hook(optimizer: torch.optim.Optimizer) -> None:
             if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
                 on_optimizer_step(optimizer)
 
         for _, param in self.trainable:
             add_handle(param.register_post_accumulate_grad_hook(lambda param: on_gradient()))
         if self.trainable:
-            add_handle(register_optimizer_step_pre_hook(optimizer_hook))
+            add_handle(subscribe(optimizer_hook))
 
     def take_loss_scale(self) -> None:
         """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""

@@ -1,0 +1,92 @@
+"""One optimizer step pre-hook for the whole process, registered once and never removed.
+
+PyTorch calls its global optimizer step pre-hooks by iterating over an ``OrderedDict``.
+A hook added or removed while that loop runs (one logging step ending inside another's
+hook, two watchers, two threads) raises ``RuntimeError: OrderedDict mutated during
+iteration`` inside ``optimizer.step()``. So actviz registers exactly one such hook, the
+first time something subscribes, and keeps it for the life of the process; what wants to
+hear of optimizer steps subscribes here instead, as often as it likes, from any thread.
+The hook costs one call and an empty-dict check per ``optimizer.step()`` when nobody listens.
+
+This is one of actviz's process-wide side effects (see ``_internals.py`` for the others).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+__all__ = ["OptimizerStepSubscription", "subscribe"]
+
+logger = logging.getLogger(__name__)
+
+#: Called with the optimizer about to step.
+Listener = Callable[[torch.optim.Optimizer], None]
+
+_listeners: dict[int, Listener] = {}
+_lock = threading.Lock()
+_ids = itertools.count()
+_registered = False
+
+
+class OptimizerStepSubscription:
+    """Undoes :func:`subscribe`. ``remove()`` is safe to call more than once, from any thread."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: int) -> None:
+        self._key: int | None = key
+
+    def remove(self) -> None:
+        key, self._key = self._key, None
+        if key is not None:
+            with _lock:
+                _listeners.pop(key, None)
+
+
+def subscribe(listener: Listener) -> OptimizerStepSubscription:
+    """Call ``listener(optimizer)`` before every ``optimizer.step()`` of any optimizer, until removed.
+
+    Listeners catch their own errors (actviz's report them, or re-raise with ``strict=True``):
+    one that raises anyway is re-raised after every other listener has run. Listeners added
+    or removed while a step's listeners run take effect from the next step.
+
+    Example:
+        >>> seen = []
+        >>> subscription = subscribe(lambda optimizer: seen.append(type(optimizer).__name__))
+        >>> param = torch.nn.Parameter(torch.ones(1)); param.grad = torch.ones(1)
+        >>> torch.optim.SGD([param], lr=0.1).step()
+        >>> subscription.remove(); subscription.remove()
+        >>> torch.optim.SGD([param], lr=0.1).step()
+        >>> seen
+        ['SGD']
+    """
+    global _registered
+    with _lock:
+        if not _registered:
+            register_optimizer_step_pre_hook(_on_step)
+            _registered = True
+        key = next(_ids)
+        _listeners[key] = listener
+    return OptimizerStepSubscription(key)
+
+
+def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if not _listeners:
+        return
+    with _lock:
+        listeners = list(_listeners.values())  # a snapshot: listeners may subscribe or remove themselves
+    failed: BaseException | None = None
+    for listener in listeners:
+        try:
+            listener(optimizer)
+        except Exception as error:  # noqa: BLE001 - the other listeners run all the same
+            failed = failed or error
+    if failed is not None:
+        raise failed
