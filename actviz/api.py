@@ -15,8 +15,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .alerts import Alert, check_alerts
 from .amp import check_grad_scaler
 from .compiled import unwrap_compiled
+from .diagnosis import make_diagnosis
 from .probe import Probe, check_probe, gradcam_layers
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .results import StepResults
@@ -76,6 +78,9 @@ def watch(
     probe: Any = None,
     gradcam: bool | str | list[str] | None = None,
     update_ratio: bool = False,
+    alerts: bool | dict[str, float] = True,
+    on_alert: Callable[[Alert], None] | None = None,
+    spikes: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -137,6 +142,13 @@ def watch(
             the optimizer step that follows each stats step, under that step's number: the
             per-layer learning-rate check (around 1e-3 is healthy). It holds a copy of the
             watched parameters for one step, which is why it is off by default.
+        alerts: Health alerts per layer (non-finite values, vanishing and exploding gradients, dead
+            units, saturation, update ratio; see docs/diagnosis.md): ``True``, ``False``, or a dict
+            that overrides thresholds of :data:`actviz.alerts.DEFAULT_THRESHOLDS`. Each alert is a
+            ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.
+        on_alert: Called with each :class:`~actviz.alerts.Alert`, on the writer thread.
+        spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
+            spike, name the layers, write their last 16 gradient norms and log the next 3 steps in full.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -161,7 +173,7 @@ def watch(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
-        update_ratio=update_ratio, merge_ranks=merge_ranks,
+        update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge
@@ -169,6 +181,11 @@ def watch(
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
     check_grad_scaler(grad_scaler)
+    check_alerts(alerts)
+    if on_alert is not None and not callable(on_alert):
+        raise TypeError(f"on_alert must be a function alert -> None, got {type(on_alert).__name__}: {on_alert!r}")
+    if not isinstance(spikes, bool):
+        raise TypeError(f"spikes must be True or False, got {spikes!r}")
     stats_schedule = Schedule.parse(every, "every")
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
     if stats_schedule.never and image_schedule.never:
@@ -205,7 +222,9 @@ def watch(
             sink = TensorBoardSink(writer, owns_writer=False, layout=True)
     return Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
-        grad_scaler=grad_scaler, on_step=on_step,
+        grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
+            sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, on_alert, spikes,
+            update_ratio),
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),

@@ -188,6 +188,7 @@ class StepCapture:
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
+                self.options.count_units(self._layers[name], tag, tensor, self._pending)  # for health alerts
                 self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
@@ -287,8 +288,7 @@ class StepCapture:
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
-        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable,
-                                             self.options.bins):
+        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):
             return
         if self._pending.empty or self._deliver is None:
             return

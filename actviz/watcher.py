@@ -25,6 +25,7 @@ from .results import StepResults
 from .schedule import Schedule
 from .selection import layer_display_name
 from .delivery import Delivery
+from .diagnosis import Alert, Diagnosis
 from .open_watchers import register, unregister
 from .probe import Probe, unwrap_for_probe
 from .sinks import TensorBoardSink
@@ -58,13 +59,16 @@ class Watcher:
         grad_scaler: Any = None,
         on_step: Callable[[StepResults], None] | None = None,
         probe: Probe | None = None,
+        diagnosis: Diagnosis | None = None,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
         self._probe = probe
         self._layers = [(layer_display_name(name), module) for name, module in layers]
         self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
-        self._delivery = None if sink is None else Delivery(sink, strict, on_step)
+        self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis
+        self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, lambda: self._last_started_step)
+        self._delivery = None if sink is None else Delivery(sink, strict, on_step, diagnose=diagnosis)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -108,6 +112,11 @@ class Watcher:
     def step(self) -> int:
         """The step number the next training forward will get."""
         return self._next_step
+
+    @property
+    def alerts(self) -> list[Alert]:
+        """Every health alert so far, oldest first (:class:`~actviz.alerts.Alert`); call :meth:`flush` first."""
+        return [] if self._diagnosis is None else list(self._diagnosis.alerts)
 
     @property
     def closed(self) -> bool:
@@ -166,6 +175,8 @@ class Watcher:
         try:
             if self._root_handle is not None:
                 self._root_handle.remove()
+            if self._spikes:
+                self._spikes.close()
             self._end_capture()
         finally:
             unregister(self.model, self)
@@ -213,6 +224,8 @@ class Watcher:
             self._next_step += 1
         self._last_started_step = step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
+        if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
+            want_stats = want_images = True
         writes = self._delivery is not None  # rank 0, or the only process
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
