@@ -241,7 +241,7 @@ class HealthMonitor:
                                    "are zero, so almost no gradient flows back through it"))
                 continue
             channels = counts.get(f"{DEAD_CHANNELS}/{layer}", math.nan)
-            if channels >= self.thresholds["dead_channel_fraction"]:
+            if channels >= self.thresholds["dead_channel_fraction"] - 1e-6:  # counted in float32 on the device
                 found.append(Alert(results.step, "dead_units", layer, "dead_channel_fraction", channels,
                                    self.thresholds["dead_channel_fraction"],
                                    f"dead units at step {results.step} in {layer!r}: {channels:.1%} of its channels "

@@ -224,7 +224,7 @@ def watch(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
         grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
             sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, on_alert, spikes,
-            update_ratio),
+            update_ratio, image_schedule),
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),

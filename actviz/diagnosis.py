@@ -106,9 +106,10 @@ class Diagnosis:
 
 def make_diagnosis(
     sink: Any, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], alerts: Any, on_alert: Any, spikes: bool,
-    update_ratio: bool,
+    update_ratio: bool, image_steps: Callable[[int], bool] | None = None,
 ) -> Diagnosis:
-    """The :class:`Diagnosis` of :func:`actviz.watch`'s ``alerts``, ``on_alert``, ``spikes`` and ``update_ratio``.
+    """The :class:`Diagnosis` of :func:`actviz.watch`'s ``alerts``, ``on_alert``, ``spikes`` and ``update_ratio``;
+    flow pictures are drawn on ``image_steps`` (the image schedule).
 
     ``layers`` are ``(tag name, module)``; ``alerts`` has been checked (:func:`~actviz.alerts.check_alerts`).
     """
@@ -117,4 +118,4 @@ def make_diagnosis(
         thresholds, {name for name, module in layers if is_relu_family(module)},
         {name for name, param in model.named_parameters() if param.dim() >= 2}, on_alert,
     )
-    return Diagnosis(sink, monitor, FlowHistory(update_ratio), spikes, on_alert)
+    return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps), spikes, on_alert)

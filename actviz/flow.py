@@ -15,6 +15,7 @@ and draws on the writer thread, on image steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,6 +151,10 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
 class FlowHistory:
     """The flow statistics of every logging step so far; draws them into a step's pictures on image steps.
 
+    Args:
+        update_ratio: Also ``flow/update_ratio``, one row per parameter.
+        image_steps: The watcher's image schedule: draws on these steps (and on any step with pictures).
+
     Example:
         >>> from actviz.results import Summary
         >>> flow = FlowHistory()
@@ -159,8 +164,9 @@ class FlowHistory:
         ['flow/activation_std', 'flow/gradient_norm', 'flow/zero_fraction']
     """
 
-    def __init__(self, update_ratio: bool = False) -> None:
+    def __init__(self, update_ratio: bool = False, image_steps: Callable[[int], bool] | None = None) -> None:
         self.update_ratio = update_ratio
+        self.image_steps = image_steps
         self.steps: list[int] = []
         self.columns: dict[str, list[dict[str, float]]] = {name: [] for name in self._statistics()}
         self.rows: dict[str, list[str]] = {name: [] for name in self._statistics()}
@@ -182,7 +188,8 @@ class FlowHistory:
                 keep = list(range(0, len(self.steps) - 1, 2)) + [len(self.steps) - 1]
                 self.steps = [self.steps[i] for i in keep]
                 self.columns = {name: [column[i] for i in keep] for name, column in self.columns.items()}
-        image_step = results.images or any(not tag.startswith("flow/") for tag in results.pictures)
+        image_step = bool(results.images) or any(not tag.startswith("flow/") for tag in results.pictures)
+        image_step = image_step or (self.image_steps is not None and self.image_steps(results.step))
         if image_step and self.steps:
             self.last_pictures = {f"flow/{name}": self.picture(name) for name in self._statistics() if self.rows[name]}
             results.pictures.update(self.last_pictures)

@@ -8,8 +8,8 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 ``gradients/{layer}``                      histogram of the gradient w.r.t. that output
 ``weights/{param}``                        histogram of the parameter
 ``weight_grads/{param}``                   histogram of the parameter's gradient
-``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction``\*, ``/nonfinite``\*
-``gradient_stats/{layer}/norm``            also ``/nonfinite``\*
+``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction`` (a), ``/nonfinite`` (a)
+``gradient_stats/{layer}/norm``            also ``/nonfinite`` (a)
 ``amp/grad_scale``                         scalar: the AMP loss scale (with ``grad_scaler=``)
 ``layers``                                 text: the watched layers, at the first stats step
 ``alerts``                                 text: health alerts at their step (actviz.alerts)
@@ -19,7 +19,7 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 ``spikes/...``                             scalars: gradient norms around a spike (opt-in)
 =========================================  ==============================================
 
-\* Written from the first step where they are not zero on: a healthy run never shows a
+(a) Written from the first step where they are not zero on: a healthy run never shows a
 card that stays at zero (``nonfinite``; ``zero_fraction`` of a layer that is not a ReLU).
 """
 
