@@ -129,6 +129,7 @@ class SpikeRecorder:
         self._records: deque[SpikeRecord] = deque()
         self._lock = threading.Lock()
         self._failed = False
+        self._nonfinite_seen = False
         self._subscription = subscribe(self._on_optimizer_step) if self._params else None
 
     def forces(self, step: int) -> bool:
@@ -202,8 +203,9 @@ class SpikeRecorder:
             limit = mean + SIGMA * statistics.pstdev(history) if len(history) >= MIN_HISTORY else math.inf
             if math.isfinite(norm) and norm <= limit:
                 history.append(norm)
-                continue
-            self._spike(step, norm, mean, limit, now)
+            elif math.isfinite(norm) or not self._nonfinite_seen:  # NaN from here on: one alert is enough
+                self._nonfinite_seen = self._nonfinite_seen or not math.isfinite(norm)
+                self._spike(step, norm, mean, limit, now)
 
     def _spike(self, step: int, norm: float, mean: float, limit: float, now: int) -> None:
         assert self._ring is not None
