@@ -145,3 +145,15 @@ def test_a_hugging_face_run(tmp_path, capsys):
     (run,) = json.loads(capsys.readouterr().out)["runs"]
     assert "classifier" in [layer["layer"] for layer in run["layers"]]
     assert run["alerts"][0]["rule"] == "vanishing_gradients"
+
+
+def test_the_python_blocks_of_docs_diagnosis_md_run(tmp_path, monkeypatch, capsys):
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    text = (ROOT / "docs" / "diagnosis.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/diagnosis.md", "exec"), {})
+    assert "[(2, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
