@@ -186,6 +186,8 @@ def watch(
         raise TypeError(f"on_alert must be a function alert -> None, got {type(on_alert).__name__}: {on_alert!r}")
     if not isinstance(spikes, bool):
         raise TypeError(f"spikes must be True or False, got {spikes!r}")
+    if spikes and options.merge_ranks:  # rank 0 alone would log the steps after a spike: the ranks would wait
+        raise ValueError("spikes=True cannot be combined with merge_ranks=True; use one or the other")
     stats_schedule = Schedule.parse(every, "every")
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
     if stats_schedule.never and image_schedule.never:
