@@ -29,6 +29,7 @@ __all__ = ["Alert", "DEFAULT_THRESHOLDS", "HealthMonitor", "check_alerts"]
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
 DEFAULT_THRESHOLDS: dict[str, float] = {
+    "warmup_steps": 100,  # vanishing, exploding and update-ratio alerts only from this training step on
     "vanishing_ratio": 1e-3,  # RMS output gradient below this x the median over watched layers ...
     "vanishing_steps": 3,  # ... for this many logging steps in a row
     "exploding_sigma": 6.0,  # gradient norm above its running mean + this many standard deviations ...
@@ -98,8 +99,8 @@ def check_alerts(alerts: Any) -> dict[str, float] | None:
             raise ValueError(f"unknown alert threshold {name!r}{hint}")
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise TypeError(f"alert threshold {name} must be a number, got {type(value).__name__}: {value!r}")
-        if not value > 0:
-            raise ValueError(f"alert threshold {name} must be positive, got {value}; the default is "
+        if not (value >= 0 if name == "warmup_steps" else value > 0):
+            raise ValueError(f"alert threshold {name} must be {'>= 0' if name == 'warmup_steps' else 'positive'}, got {value}; the default is "
                              f"{DEFAULT_THRESHOLDS[name]}")
         thresholds[name] = float(value)
     return thresholds
@@ -137,11 +138,17 @@ class HealthMonitor:
         self._streaks: dict[tuple[str, str], int] = {}
 
     def check(self, results: StepResults) -> list[Alert]:
-        """Run every rule on one step; return the new alerts (each rule fires once per layer and run)."""
+        """Run every rule on one step; return the new alerts (each rule fires once per layer and run).
+
+        Vanishing and exploding gradients and the update ratio are judged from step ``warmup_steps`` (100)
+        on; their histories fill from step 0. A freshly initialised network is a transient: attention's
+        query and key projections get about 1e-4 of the median gradient at initialisation, and Adam's
+        first updates are as large as the learning rate whatever the gradient.
+        """
         counts = {tag: results.scalars.pop(tag) for tag in [t for t in results.scalars if t.startswith("health/")]}
-        found = [*self._nonfinite(results), *self._vanishing(results), *self._exploding(results),
-                 *self._dead_units(results, counts), *self._saturation(results, counts),
-                 *self._update_ratio(results)]
+        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts)]
+        trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
+        found += trends if results.step >= self.thresholds["warmup_steps"] else []
         fresh = []
         for alert in found:
             if (alert.rule, alert.layer) not in self._fired:

@@ -29,8 +29,11 @@ def mlp(scale: float = 1.0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 32), Scale(scale), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
+NO_WARMUP = {"warmup_steps": 0}  # judge the trend rules from step 0: a few steps test them
+
+
 def train(model: nn.Module, log_dir, steps: int = 8, lr: float = 0.01, optimizer: str = "sgd", inputs=None,
-          **watch_kwargs):
+          every: int = 1, **watch_kwargs):
     """Train ``model`` on a fixed regression task; return the watcher's alerts and the warnings given."""
     torch.manual_seed(1)
     data = torch.randn(64, 8) if inputs is None else inputs
@@ -39,7 +42,7 @@ def train(model: nn.Module, log_dir, steps: int = 8, lr: float = 0.01, optimizer
     opt = make(model.parameters(), lr=lr)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, log_dir, every=1, image_every=False, **watch_kwargs) as viz:
+        with actviz.watch(model, log_dir, every=every, image_every=False, **watch_kwargs) as viz:
             for step in range(steps):
                 batch = torch.randint(0, len(data), (16,))
                 loss = (model(data[batch]) - target[batch]).square().mean()
@@ -57,10 +60,10 @@ def rules(alerts) -> set[tuple[str, str]]:
 
 def test_a_layer_scaled_by_1e_6_gives_the_vanishing_alert_for_that_layer_alone(tmp_path, read_run):
     seen = []
-    alerts, messages = train(mlp(1e-6), tmp_path, on_alert=seen.append)
+    alerts, messages = train(mlp(1e-6), tmp_path, steps=121, every=10, on_alert=seen.append)  # the defaults
     assert rules(alerts) == {("vanishing_gradients", "0")}
     (alert,) = alerts
-    assert alert.step == DEFAULT_THRESHOLDS["vanishing_steps"] - 1  # three logging steps in a row: 0, 1, 2
+    assert alert.step == DEFAULT_THRESHOLDS["warmup_steps"] == 100  # below the median since step 0: judged at 100
     assert seen == alerts
     assert sum("vanishing gradients" in message for message in messages) == 1  # warned once per rule and layer
     # the value is the gradient's RMS, by hand from the logged norm; the threshold is 1e-3 x the median RMS
@@ -75,8 +78,15 @@ def test_a_layer_scaled_by_1e_6_gives_the_vanishing_alert_for_that_layer_alone(t
 
 
 def test_the_same_model_unscaled_raises_nothing(tmp_path):
-    alerts, messages = train(mlp(1.0), tmp_path, steps=20)
+    alerts, messages = train(mlp(1.0), tmp_path, steps=121, every=10)
     assert alerts == [] and messages == []
+
+
+def test_trend_rules_wait_for_the_warmup_steps(tmp_path):
+    alerts, messages = train(mlp(1e-6), tmp_path / "warming", steps=8)
+    assert alerts == [] and messages == []  # steps 0-7: a fresh network's transient
+    alerts, _ = train(mlp(1e-6), tmp_path / "no_warmup", steps=8, alerts=NO_WARMUP)
+    assert [(alert.step, alert.rule) for alert in alerts] == [(2, "vanishing_gradients")]  # 0, 1, 2 in a row
 
 
 def test_a_relu_fed_a_bias_of_minus_10_has_dead_units(tmp_path):
@@ -130,11 +140,11 @@ def test_a_sigmoid_fed_x50_is_saturated(tmp_path):
 
 
 def test_learning_rate_x1000_gives_the_update_ratio_alert(tmp_path):
-    alerts, _ = train(mlp(), tmp_path / "sick", lr=1.0, optimizer="adam", update_ratio=True)
+    alerts, _ = train(mlp(), tmp_path / "sick", lr=1.0, optimizer="adam", update_ratio=True, alerts=NO_WARMUP)
     found = [alert for alert in alerts if alert.rule == "update_ratio"]
     assert {alert.layer for alert in found} == {"0.weight", "3.weight", "5.weight"}  # weights, not biases
     assert all(alert.value > 1e-2 and alert.threshold == 1e-2 for alert in found)
-    healthy, _ = train(mlp(), tmp_path / "healthy", lr=1e-3, optimizer="adam", update_ratio=True)
+    healthy, _ = train(mlp(), tmp_path / "healthy", lr=1e-3, optimizer="adam", update_ratio=True, alerts=NO_WARMUP)
     assert healthy == []
 
 
@@ -153,7 +163,7 @@ def test_a_loss_x1000_gives_exploding_gradients_at_that_step(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, image_every=False) as viz:
+        with actviz.watch(model, tmp_path, every=1, image_every=False, alerts=NO_WARMUP) as viz:
             for step in range(20):
                 loss = model(torch.randn(16, 8)).square().mean() * (1000.0 if step == 15 else 1.0)
                 opt.zero_grad()
@@ -167,7 +177,7 @@ def test_a_loss_x1000_gives_exploding_gradients_at_that_step(tmp_path):
 def test_alerts_false_turns_them_off_and_a_dict_overrides_thresholds(tmp_path):
     alerts, messages = train(mlp(1e-6), tmp_path / "off", alerts=False)
     assert alerts == [] and messages == []
-    alerts, _ = train(mlp(1e-6), tmp_path / "strict", alerts={"vanishing_steps": 1})
+    alerts, _ = train(mlp(1e-6), tmp_path / "strict", alerts={"vanishing_steps": 1, "warmup_steps": 0})
     assert [(alert.rule, alert.step) for alert in alerts] == [("vanishing_gradients", 0)]
 
 
@@ -175,6 +185,7 @@ def test_alerts_false_turns_them_off_and_a_dict_overrides_thresholds(tmp_path):
     ("yes", TypeError, "alerts must be True, False or a dict"),
     ({"vanish_ratio": 1e-4}, ValueError, "did you mean 'vanishing_ratio'"),
     ({"vanishing_ratio": -1}, ValueError, "must be positive"),
+    ({"warmup_steps": -1}, ValueError, "must be >= 0"),
     ({"vanishing_ratio": "1e-4"}, TypeError, "must be a number"),
 ])
 def test_bad_alerts_are_named(value, error, message, tmp_path):
@@ -195,7 +206,7 @@ def test_a_failing_on_alert_warns_and_training_goes_on(tmp_path):
     def broken(alert):
         raise ValueError("boom")
 
-    alerts, messages = train(mlp(1e-6), tmp_path, on_alert=broken)
+    alerts, messages = train(mlp(1e-6), tmp_path, on_alert=broken, alerts=NO_WARMUP)
     assert len(alerts) == 1 and any("on_alert callback raised ValueError: boom" in m for m in messages)
 
 

@@ -33,7 +33,7 @@ def train(log_dir: Path, model: nn.Module, steps: int = 6) -> list:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, log_dir, every=1) as viz:
+        with actviz.watch(model, log_dir, every=1, alerts={"warmup_steps": 0}) as viz:
             for _ in range(steps):
                 train_step(model, optimizer)
     return viz.alerts
@@ -124,7 +124,7 @@ def test_a_lightning_run(tmp_path, capsys):
     assert main(["doctor", str(tmp_path / "healthy")]) == 0
     assert "net.0" in capsys.readouterr().out
     # every layer below 0.99 x the median for one step: an alert, found in Lightning's own run folder
-    fit(pl, lit_cnn(pl), tmp_path / "sick", [ActvizCallback(every=1, alerts={"vanishing_ratio": 0.99,
+    fit(pl, lit_cnn(pl), tmp_path / "sick", [ActvizCallback(every=1, alerts={"vanishing_ratio": 0.99, "warmup_steps": 0,
                                                                              "vanishing_steps": 1})])
     capsys.readouterr()
     assert main(["doctor", str(tmp_path / "sick"), "--json"]) == 1
@@ -138,7 +138,7 @@ def test_a_hugging_face_run(tmp_path, capsys):
     hf = transformers()
     from actviz.integrations.huggingface import ActvizCallback
 
-    hf_train(hf, tiny_bert(hf), tmp_path, [ActvizCallback(every=1, alerts={"vanishing_ratio": 0.99,
+    hf_train(hf, tiny_bert(hf), tmp_path, [ActvizCallback(every=1, alerts={"vanishing_ratio": 0.99, "warmup_steps": 0,
                                                                            "vanishing_steps": 1})])
     capsys.readouterr()  # the Trainer's own printing
     assert main(["doctor", str(tmp_path), "--json"]) == 1
@@ -156,4 +156,4 @@ def test_the_python_blocks_of_docs_diagnosis_md_run(tmp_path, monkeypatch, capsy
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/diagnosis.md", "exec"), {})
-    assert "[(2, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
+    assert "[(100, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
