@@ -145,3 +145,31 @@ def test_layout_fits_every_size(rows, columns):
     layout = flow_layout(names, columns)
     assert picture.shape == (3, layout.height, layout.width)
     assert layout.bar_left + layout.bar_width < layout.width
+
+
+def test_history_keeps_at_most_max_columns_evenly_and_the_last():
+    from actviz.flow import MAX_COLUMNS, FlowHistory
+    from actviz.results import StepResults, Summary
+
+    flow = FlowHistory()
+    for step in range(MAX_COLUMNS + 1):
+        summary = Summary(4, 0, 0, -1.0, 1.0, 0.0, float(step + 1), [4.0])
+        flow.add(StepResults(step, activations={"fc": summary}, gradients={"fc": summary}))
+    assert flow.steps == list(range(0, MAX_COLUMNS, 2)) + [MAX_COLUMNS]  # every other old column, and the newest
+    assert [column["fc"] for column in flow.columns["gradient_norm"]] == [math.sqrt(s + 1) for s in flow.steps]
+    assert flow.last_pictures == {}  # no image step: nothing drawn
+
+
+def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run):
+    model = Net(scale=1e-6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, image_every=5, strict=True, alerts={"warmup_steps": 0}) as viz:
+            for _ in range(6):
+                loss = model(torch.randn(16, 8)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert [(alert.step, alert.rule, alert.layer) for alert in viz.alerts] == [(2, "vanishing_gradients", "stem")]
+    assert read_run(tmp_path).image_steps("flow/gradient_norm") == [0, 5]
