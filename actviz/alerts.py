@@ -25,7 +25,7 @@ from .results import StepResults
 from .safe_warnings import warn_safely
 from .unit_counts import DEAD_CHANNELS, SATURATED
 
-__all__ = ["Alert", "DEFAULT_THRESHOLDS", "HealthMonitor", "check_alerts"]
+__all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts"]
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
 DEFAULT_THRESHOLDS: dict[str, float] = {

@@ -23,7 +23,7 @@ import torchvision
 import actviz
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_train import small_cnn  # noqa: E402
+from demo_train import small_cnn
 
 
 def step_times(model, inputs, labels, spikes: bool, steps: int) -> list[float]:

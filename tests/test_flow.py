@@ -11,7 +11,14 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.flow import MISSING_COLOUR, NAN_COLOUR, PALETTE, colour_bar_range, draw_flow, flow_layout
+from actviz.flow import (
+    MISSING_COLOUR,
+    NAN_COLOUR,
+    PALETTE,
+    colour_bar_range,
+    draw_flow,
+    flow_layout,
+)
 
 FORWARD_ORDER = ["stem", "body", "head"]
 
