@@ -36,6 +36,7 @@ from .alerts import Alert
 from .optimizer_steps import subscribe
 from .options import cpu_shortcuts
 from .safe_warnings import warn_safely
+from .summaries import local_shard
 from .transfer import HostCopy
 
 __all__ = ["FOLLOW", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
@@ -162,7 +163,8 @@ class SpikeRecorder:
             warn_safely(f"actviz's spike recorder stops: {type(error).__name__}: {error}", RuntimeWarning)
 
     def _record(self, step: int) -> None:
-        grads = [param.grad if param.grad is not None else self._zero(param) for param in self._params]
+        # a DTensor's local shard (FSDP2): an op on the DTensor could start a collective on this rank alone
+        grads = [local_shard(param.grad) if param.grad is not None else self._zero(param) for param in self._params]
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         if self._ring is None:
             device = norms[0].device
@@ -183,7 +185,7 @@ class SpikeRecorder:
             value = None
             if total.device.type == "cuda":
                 event = torch.cuda.Event()
-                event.record()
+                event.record(torch.cuda.current_stream(total.device))
         self._waiting.append((step, slot, (event, value)))
 
     def _zero(self, param: torch.Tensor) -> torch.Tensor:

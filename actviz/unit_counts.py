@@ -51,6 +51,8 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
     if not tensor.is_floating_point():
         return
     values = tensor.detach()
+    if type(values).__name__ == "DTensor":  # its local shard, as summaries.local_shard: no collective on one rank
+        values = values.to_local()
     if is_relu_family(module) and values.dim() >= 3:
         dims = [dim for dim in range(values.dim()) if dim != 1]
         pending.add_scalar(f"{DEAD_CHANNELS}/{tag}", torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32))
