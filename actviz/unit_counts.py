@@ -12,12 +12,15 @@ they are written, so they make no TensorBoard card.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from torch import nn
 
 __all__ = ["DEAD_CHANNELS", "SATURATED", "SATURATION_MARGIN", "is_relu_family", "unit_counts"]
+
+logger = logging.getLogger(__name__)
 
 DEAD_CHANNELS = "health/dead_channels"
 SATURATED = "health/saturated"
@@ -48,8 +51,15 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
         >>> pending.resolve().scalars
         {'health/saturated/act': 0.5}
     """
-    if not tensor.is_floating_point():
+    if not tensor.is_floating_point() or tensor.numel() == 0:
         return
+    try:
+        _count(module, tag, tensor, pending)
+    except Exception:  # noqa: BLE001 - a count for the alerts must never cost the layer its summary
+        logger.debug("no unit counts for %s", tag, exc_info=True)
+
+
+def _count(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any) -> None:
     values = tensor.detach()
     if type(values).__name__ == "DTensor":  # its local shard, as summaries.local_shard: no collective on one rank
         values = values.to_local()
