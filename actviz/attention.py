@@ -1,0 +1,239 @@
+"""Attention health from ``F.scaled_dot_product_attention``, with no model edit.
+
+:class:`AttentionMode` is a ``torch.overrides.TorchFunctionMode`` entered only for a logging
+forward. It sees every call of ``F.scaled_dot_product_attention`` (Hugging Face ``sdpa``
+models, timm, hand-written code) and of ``F.multi_head_attention_forward``
+(``nn.MultiheadAttention``, torchvision's ViT, ``nn.TransformerEncoderLayer``), and for
+each call recomputes a sample of attention rows from the call's own ``q`` and ``k``:
+
+* batch element 0, all heads, ``rows`` (64) query positions ``0, s, 2s, ...`` with
+  ``s = ceil(L / rows)``;
+* logits ``q·kᵀ·scale`` with the call's scale (default ``1/sqrt(E)``), its causal flag
+  (top-left aligned, as SDPA), its boolean mask (True takes part) or additive mask, and its
+  grouped-query layout (``enable_gqa``: query head ``h`` reads key head ``h // (H / Hk)``).
+
+:func:`attention_stats` returns a ``(4, heads)`` tensor, per head: the max logit (the
+largest ``q·k·scale + mask`` over the sampled rows and the keys they may attend to), the
+minimum and the mean softmax entropy (nats) of the sampled rows, and the mean weight on
+key 0 (the attention sink). It stays on the device (no host sync) and takes about a dozen
+kernels per call; the step carries it to the host with everything else.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["AttentionMode", "attention_logits", "attention_stats", "DEFAULT_ROWS", "STATS"]
+
+logger = logging.getLogger(__name__)
+
+#: Query rows sampled per call.
+DEFAULT_ROWS = 64
+#: The rows of :func:`attention_stats`' result.
+STATS = ("max_logit", "entropy_min", "entropy_mean", "sink_weight")
+
+_SDPA = F.scaled_dot_product_attention
+_MHA = F.multi_head_attention_forward
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_MHA_SIGNATURE = inspect.signature(_MHA)
+_causal_cache: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+
+
+def _causal(length: int, keys: int, step: int, device: torch.device) -> torch.Tensor:
+    """``(rows, keys)`` bool, True where sampled query ``i*step`` may see key ``j`` (``j <= i*step``); cached."""
+    key = (length, keys, step, device)
+    mask = _causal_cache.get(key)
+    if mask is None:
+        if len(_causal_cache) > 64:
+            _causal_cache.clear()
+        positions = torch.arange(0, length, step, device=device)
+        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] <= positions[:, None]
+    return mask
+
+
+@torch.no_grad()
+def attention_logits(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    masks: Sequence[torch.Tensor] = (),
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    rows: int | None = DEFAULT_ROWS,
+) -> torch.Tensor:
+    """Attention logits of batch element 0 for sampled query rows: a float32 ``(heads, R, S)`` tensor.
+
+    Args:
+        query: ``(N, H, L, E)`` (or ``(N, L, E)``, ``(L, E)``: one head) as SDPA takes it.
+        key: ``(N, Hk, S, E)`` likewise.
+        masks: SDPA masks broadcastable to ``(N, H, L, S)``: boolean (True takes part) or additive.
+        is_causal: SDPA's causal flag (top-left aligned).
+        scale: SDPA's scale; ``None`` for ``1/sqrt(E)``.
+        enable_gqa: ``H`` query heads share ``Hk`` key heads in groups of ``H // Hk``.
+        rows: Most query rows, spread evenly from position 0; ``None`` for every row.
+
+    Example:
+        >>> q, k = torch.randn(2, 4, 10, 8), torch.randn(2, 4, 10, 8)
+        >>> attention_logits(q, k, rows=5).shape
+        torch.Size([4, 5, 10])
+    """
+    batched = query.dim() >= 3
+    q = query[(0,) * (query.dim() - 3)] if query.dim() > 3 else (query[0][None] if batched else query[None])
+    k = key[(0,) * (key.dim() - 3)] if key.dim() > 3 else (key[0][None] if batched else key[None])
+    length, keys, width = q.shape[-2], k.shape[-2], q.shape[-1]
+    step = 1 if rows is None else max(1, -(-length // rows))
+    q = q[:, ::step]
+    heads, kv_heads = q.shape[0], k.shape[0]
+    if heads != kv_heads and kv_heads > 1:
+        if not enable_gqa or heads % kv_heads:
+            raise ValueError(f"query has {heads} heads and key {kv_heads}: give enable_gqa=True with H % Hk == 0")
+        group = heads // kv_heads
+        logits = torch.matmul(q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1))
+        logits = logits.view(heads, q.shape[1], keys)
+    else:
+        logits = torch.matmul(q, k.transpose(-2, -1))
+    factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    logits = logits.float().mul_(factor) if logits.dtype != torch.float32 else logits.mul_(factor)
+    if is_causal:
+        logits.masked_fill_(~_causal(length, keys, step, logits.device), -math.inf)
+    for mask in masks:
+        if batched and mask.dim() >= query.dim():  # it has the batch dimension: take element 0's
+            mask = mask[(0,) * (mask.dim() - query.dim() + 1)]
+        if mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., ::step, :]
+        if mask.dtype == torch.bool:
+            logits = torch.where(mask, logits, -math.inf)
+        else:
+            logits = logits + mask
+    return logits
+
+
+@torch.no_grad()
+def attention_stats(logits: torch.Tensor) -> torch.Tensor:
+    """Per head of ``(heads, R, S)`` logits: ``(4, heads)`` rows named by :data:`STATS`.
+
+    Example:
+        >>> stats = attention_stats(torch.zeros(2, 3, 4))  # uniform over 4 keys
+        >>> [round(v, 4) for v in stats[:, 0].tolist()]   # max logit, entropy min and mean (log 4), sink
+        [0.0, 1.3863, 1.3863, 0.25]
+    """
+    probabilities = torch.softmax(logits, dim=-1)
+    entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1).neg_()
+    return torch.stack([
+        logits.amax(dim=(-2, -1)), entropy.amin(dim=-1), entropy.mean(dim=-1), probabilities[..., 0].mean(dim=-1),
+    ])
+
+
+def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``(query, key, attention_logits keyword arguments)`` of one ``scaled_dot_product_attention`` call."""
+    bound = dict(zip(_SDPA_ARGS, args))
+    bound.update(kwargs)
+    mask = bound.get("attn_mask")
+    return bound["query"], bound["key"], {
+        "masks": () if mask is None else (mask,), "is_causal": bool(bound.get("is_causal", False)),
+        "scale": bound.get("scale"), "enable_gqa": bool(bound.get("enable_gqa", False)),
+    }
+
+
+def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """The same for ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``), its projections of
+    batch element 0 recomputed; ``None`` where it adds keys of its own (``bias_k``, ``add_zero_attn``, ``static_k``).
+    """
+    call = _MHA_SIGNATURE.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
+        return None
+    query, key, heads = a["query"], a["key"], a["num_heads"]
+    batched = query.dim() == 3  # (L, N, E): batch_first was undone by the module
+    q0, k0 = (query[:, 0], key[:, 0]) if batched else (query, key)
+    width = q0.shape[-1]
+    if a["use_separate_proj_weight"]:
+        w_q, w_k = a["q_proj_weight"], a["k_proj_weight"]
+    else:
+        w_q, w_k = a["in_proj_weight"][:width], a["in_proj_weight"][width : 2 * width]
+    bias = a["in_proj_bias"]
+    b_q, b_k = (None, None) if bias is None else (bias[:width], bias[width : 2 * width])
+    q = F.linear(q0, w_q, b_q).view(q0.shape[0], heads, -1).transpose(0, 1)[None]  # (1, H, L, E / H)
+    k = F.linear(k0, w_k, b_k).view(k0.shape[0], heads, -1).transpose(0, 1)[None]
+    masks = []
+    for mask, padding in ((a["attn_mask"], False), (a["key_padding_mask"], True)):
+        if mask is None:
+            continue
+        if padding and batched:
+            mask = mask[0]
+        mask = mask.view(1, 1, -1) if padding else (mask[:heads] if mask.dim() == 3 else mask)
+        masks.append(~mask if mask.dtype == torch.bool else mask)  # MHA's True means "left out"
+    return q, k, {"masks": masks}
+
+
+class AttentionMode(TorchFunctionMode):
+    """Sees every attention call of one logging forward and keeps its statistics, on the device.
+
+    Args:
+        rows: Query rows sampled per call (:func:`attention_logits`).
+        full: Keep the whole softmax of batch element 0, ``(heads, L, S)``, instead (the probe's pictures).
+
+    Calls are named by :meth:`enter`/:meth:`leave` (forward pre-hooks and hooks push and pop
+    the enclosing modules' names); a call outside every named module is ``sdpa.{i}``. A name
+    called again in the same forward keeps its first call, as layers do.
+
+    Example:
+        >>> q = torch.randn(1, 2, 6, 4)
+        >>> with AttentionMode() as mode:
+        ...     mode.enter("attn")
+        ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        >>> [(name, tuple(stats.shape)) for name, stats in mode.calls]
+        [('attn', (4, 2))]
+    """
+
+    def __init__(self, rows: int | None = DEFAULT_ROWS, full: bool = False) -> None:
+        super().__init__()
+        self.rows = None if full else rows
+        self.full = full
+        self.calls: list[tuple[str, torch.Tensor]] = []
+        self.failed: BaseException | None = None
+        self._stack: list[str] = []
+        self._names: set[str] = set()
+        self._unnamed = 0
+
+    def enter(self, name: str) -> None:
+        self._stack.append(name)
+
+    def leave(self, name: str) -> None:
+        if self._stack and self._stack[-1] == name:
+            self._stack.pop()
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if (func is _SDPA or func is _MHA) and self.failed is None:
+            self._record(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._stack:
+            name = self._stack[-1]
+        else:
+            name, self._unnamed = f"sdpa.{self._unnamed}", self._unnamed + 1
+        if name in self._names:
+            return
+        self._names.add(name)
+        try:
+            with torch.no_grad():
+                call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
+                if call is None:
+                    return
+                logits = attention_logits(call[0], call[1], rows=self.rows, **call[2])
+                self.calls.append((name, torch.softmax(logits, -1) if self.full else attention_stats(logits)))
+        except Exception as error:  # noqa: BLE001 - statistics must never stop the user's forward
+            self.failed = error
+            logger.debug("attention statistics failed for %s", name, exc_info=True)
