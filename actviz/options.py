@@ -70,6 +70,8 @@ class CaptureOptions:
             layer's name; ``"all"`` logs each with its position as a suffix.
         update_ratio: Log each parameter's relative change across the update after a stats step.
         merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.merge`).
+        transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.transformer_step`):
+            ``None`` for models with an attention module, ``True`` always, ``False`` never.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -90,6 +92,7 @@ class CaptureOptions:
     outputs: Literal["first", "all"] = "first"
     update_ratio: bool = False
     merge_ranks: bool = False
+    transformer_stats: bool | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS)
@@ -101,6 +104,8 @@ class CaptureOptions:
         for name in ("update_ratio", "merge_ranks"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.transformer_stats not in (None, True, False):
+            raise TypeError(f"transformer_stats must be None (auto), True or False, got {self.transformer_stats!r}")
 
     @classmethod
     def names(cls) -> list[str]:
