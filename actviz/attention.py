@@ -6,8 +6,9 @@ models, timm, hand-written code) and of ``F.multi_head_attention_forward``
 (``nn.MultiheadAttention``, torchvision's ViT, ``nn.TransformerEncoderLayer``), and for
 each call recomputes a sample of attention rows from the call's own ``q`` and ``k``:
 
-* batch element 0, all heads, ``rows`` (64) query positions ``0, s, 2s, ...`` with
-  ``s = ceil(L / rows)``;
+* batch element 0, all heads, ``rows`` (64) query positions ``1, 1+s, 1+2s, ...`` with
+  ``s = ceil((L-1) / rows)`` (position 0 only when ``L = 1``: under a causal mask row 0
+  sees key 0 alone, so its entropy is 0 and its sink weight 1 by construction);
 * logits ``q·kᵀ·scale`` with the call's scale (default ``1/sqrt(E)``), its causal flag
   (top-left aligned, as SDPA), its boolean mask (True takes part) or additive mask, and its
   grouped-query layout (``enable_gqa``: query head ``h`` reads key head ``h // (H / Hk)``).
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["AttentionMode", "attention_logits", "attention_stats", "DEFAULT_ROWS", "STATS"]
+__all__ = ["AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "sampled_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +45,29 @@ _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _MHA_SIGNATURE = inspect.signature(_MHA)
-_causal_cache: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+_causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}
 
 
-def _causal(length: int, keys: int, step: int, device: torch.device) -> torch.Tensor:
-    """``(rows, keys)`` bool, True where sampled query ``i*step`` may see key ``j`` (``j <= i*step``); cached."""
-    key = (length, keys, step, device)
+def sampled_rows(length: int, rows: int | None) -> slice:
+    """The query positions sampled from ``length``: every ``s``-th from 1 (see the module docstring).
+
+    Example:
+        >>> sampled_rows(200, 64), sampled_rows(10, 64), sampled_rows(1, 64), sampled_rows(10, None)
+        (slice(1, None, 4), slice(1, None, 1), slice(0, None, 1), slice(0, None, 1))
+    """
+    if rows is None or length == 1:
+        return slice(0, None, 1)
+    return slice(1, None, max(1, -(-(length - 1) // rows)))
+
+
+def _causal(length: int, keys: int, rows: slice, device: torch.device) -> torch.Tensor:
+    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may see key ``j`` (``j <= i``); cached."""
+    key = (length, keys, rows.start, rows.step, device)
     mask = _causal_cache.get(key)
     if mask is None:
         if len(_causal_cache) > 64:
             _causal_cache.clear()
-        positions = torch.arange(0, length, step, device=device)
+        positions = torch.arange(rows.start, length, rows.step, device=device)
         mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] <= positions[:, None]
     return mask
 
@@ -78,19 +91,19 @@ def attention_logits(
         is_causal: SDPA's causal flag (top-left aligned).
         scale: SDPA's scale; ``None`` for ``1/sqrt(E)``.
         enable_gqa: ``H`` query heads share ``Hk`` key heads in groups of ``H // Hk``.
-        rows: Most query rows, spread evenly from position 0; ``None`` for every row.
+        rows: Most query rows (:func:`sampled_rows`); ``None`` for every row.
 
     Example:
         >>> q, k = torch.randn(2, 4, 10, 8), torch.randn(2, 4, 10, 8)
-        >>> attention_logits(q, k, rows=5).shape
+        >>> attention_logits(q, k, rows=5).shape   # rows 1, 3, 5, 7, 9
         torch.Size([4, 5, 10])
     """
     batched = query.dim() >= 3
     q = query[(0,) * (query.dim() - 3)] if query.dim() > 3 else (query[0][None] if batched else query[None])
     k = key[(0,) * (key.dim() - 3)] if key.dim() > 3 else (key[0][None] if batched else key[None])
     length, keys, width = q.shape[-2], k.shape[-2], q.shape[-1]
-    step = 1 if rows is None else max(1, -(-length // rows))
-    q = q[:, ::step]
+    sampled = sampled_rows(length, rows)
+    q = q[:, sampled]
     heads, kv_heads = q.shape[0], k.shape[0]
     if heads != kv_heads and kv_heads > 1:
         if not enable_gqa or heads % kv_heads:
@@ -103,12 +116,12 @@ def attention_logits(
     factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
     logits = logits.float().mul_(factor) if logits.dtype != torch.float32 else logits.mul_(factor)
     if is_causal:
-        logits.masked_fill_(~_causal(length, keys, step, logits.device), -math.inf)
+        logits.masked_fill_(~_causal(length, keys, sampled, logits.device), -math.inf)
     for mask in masks:
         if batched and mask.dim() >= query.dim():  # it has the batch dimension: take element 0's
             mask = mask[(0,) * (mask.dim() - query.dim() + 1)]
         if mask.dim() >= 2 and mask.shape[-2] > 1:
-            mask = mask[..., ::step, :]
+            mask = mask[..., sampled, :]
         if mask.dtype == torch.bool:
             logits = torch.where(mask, logits, -math.inf)
         else:

@@ -124,6 +124,8 @@ class TransformerStep:
         for name, module in stacked.values():
             hooks.add("forward", module.register_forward_pre_hook(partial(_enter, self._mode, name)))
             hooks.add("forward", module.register_forward_hook(partial(_leave, self._mode, name), always_call=True))
+        root = unwrap_for_probe(model)
+        self._root_layer = next((name for name, module in layers.items() if module is model or module is root), None)
         for name, module in layers.items():
             hooks.add("forward", module.register_forward_hook(partial(self._guard, self._layer_output, name)))
         done = outside_graphs(partial(self._guard, self._forward_done, ""))
@@ -163,6 +165,8 @@ class TransformerStep:
     def _forward_done(self, name: str, output: Any) -> None:
         """The forward ended (``output`` is ``None`` if it raised): leave the mode and hand the step its work."""
         self.remove()
+        if self._root_layer is not None and output is not None:  # its own hook runs after this one
+            self._layer_output(self._root_layer, output)
         logits = None if output is None else find_logits(output, self._info.head_width)
         carried = [stats for _, stats in self._mode.calls] + [vector for *_, vector in self._outliers]
         if logits is not None:

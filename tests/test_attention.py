@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import math
+import tempfile
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import actviz
 from actviz.attention import AttentionMode, attention_logits, attention_stats
+from conftest import hooks_left
 
 
 def brute_force(q, k, mask=None, is_causal=False, scale=None, groups=1):
@@ -49,8 +53,8 @@ def test_sampled_rows_match_brute_force(case, length, rows):
     torch.manual_seed(0)
     q, k = torch.randn(2, 3, length, 8), torch.randn(2, 3, length, 8)
     logits, probabilities = brute_force(q, k, **CASES[case])
-    step = -(-length // rows)
-    sampled = list(range(0, length, step))
+    sampled = list(range(1, length, math.ceil((length - 1) / rows)))  # row 0 left out
+    assert len(sampled) <= rows
     stats = attention_stats(attention_logits(q, k, rows=rows, **CASES[case]))
     torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, sampled), atol=1e-5, rtol=1e-5)
     assert (stats[0].double() <= logits.amax((-2, -1)) + 1e-5).all()  # sampled max <= exact max
@@ -70,7 +74,7 @@ def test_masks_match_brute_force(kind):
         mask[..., 3] = True
     logits, probabilities = brute_force(q, k, mask=mask)
     stats = attention_stats(attention_logits(q, k, masks=(mask,), rows=5))
-    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, [0, 3, 6, 9]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, [1, 4, 7, 10]), atol=1e-5, rtol=1e-5)
     # and the call as SDPA gets it, through the mode
     with AttentionMode(rows=5) as mode:
         out = F.scaled_dot_product_attention(q, k, torch.randn(2, 2, 16, 4), attn_mask=mask)
@@ -86,7 +90,7 @@ def test_grouped_query_attention():
         F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
     (name, stats), = mode.calls
     assert name == "sdpa.0"
-    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(9))), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(1, 9))), atol=1e-5, rtol=1e-5)
 
 
 def test_three_dimensional_and_half_precision_inputs():
@@ -94,7 +98,7 @@ def test_three_dimensional_and_half_precision_inputs():
     q, k = torch.randn(2, 5, 8), torch.randn(2, 7, 8)  # (N, L, E): one head
     logits, probabilities = brute_force(q[:, None], k[:, None])
     stats = attention_stats(attention_logits(q, k))
-    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(5))), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(1, 5))), atol=1e-5, rtol=1e-5)
     half = attention_stats(attention_logits(q.bfloat16()[:, None], k.bfloat16()[:, None]))
     assert half.dtype == torch.float32
     torch.testing.assert_close(half, stats, atol=0.05, rtol=0.05)
@@ -122,7 +126,7 @@ def test_multihead_attention_module(need_weights, masked):
     if masked:
         allowed &= torch.ones(6, 6, dtype=torch.bool).tril()
     logits, probabilities = brute_force(q.detach(), k.detach(), mask=allowed)
-    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(6))), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(1, 6))), atol=1e-5, rtol=1e-5)
 
 
 def test_calls_are_named_by_the_innermost_module_and_a_second_call_keeps_the_first():
@@ -144,3 +148,163 @@ def test_a_failing_statistic_never_stops_the_forward():
         with pytest.raises(RuntimeError):  # the user's own error still raises
             F.scaled_dot_product_attention(q, torch.randn(1, 4, 3, 5), q)
     assert out.shape == q.shape and mode.failed is not None  # stats stopped after the failure, the forward did not
+
+
+# -- whole models, read back from the event files ----------------------------------------------
+
+ATTENTION_SCALARS = ("max_logit", "entropy_min", "entropy_mean", "sink_fraction")
+
+
+def tiny_gpt2(layers: int = 2):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_head=2, n_embd=16, vocab_size=40, n_positions=32, bos_token_id=0,
+                        eos_token_id=0, attn_implementation="sdpa")
+    return GPT2LMHeadModel(config)
+
+
+def tiny_bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=32, num_labels=3, attn_implementation="sdpa")
+    return BertForSequenceClassification(config)
+
+
+def tiny_vit():
+    from torchvision.models import VisionTransformer
+
+    torch.manual_seed(0)
+    return VisionTransformer(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32,
+                             num_classes=5)
+
+
+def tiny_encoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    return nn.Sequential(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), nn.Linear(16, 7))
+
+
+def run_model(kind, model):
+    if kind == "gpt2":
+        ids = torch.randint(0, 40, (2, 12))
+        return model(ids, labels=ids).loss
+    if kind == "bert":
+        ids, mask = torch.randint(0, 40, (2, 10)), torch.ones(2, 10, dtype=torch.long)
+        mask[0, 7:] = 0  # padding in batch element 0: a key padding mask reaches SDPA
+        return model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2])).loss
+    if kind == "vit":
+        return model(torch.randn(2, 3, 16, 16)).square().mean()
+    return model(torch.randn(2, 9, 16)).square().mean()
+
+
+MODELS = {
+    "gpt2": (tiny_gpt2, ["transformer.h.0.attn", "transformer.h.1.attn"]),
+    "bert": (tiny_bert, ["bert.encoder.layer.0.attention.self", "bert.encoder.layer.1.attention.self"]),
+    "vit": (tiny_vit, ["encoder.layers.encoder_layer_0.self_attention", "encoder.layers.encoder_layer_1.self_attention"]),
+    "encoder": (tiny_encoder, ["0.layers.0.self_attn", "0.layers.1.self_attn"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_every_tag_on_four_transformers(kind, read_run):
+    make, attention_layers = MODELS[kind]
+    model, log_dir = make(), tempfile.mkdtemp()
+    with actviz.watch(model, log_dir, every=2, strict=True) as viz:
+        for _ in range(3):
+            run_model(kind, model).backward()
+        layers = viz.layer_names
+    run = read_run(log_dir)
+    for layer in attention_layers:
+        for name in ATTENTION_SCALARS:
+            assert [e.step for e in run.events.Scalars(f"attention/{layer}/{name}")] == [0, 2], (layer, name)
+        assert run.histogram_steps(f"attention/{layer}/head_max_logit") == [0, 2]
+        assert 0 < run.scalar(f"attention/{layer}/entropy_min", 0) <= run.scalar(f"attention/{layer}/entropy_mean", 0)
+    assert not [t for t in run.scalar_tags if t.startswith("attention/") and t.split("/")[1] not in attention_layers]
+    for tag in ("logits/max", "logits/logsumexp", "logits/entropy"):
+        assert tag in run.scalar_tags
+    summarized = [layer for layer in layers if f"activation_stats/{layer}/mean" in run.scalar_tags]
+    assert len(summarized) >= len(layers) - 2  # MultiheadAttention's out_proj is never called as a module
+    for layer in summarized:  # every watched layer that ran
+        for name in ("max_abs", "kurtosis", "outlier_fraction"):
+            assert f"activation_stats/{layer}/{name}" in run.scalar_tags, (layer, name)
+
+
+def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
+    torch.manual_seed(0)
+    model, log_dir = tiny_encoder(), tempfile.mkdtemp()
+    attention = model[0].layers[0].self_attn
+    with torch.no_grad():
+        attention.in_proj_weight[:16] *= 100  # W_q scaled by 100: attention one-hot
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, log_dir, every=1, strict=True):
+            run_model("encoder", model).backward()
+    run = read_run(log_dir)
+    assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100
+    assert run.scalar("attention/0.layers.0.self_attn/entropy_min", 0) < 0.01
+    assert run.scalar("attention/0.layers.1.self_attn/entropy_min", 0) > 0.5
+    messages = [str(w.message) for w in caught]
+    assert any("max logit" in m and "'0.layers.0.self_attn'" in m for m in messages), messages
+    assert "0.layers.0.self_attn" in run.events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
+
+
+def test_entropy_collapse_over_logging_steps_alerts():
+    from actviz.transformer_alerts import TransformerAlerts
+
+    alerts = TransformerAlerts()
+    for step, entropy in enumerate([2.0, 1.9, 1.8]):
+        assert alerts.check(step, {"a": {"max_logit": 1.0, "entropy_min": entropy}}, {}, warn=False) == []
+    (message,) = alerts.check(3, {"a": {"max_logit": 1.0, "entropy_min": 0.9}}, {}, warn=False)
+    assert "entropy collapse in 'a'" in message
+
+
+def test_steps_that_do_not_log_run_no_mode_and_no_hook():
+    model = tiny_gpt2()
+    seen = []
+
+    def spy(module, args):  # a user's hook on the inner attention module
+        seen.append((torch._C._len_torch_function_stack(), hooks_left(model)["forward_pre"]))
+
+    with actviz.watch(model, tempfile.mkdtemp(), every=2):
+        handle = model.transformer.h[0].attn.register_forward_pre_hook(spy)
+        for _ in range(2):
+            run_model("gpt2", model).backward()
+        handle.remove()
+    (logging_mode, logging_hooks), (quiet_mode, quiet_hooks) = seen
+    assert logging_mode == 1 and quiet_mode == 0
+    assert quiet_hooks == 2  # the watcher's root hook and the spy
+    assert logging_hooks > quiet_hooks
+    assert torch._C._len_torch_function_stack() == 0 and hooks_left(model)["forward_pre"] == 0
+
+
+def test_a_forward_that_raises_leaves_no_mode():
+    model = tiny_encoder()
+    with actviz.watch(model, tempfile.mkdtemp(), every=1):
+        with pytest.raises(AssertionError, match="embedding dimension"):
+            model(torch.randn(2, 9, 5))  # wrong width
+        assert torch._C._len_torch_function_stack() == 0
+        run_model("encoder", model).backward()  # the next step works
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_compiled_gpt2_keeps_one_graph_and_never_recompiles():
+    model = tiny_gpt2()
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(model, backend=backend)
+    ids = torch.randint(0, 40, (2, 12))
+    with actviz.watch(compiled, tempfile.mkdtemp(), every=4) as viz:
+        for step in range(8):
+            compiled(ids, labels=ids).loss.backward()
+            if step == 1:
+                first = len(graphs)
+        viz.flush()
+        assert viz.latest is not None and "attention/transformer.h.0.attn/max_logit" in viz.latest.scalars
+    assert first >= 1 and len(graphs) == first  # compiled on the first step that did not log, never again
