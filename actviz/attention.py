@@ -13,11 +13,12 @@ each call recomputes a sample of attention rows from the call's own ``q`` and ``
   (top-left aligned, as SDPA), its boolean mask (True takes part) or additive mask, and its
   grouped-query layout (``enable_gqa``: query head ``h`` reads key head ``h // (H / Hk)``).
 
-:func:`attention_stats` returns a ``(4, heads)`` tensor, per head: the max logit (the
-largest ``q·k·scale + mask`` over the sampled rows and the keys they may attend to), the
-minimum and the mean softmax entropy (nats) of the sampled rows, and the mean weight on
-key 0 (the attention sink). It stays on the device (no host sync) and takes about a dozen
-kernels per call; the step carries it to the host with everything else.
+:func:`attention_stats` keeps, per head, the max logit (the largest ``q·k·scale + mask``
+over the sampled rows and the keys they may attend to) and, per sampled row, ``Σ p log p``
+and the weight on key 0 (the attention sink). It stays on the device (no host sync), takes
+about ten kernels per call, and goes to the host with the rest of the step, where
+:func:`head_numbers` makes per head the max logit, the minimum and mean softmax entropy
+(nats) of the sampled rows, and their mean weight on key 0.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "sampled_rows"]
+__all__ = [
+    "AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "head_numbers", "sampled_rows",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +51,16 @@ _MHA_SIGNATURE = inspect.signature(_MHA)
 _causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}
 
 
+_infinities: dict[torch.device, torch.Tensor] = {}
+
+
+def _minus_infinity(device: torch.device) -> torch.Tensor:
+    value = _infinities.get(device)
+    if value is None:
+        value = _infinities[device] = torch.tensor(-math.inf, device=device)
+    return value
+
+
 def sampled_rows(length: int, rows: int | None) -> slice:
     """The query positions sampled from ``length``: every ``s``-th from 1 (see the module docstring).
 
@@ -61,14 +74,14 @@ def sampled_rows(length: int, rows: int | None) -> slice:
 
 
 def _causal(length: int, keys: int, rows: slice, device: torch.device) -> torch.Tensor:
-    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may see key ``j`` (``j <= i``); cached."""
+    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may not see key ``j`` (``j > i``); cached."""
     key = (length, keys, rows.start, rows.step, device)
     mask = _causal_cache.get(key)
     if mask is None:
         if len(_causal_cache) > 64:
             _causal_cache.clear()
         positions = torch.arange(rows.start, length, rows.step, device=device)
-        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] <= positions[:, None]
+        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] > positions[:, None]
     return mask
 
 
@@ -109,21 +122,21 @@ def attention_logits(
         if not enable_gqa or heads % kv_heads:
             raise ValueError(f"query has {heads} heads and key {kv_heads}: give enable_gqa=True with H % Hk == 0")
         group = heads // kv_heads
-        logits = torch.matmul(q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1))
+        logits = torch.bmm(q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1))
         logits = logits.view(heads, q.shape[1], keys)
     else:
-        logits = torch.matmul(q, k.transpose(-2, -1))
+        logits = torch.bmm(q, k.expand(heads, keys, width).transpose(-2, -1))
     factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
     logits = logits.float().mul_(factor) if logits.dtype != torch.float32 else logits.mul_(factor)
     if is_causal:
-        logits.masked_fill_(~_causal(length, keys, sampled, logits.device), -math.inf)
+        logits.masked_fill_(_causal(length, keys, sampled, logits.device), -math.inf)
     for mask in masks:
         if batched and mask.dim() >= query.dim():  # it has the batch dimension: take element 0's
             mask = mask[(0,) * (mask.dim() - query.dim() + 1)]
         if mask.dim() >= 2 and mask.shape[-2] > 1:
             mask = mask[..., sampled, :]
         if mask.dtype == torch.bool:
-            logits = torch.where(mask, logits, -math.inf)
+            logits = torch.where(mask, logits, _minus_infinity(logits.device))
         else:
             logits = logits + mask
     return logits
@@ -131,18 +144,34 @@ def attention_logits(
 
 @torch.no_grad()
 def attention_stats(logits: torch.Tensor) -> torch.Tensor:
-    """Per head of ``(heads, R, S)`` logits: ``(4, heads)`` rows named by :data:`STATS`.
+    """The device half: per head of ``(heads, R, S)`` logits, one row ``[max logit, Σp·log p of each
+    sampled row, the weight on key 0 of each sampled row]``, shape ``(heads, 1 + 2R)``.
+
+    Four kernels after the logits; :func:`head_numbers` finishes it on the host.
+    """
+    probabilities = torch.softmax(logits, dim=-1)
+    negentropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
+    return torch.cat([logits.amax(dim=(-2, -1))[:, None], negentropy, probabilities[..., 0]], dim=1)
+
+
+def head_numbers(stats: torch.Tensor) -> torch.Tensor:
+    """The host half of :func:`attention_stats`: ``(4, heads)`` rows named by :data:`STATS`, in float64.
+
+    A row whose entropy is NaN (every key masked) is left out of the minimum and the mean.
 
     Example:
-        >>> stats = attention_stats(torch.zeros(2, 3, 4))  # uniform over 4 keys
+        >>> stats = head_numbers(attention_stats(torch.zeros(2, 3, 4)))  # uniform over 4 keys
         >>> [round(v, 4) for v in stats[:, 0].tolist()]   # max logit, entropy min and mean (log 4), sink
         [0.0, 1.3863, 1.3863, 0.25]
     """
-    probabilities = torch.softmax(logits, dim=-1)
-    entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1).neg_()
-    return torch.stack([
-        logits.amax(dim=(-2, -1)), entropy.amin(dim=-1), entropy.mean(dim=-1), probabilities[..., 0].mean(dim=-1),
-    ])
+    stats = stats.double()
+    rows = (stats.shape[1] - 1) // 2
+    entropy, sink = -stats[:, 1 : 1 + rows], stats[:, 1 + rows :]
+    finite = torch.isfinite(entropy)
+    counts = finite.sum(-1)
+    low = torch.where(finite, entropy, math.inf).amin(-1)
+    mean = torch.where(finite, entropy, 0.0).sum(-1) / counts
+    return torch.stack([stats[:, 0], torch.where(counts > 0, low, math.nan), mean, sink.nanmean(-1)])
 
 
 def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -204,8 +233,8 @@ class AttentionMode(TorchFunctionMode):
         >>> with AttentionMode() as mode:
         ...     mode.enter("attn")
         ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
-        >>> [(name, tuple(stats.shape)) for name, stats in mode.calls]
-        [('attn', (4, 2))]
+        >>> [(name, tuple(stats.shape)) for name, stats in mode.calls]   # 2 heads, rows 1 to 5
+        [('attn', (2, 11))]
     """
 
     def __init__(self, rows: int | None = DEFAULT_ROWS, full: bool = False) -> None:

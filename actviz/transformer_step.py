@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import AttentionMode
+from .attention import AttentionMode, head_numbers
 from .compiled import outside_graphs
 from .hooks import HookHandles
 from .layer_outputs import output_tensors
@@ -218,7 +218,7 @@ def finish_on_host(calls: list[str], outliers: list[tuple[str, int, torch.dtype]
     found = iter(host)
     attention = {}
     for name in calls:
-        max_logit, entropy_min, entropy_mean, sink = next(found).double()
+        max_logit, entropy_min, entropy_mean, sink = head_numbers(next(found))
         numbers = {"max_logit": _finite(max_logit, torch.amax), "entropy_min": _finite(entropy_min, torch.amin),
                    "entropy_mean": _finite(entropy_mean, torch.mean),
                    "sink_fraction": float((sink > SINK_WEIGHT).double().mean())}

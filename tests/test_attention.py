@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import actviz
-from actviz.attention import AttentionMode, attention_logits, attention_stats
+from actviz.attention import AttentionMode, attention_logits, attention_stats, head_numbers
 from conftest import hooks_left
 
 
@@ -39,6 +40,10 @@ def expected_stats(logits, probabilities, rows):
     return torch.stack([sampled_logits.amax((-2, -1)), entropy.amin(-1), entropy.mean(-1), p[..., 0].mean(-1)])
 
 
+def numbers(logits):
+    return head_numbers(attention_stats(logits))
+
+
 CASES = {
     "plain": {},
     "causal": {"is_causal": True},
@@ -55,7 +60,7 @@ def test_sampled_rows_match_brute_force(case, length, rows):
     logits, probabilities = brute_force(q, k, **CASES[case])
     sampled = list(range(1, length, math.ceil((length - 1) / rows)))  # row 0 left out
     assert len(sampled) <= rows
-    stats = attention_stats(attention_logits(q, k, rows=rows, **CASES[case]))
+    stats = numbers(attention_logits(q, k, rows=rows, **CASES[case]))
     torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, sampled), atol=1e-5, rtol=1e-5)
     assert (stats[0].double() <= logits.amax((-2, -1)) + 1e-5).all()  # sampled max <= exact max
 
@@ -73,13 +78,13 @@ def test_masks_match_brute_force(kind):
         mask = torch.rand(2, 2, 12, 16) > 0.5
         mask[..., 3] = True
     logits, probabilities = brute_force(q, k, mask=mask)
-    stats = attention_stats(attention_logits(q, k, masks=(mask,), rows=5))
+    stats = numbers(attention_logits(q, k, masks=(mask,), rows=5))
     torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, [1, 4, 7, 10]), atol=1e-5, rtol=1e-5)
     # and the call as SDPA gets it, through the mode
     with AttentionMode(rows=5) as mode:
         out = F.scaled_dot_product_attention(q, k, torch.randn(2, 2, 16, 4), attn_mask=mask)
     assert out.shape == (2, 2, 12, 4)
-    torch.testing.assert_close(mode.calls[0][1], stats)
+    torch.testing.assert_close(head_numbers(mode.calls[0][1]), stats)
 
 
 def test_grouped_query_attention():
@@ -89,6 +94,7 @@ def test_grouped_query_attention():
     with AttentionMode() as mode:
         F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
     (name, stats), = mode.calls
+    stats = head_numbers(stats)
     assert name == "sdpa.0"
     torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(1, 9))), atol=1e-5, rtol=1e-5)
 
@@ -97,10 +103,9 @@ def test_three_dimensional_and_half_precision_inputs():
     torch.manual_seed(3)
     q, k = torch.randn(2, 5, 8), torch.randn(2, 7, 8)  # (N, L, E): one head
     logits, probabilities = brute_force(q[:, None], k[:, None])
-    stats = attention_stats(attention_logits(q, k))
+    stats = numbers(attention_logits(q, k))
     torch.testing.assert_close(stats.double(), expected_stats(logits, probabilities, list(range(1, 5))), atol=1e-5, rtol=1e-5)
-    half = attention_stats(attention_logits(q.bfloat16()[:, None], k.bfloat16()[:, None]))
-    assert half.dtype == torch.float32
+    half = numbers(attention_logits(q.bfloat16()[:, None], k.bfloat16()[:, None]))
     torch.testing.assert_close(half, stats, atol=0.05, rtol=0.05)
 
 
@@ -117,6 +122,7 @@ def test_multihead_attention_module(need_weights, masked):
         mode.enter("attn")
         attention(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=need_weights)
     (name, stats), = mode.calls
+    stats = head_numbers(stats)
     w_q, w_k, _ = attention.in_proj_weight.chunk(3)
     b_q, b_k, _ = attention.in_proj_bias.chunk(3)
     q = (x[0] @ w_q.T + b_q).view(6, 2, 4).transpose(0, 1)[None]
@@ -308,3 +314,66 @@ def test_compiled_gpt2_keeps_one_graph_and_never_recompiles():
         viz.flush()
         assert viz.latest is not None and "attention/transformer.h.0.attn/max_logit" in viz.latest.scalars
     assert first >= 1 and len(graphs) == first  # compiled on the first step that did not log, never again
+
+
+# -- costs: kernels added per attention call, counted as tests/test_device_path.py counts them ---------
+
+class CountKernels(TorchDispatchMode):
+    """Kernel-launching aten ops (views left out) and host-syncing ops."""
+
+    SYNCING = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.SYNCING:
+            self.syncs.append(str(func))
+        if not func.is_view:
+            self.kernels.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _sdpa_cases():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, 100, 8), torch.randn(2, 4, 100, 8)
+    small_k = torch.randn(2, 2, 100, 8)
+    return {
+        "plain": (q, k, k, {}),
+        "causal": (q, k, k, {"is_causal": True}),
+        "bool mask": (q, k, k, {"attn_mask": torch.rand(2, 1, 100, 100) > 0.2}),
+        "additive mask": (q, k, k, {"attn_mask": torch.randn(100, 100)}),
+        "grouped query": (q, small_k, small_k, {"is_causal": True, "enable_gqa": True}),
+        "bfloat16": (q.bfloat16(), k.bfloat16(), k.bfloat16(), {"is_causal": True}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_sdpa_cases()))
+def test_an_sdpa_call_adds_at_most_nine_kernels_and_no_sync(case):
+    q, k, v, kwargs = _sdpa_cases()[case]
+    with CountKernels() as bare:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with AttentionMode() as mode:
+        mode.enter("warm")  # the causal mask is made once and kept
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+        mode.enter("counted")
+        with CountKernels() as watched:
+            F.scaled_dot_product_attention(q, k, v, **kwargs)
+    added = len(watched.kernels) - len(bare.kernels)
+    assert added <= 9, watched.kernels  # 7 to 9: bmm, scale, mask, softmax, xlogy, sum, amax, cat (+ a cast)
+    assert watched.syncs == [] and len(mode.calls) == 2
+
+
+def test_a_multihead_attention_call_adds_at_most_eleven_kernels():
+    attention = nn.MultiheadAttention(16, 2, batch_first=True)
+    x, causal = torch.randn(2, 30, 16), torch.ones(30, 30, dtype=torch.bool).triu(1)
+    with CountKernels() as bare:
+        attention(x, x, x, attn_mask=causal, need_weights=False)
+    with AttentionMode() as mode:
+        mode.enter("attn")
+        with CountKernels() as watched:
+            attention(x, x, x, attn_mask=causal, need_weights=False)
+    added = len(watched.kernels) - len(bare.kernels)
+    assert added <= 11 and watched.syncs == [], watched.kernels  # the two projections of batch element 0, then as SDPA
