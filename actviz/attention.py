@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 __all__ = [
-    "AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "head_numbers", "sampled_rows",
+    "AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_modules", "attention_stats", "head_numbers",
+    "is_attention_module", "sampled_rows",
 ]
 
 logger = logging.getLogger(__name__)
@@ -215,6 +216,21 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tenso
         mask = mask.view(1, 1, -1) if padding else (mask[:heads] if mask.dim() == 3 else mask)
         masks.append(~mask if mask.dtype == torch.bool else mask)  # MHA's True means "left out"
     return q, k, {"masks": masks}
+
+
+def is_attention_module(module: torch.nn.Module) -> bool:
+    """``nn.MultiheadAttention``, or a module whose class name contains ``Attention`` (any case)."""
+    return isinstance(module, torch.nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
+
+
+def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's attention modules, by ``named_modules()`` name.
+
+    Example:
+        >>> [name for name, _ in attention_modules(torch.nn.TransformerEncoderLayer(8, 2))]
+        ['self_attn']
+    """
+    return [(name, module) for name, module in model.named_modules() if is_attention_module(module)]
 
 
 class AttentionMode(TorchFunctionMode):

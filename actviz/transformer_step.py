@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import AttentionMode, head_numbers
+from .attention import AttentionMode, attention_modules, head_numbers, is_attention_module
 from .compiled import outside_graphs
 from .hooks import HookHandles
 from .layer_outputs import output_tensors
@@ -56,21 +56,6 @@ logger = logging.getLogger(__name__)
 
 #: A head whose mean weight on key 0 is above this counts as an attention sink.
 SINK_WEIGHT = 0.3
-
-
-def is_attention_module(module: nn.Module) -> bool:
-    """``nn.MultiheadAttention``, or a module whose class name contains ``Attention`` (any case)."""
-    return isinstance(module, nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
-
-
-def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The model's attention modules, by ``named_modules()`` name.
-
-    Example:
-        >>> [name for name, _ in attention_modules(nn.TransformerEncoderLayer(8, 2))]
-        ['self_attn']
-    """
-    return [(name, module) for name, module in model.named_modules() if is_attention_module(module)]
 
 
 class _ModelInfo:

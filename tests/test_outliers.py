@@ -102,3 +102,13 @@ def test_tags_and_alerts_read_back(read_run):
     assert any("massive activation in 'up'" in m for m in messages), messages
     alerts = run.events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
     assert "massive activation in 'up'" in alerts
+
+
+@pytest.mark.parametrize("dtype, budget", [(torch.float32, 10), (torch.bfloat16, 11)])
+def test_a_layer_takes_ten_kernels_and_no_sync(dtype, budget):
+    from test_attention import CountKernels
+
+    tensor = torch.randn(4, 100, 64).to(dtype)
+    with CountKernels() as count:
+        outlier_vector(tensor, 1 << 14)
+    assert len(count.kernels) == budget and count.syncs == [], count.kernels
