@@ -33,8 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .summaries import local_shard
+
 __all__ = [
-    "AttentionMode", "DEFAULT_ROWS", "STATS", "attention_logits", "attention_modules", "attention_stats", "head_numbers",
+    "DEFAULT_ROWS", "STATS", "AttentionMode", "attention_logits", "attention_modules", "attention_stats", "head_numbers",
     "is_attention_module", "sampled_rows",
 ]
 
@@ -50,16 +52,13 @@ _MHA = F.multi_head_attention_forward
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _MHA_SIGNATURE = inspect.signature(_MHA)
 _causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}
-
-
-_infinities: dict[torch.device, torch.Tensor] = {}
+_infinities: dict[torch.device, torch.Tensor] = {}  # -inf on each device, for torch.where without a new tensor
 
 
 def _minus_infinity(device: torch.device) -> torch.Tensor:
-    value = _infinities.get(device)
-    if value is None:
-        value = _infinities[device] = torch.tensor(-math.inf, device=device)
-    return value
+    if device not in _infinities:
+        _infinities[device] = torch.tensor(-math.inf, device=device)
+    return _infinities[device]
 
 
 def sampled_rows(length: int, rows: int | None) -> slice:
@@ -290,8 +289,11 @@ class AttentionMode(TorchFunctionMode):
                 call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
                 if call is None:
                     return
-                logits = attention_logits(call[0], call[1], rows=self.rows, **call[2])
+                # A DTensor's local shard: an op on the DTensor could wait on a collective the other ranks never run.
+                query, key = local_shard(call[0]), local_shard(call[1])
+                options = dict(call[2], masks=[local_shard(mask) for mask in call[2].get("masks", ())])
+                logits = attention_logits(query, key, rows=self.rows, **options)
                 self.calls.append((name, torch.softmax(logits, -1) if self.full else attention_stats(logits)))
-        except Exception as error:  # noqa: BLE001 - statistics must never stop the user's forward
+        except Exception as error:
             self.failed = error
             logger.debug("attention statistics failed for %s", name, exc_info=True)

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .summaries import local_shard
+
 __all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]
 
 #: Tags of :func:`logit_vector`'s entries, in order.
@@ -68,7 +70,7 @@ def logit_vector(logits: torch.Tensor) -> torch.Tensor:
         >>> [round(v, 4) for v in logit_vector(torch.zeros(3, 4)).tolist()]   # uniform: log 4
         [0.0, 1.3863, 1.3863]
     """
-    values = logits.detach()
+    values = local_shard(logits)  # detached; a DTensor's local shard
     if values.dtype not in (torch.float32, torch.float64):
         values = values.float()
     log_z = torch.logsumexp(values, dim=-1)

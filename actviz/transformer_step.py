@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import AttentionMode, attention_modules, head_numbers, is_attention_module
+from .attention import AttentionMode, attention_modules, head_numbers
 from .compiled import outside_graphs
 from .hooks import HookHandles
 from .layer_outputs import output_tensors
@@ -50,7 +50,7 @@ from .summaries import finish
 from .transfer import PendingStep
 from .transformer_alerts import TransformerAlerts
 
-__all__ = ["SINK_WEIGHT", "TransformerStep", "attention_modules", "finish_on_host", "is_attention_module"]
+__all__ = ["SINK_WEIGHT", "TransformerStep", "finish_on_host"]
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,17 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import hooks_left
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import actviz
-from actviz.attention import AttentionMode, attention_logits, attention_stats, head_numbers
-from conftest import hooks_left
+from actviz.attention import (
+    AttentionMode,
+    attention_logits,
+    attention_stats,
+    head_numbers,
+)
 
 
 def brute_force(q, k, mask=None, is_causal=False, scale=None, groups=1):

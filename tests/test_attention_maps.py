@@ -6,13 +6,13 @@ import tempfile
 
 import numpy as np
 import torch
+from test_attention import tiny_vit
 from torch import nn
 
 import actviz
 from actviz.attention_maps import rollout
 from actviz.gradcam import gradcam_overlay
 from actviz.rendering import draw_grid
-from test_attention import tiny_vit
 
 
 def vit_weights_by_hand(model, image):
