@@ -199,8 +199,18 @@ def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
 
 def finish_on_host(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,
                    alerts: TransformerAlerts, bins: int, results: StepResults, host: list[torch.Tensor]) -> None:
-    """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``."""
-    found = iter(host)
+    """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``.
+
+    If it fails, the step keeps everything else and the failure is warned once.
+    """
+    try:
+        _finish(calls, outliers, has_logits, alerts, bins, results, iter(host))
+    except Exception as error:  # noqa: BLE001 - the rest of the step must still be written
+        _warn_once(error)
+
+
+def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,
+            alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:
     attention = {}
     for name in calls:
         max_logit, entropy_min, entropy_mean, sink = head_numbers(next(found))
