@@ -65,6 +65,7 @@ class _ModelInfo:
         self.attention = attention_modules(model)
         self.head_width = last_linear_width(model)
         self.alerts = TransformerAlerts()
+        self.warned: set[str] = set()  # kinds of failure warned about
 
 
 _models: weakref.WeakKeyDictionary[nn.Module, _ModelInfo] = weakref.WeakKeyDictionary()
@@ -135,7 +136,7 @@ class TransformerStep:
         try:
             function(name, output)
         except Exception as error:  # noqa: BLE001 - statistics must never stop training
-            _warn_once(error)
+            _warn_once(error, self._info.warned)
 
     def _layer_output(self, name: str, output: Any) -> None:
         """Reduce a watched layer's output for ``activation_stats/{tag}/max_abs`` and the rest (first call only)."""
@@ -160,10 +161,10 @@ class TransformerStep:
             return
         work = partial(finish_on_host, [name for name, _ in self._mode.calls],
                        [(tag, numel, dtype) for tag, numel, dtype, _ in self._outliers], logits is not None,
-                       self._info.alerts, self._pending.bins)
+                       self._info, self._pending.bins)
         self._pending.add_host_work(work, *carried)
         if self._mode.failed is not None:
-            _warn_once(self._mode.failed)
+            _warn_once(self._mode.failed, self._info.warned)
 
     def remove(self) -> None:
         """Leave the mode, if still in it. Safe to call more than once."""
@@ -172,13 +173,10 @@ class TransformerStep:
             self._mode.__exit__(None, None, None)
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(error: BaseException) -> None:
+def _warn_once(error: BaseException, warned: set[str]) -> None:
     kind = type(error).__name__
-    if kind not in _warned:
-        _warned.add(kind)
+    if kind not in warned:
+        warned.add(kind)
         warn_safely(f"actviz: transformer statistics failed, {kind}: {error} (training goes on; warned once)",
                     RuntimeWarning, stacklevel=3)
     logger.debug("transformer statistics failed", exc_info=error)
@@ -198,15 +196,15 @@ def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
 
 
 def finish_on_host(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,
-                   alerts: TransformerAlerts, bins: int, results: StepResults, host: list[torch.Tensor]) -> None:
+                   info: _ModelInfo, bins: int, results: StepResults, host: list[torch.Tensor]) -> None:
     """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``.
 
     If it fails, the step keeps everything else and the failure is warned once.
     """
     try:
-        _finish(calls, outliers, has_logits, alerts, bins, results, iter(host))
+        _finish(calls, outliers, has_logits, info.alerts, bins, results, iter(host))
     except Exception as error:  # noqa: BLE001 - the rest of the step must still be written
-        _warn_once(error)
+        _warn_once(error, info.warned)
 
 
 def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,

@@ -382,3 +382,23 @@ def test_a_multihead_attention_call_adds_at_most_eleven_kernels():
             attention(x, x, x, attn_mask=causal, need_weights=False)
     added = len(watched.kernels) - len(bare.kernels)
     assert added <= 11 and watched.syncs == [], watched.kernels  # the two projections of batch element 0, then as SDPA
+
+
+def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read_run, monkeypatch):
+    import actviz.transformer_step as transformer_step
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(transformer_step, "outlier_vector", broken)
+    model, log_dir = tiny_encoder(), tempfile.mkdtemp()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, log_dir, every=1):
+            for _ in range(2):
+                run_model("encoder", model).backward()
+    messages = [str(w.message) for w in caught if "transformer statistics failed" in str(w.message)]
+    assert len(messages) == 1 and "broken on purpose" in messages[0]
+    run = read_run(log_dir)
+    assert [e.step for e in run.events.Scalars("attention/0.layers.0.self_attn/max_logit")] == [0, 1]
+    assert "activation_stats/1/mean" in run.scalar_tags and "activation_stats/1/max_abs" not in run.scalar_tags
