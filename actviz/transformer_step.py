@@ -5,8 +5,9 @@ when it attaches; the step's hooks go into the capture's own hook handles. Until
 forward ends, an :class:`~actviz.attention.AttentionMode` sees its attention calls; forward
 pre-hooks and hooks on the attention modules (and the watched modules with children) name
 each call after the innermost one enclosing it. Each watched layer's output is reduced for
-:mod:`actviz.outliers`, and the model's output for :mod:`actviz.logits`. Everything stays on the device and goes to the host in the step's one copy;
-:func:`finish_on_host` writes the tags on the writer thread:
+:mod:`actviz.outliers`, and the model's output for :mod:`actviz.logits`. Everything stays on
+the device and goes to the host in the step's one copy; :func:`finish_on_host` writes the
+tags on the writer thread:
 
 ==========================================  =================================================
 ``attention/{layer}/max_logit``             largest ``q·k·scale + mask`` of the sampled rows
