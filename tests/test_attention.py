@@ -402,3 +402,42 @@ def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read
     run = read_run(log_dir)
     assert [e.step for e in run.events.Scalars("attention/0.layers.0.self_attn/max_logit")] == [0, 1]
     assert "activation_stats/1/mean" in run.scalar_tags and "activation_stats/1/max_abs" not in run.scalar_tags
+
+
+class HandWritten(nn.Module):
+    """nanoGPT-style attention in a module whose name says nothing of attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(16, 48), nn.Linear(16, 16)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 8).permute(2, 0, 3, 1, 4)
+        mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(mixed.transpose(1, 2).reshape(x.shape))
+
+
+def test_hand_written_attention_needs_transformer_stats_true(read_run):
+    torch.manual_seed(0)
+    x = torch.randn(2, 10, 16)
+    for wanted, expected in ((None, set()), (True, {"sdpa.0"}), (False, set())):
+        model, log_dir = nn.Sequential(HandWritten()), tempfile.mkdtemp()
+        with actviz.watch(model, log_dir, every=1, transformer_stats=wanted, strict=True):
+            model(x).sum().backward()
+        run = read_run(log_dir)
+        assert {tag.split("/")[1] for tag in run.scalar_tags if tag.startswith("attention/")} == expected
+    # named after a watched module with children that encloses the call
+    model, log_dir = nn.Sequential(HandWritten()), tempfile.mkdtemp()
+    with actviz.watch(model, log_dir, every=1, layers=["0", "0.qkv"], transformer_stats=True, strict=True):
+        model(x).sum().backward()
+    q, k, _ = model[0].qkv(x).detach().view(2, 10, 3, 2, 8).permute(2, 0, 3, 1, 4)
+    logits, probabilities = brute_force(q, k, is_causal=True)
+    expected = expected_stats(logits, probabilities, list(range(1, 10)))
+    run = read_run(log_dir)
+    assert run.scalar("attention/0/max_logit", 0) == pytest.approx(expected[0].max().item(), rel=1e-5)
+    assert run.scalar("attention/0/entropy_min", 0) == pytest.approx(expected[1].min().item(), rel=1e-5)
+    assert run.scalar("attention/0/entropy_mean", 0) == pytest.approx(expected[2].mean().item(), rel=1e-5)
+    assert run.scalar("attention/0/sink_fraction", 0) == pytest.approx((expected[3] > 0.3).double().mean().item())
+    histogram = run.histogram("attention/0/head_max_logit", 0)  # one value per head
+    assert (histogram.num, histogram.min, histogram.max) == (2, pytest.approx(expected[0].min().item(), rel=1e-6),
+                                                             pytest.approx(expected[0].max().item(), rel=1e-6))
