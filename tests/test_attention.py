@@ -301,7 +301,8 @@ def test_a_forward_that_raises_leaves_no_mode():
     assert torch._C._len_torch_function_stack() == 0
 
 
-def test_compiled_gpt2_keeps_one_graph_and_never_recompiles():
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_compiled_gpt2_keeps_one_graph_and_never_recompiles(how):
     model = tiny_gpt2()
     graphs = []
 
@@ -309,7 +310,11 @@ def test_compiled_gpt2_keeps_one_graph_and_never_recompiles():
         graphs.append(graph_module)
         return graph_module.forward
 
-    compiled = torch.compile(model, backend=backend)
+    if how == "model.compile()":
+        model.compile(backend=backend)
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend=backend)
     ids = torch.randint(0, 40, (2, 12))
     with actviz.watch(compiled, tempfile.mkdtemp(), every=4) as viz:
         for step in range(8):
