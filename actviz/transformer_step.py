@@ -11,8 +11,8 @@ tags on the writer thread:
 
 ==========================================  =================================================
 ``attention/{layer}/max_logit``             largest ``q·k·scale + mask`` of the sampled rows
-``attention/{layer}/entropy_min``           lowest softmax entropy of a sampled row (nats)
-``attention/{layer}/entropy_mean``          mean softmax entropy of the sampled rows
+``attention/{layer}/entropy_min``           lowest head entropy: mean over its sampled rows (nats)
+``attention/{layer}/entropy_mean``          mean softmax entropy of the sampled rows, all heads
 ``attention/{layer}/sink_fraction``         fraction of heads with > 0.3 of their weight on key 0
 ``attention/{layer}/head_max_logit``        histogram: each head's max logit
 ``logits/max``, ``/logsumexp``, ``/entropy``   the model output's logits (:mod:`actviz.logits`)
@@ -212,9 +212,11 @@ def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_
             alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:
     attention = {}
     for name in calls:
-        max_logit, entropy_min, entropy_mean, sink = head_numbers(next(found))
-        numbers = {"max_logit": _finite(max_logit, torch.amax), "entropy_min": _finite(entropy_min, torch.amin),
-                   "entropy_mean": _finite(entropy_mean, torch.mean),
+        max_logit, _, entropy, sink = head_numbers(next(found))  # per head: max, min and mean over rows, sink
+        # entropy_min: the most collapsed head. The lowest row would be a causal mask's first rows, which see
+        # one or two keys and so have an entropy of at most log 2 however healthy the head is.
+        numbers = {"max_logit": _finite(max_logit, torch.amax), "entropy_min": _finite(entropy, torch.amin),
+                   "entropy_mean": _finite(entropy, torch.mean),
                    "sink_fraction": float((sink > SINK_WEIGHT).double().mean())}
         attention[name] = numbers
         results.scalars.update({f"attention/{name}/{key}": value for key, value in numbers.items()})

@@ -255,7 +255,7 @@ def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
             run_model("encoder", model).backward()
     run = read_run(log_dir)
     assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100
-    assert run.scalar("attention/0.layers.0.self_attn/entropy_min", 0) < 0.01
+    assert run.scalar("attention/0.layers.0.self_attn/entropy_min", 0) < 0.05  # log 9 = 2.2 when uniform
     assert run.scalar("attention/0.layers.1.self_attn/entropy_min", 0) > 0.5
     messages = [str(w.message) for w in caught]
     assert any("max logit" in m and "'0.layers.0.self_attn'" in m for m in messages), messages
@@ -440,7 +440,7 @@ def test_hand_written_attention_needs_transformer_stats_true(read_run):
     expected = expected_stats(logits, probabilities, list(range(1, 10)))
     run = read_run(log_dir)
     assert run.scalar("attention/0/max_logit", 0) == pytest.approx(expected[0].max().item(), rel=1e-5)
-    assert run.scalar("attention/0/entropy_min", 0) == pytest.approx(expected[1].min().item(), rel=1e-5)
+    assert run.scalar("attention/0/entropy_min", 0) == pytest.approx(expected[2].min().item(), rel=1e-5)
     assert run.scalar("attention/0/entropy_mean", 0) == pytest.approx(expected[2].mean().item(), rel=1e-5)
     assert run.scalar("attention/0/sink_fraction", 0) == pytest.approx((expected[3] > 0.3).double().mean().item())
     histogram = run.histogram("attention/0/head_max_logit", 0)  # one value per head
