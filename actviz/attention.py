@@ -51,7 +51,7 @@ _SDPA = F.scaled_dot_product_attention
 _MHA = F.multi_head_attention_forward
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _MHA_SIGNATURE = inspect.signature(_MHA)
-_causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}
+_causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}  # a few (rows, keys) masks
 _infinities: dict[torch.device, torch.Tensor] = {}  # -inf on each device, for torch.where without a new tensor
 
 
@@ -176,8 +176,7 @@ def head_numbers(stats: torch.Tensor) -> torch.Tensor:
 
 def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``(query, key, attention_logits keyword arguments)`` of one ``scaled_dot_product_attention`` call."""
-    bound = dict(zip(_SDPA_ARGS, args))
-    bound.update(kwargs)
+    bound = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
     mask = bound.get("attn_mask")
     return bound["query"], bound["key"], {
         "masks": () if mask is None else (mask,), "is_causal": bool(bound.get("is_causal", False)),
@@ -191,7 +190,7 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tenso
     """
     call = _MHA_SIGNATURE.bind(*args, **kwargs)
     call.apply_defaults()
-    a = call.arguments
+    a = call.arguments  # every argument, by name
     if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
         return None
     query, key, heads = a["query"], a["key"], a["num_heads"]
@@ -237,11 +236,11 @@ class AttentionMode(TorchFunctionMode):
 
     Args:
         rows: Query rows sampled per call (:func:`attention_logits`).
-        full: Keep the whole softmax of batch element 0, ``(heads, L, S)``, instead (the probe's pictures).
 
     Calls are named by :meth:`enter`/:meth:`leave` (forward pre-hooks and hooks push and pop
     the enclosing modules' names); a call outside every named module is ``sdpa.{i}``. A name
-    called again in the same forward keeps its first call, as layers do.
+    called again in the same forward keeps its first call, as layers do. A call leaves what
+    :meth:`reduce` makes of it (:mod:`actviz.attention_maps` keeps the probe's weights).
 
     Example:
         >>> q = torch.randn(1, 2, 6, 4)
@@ -252,10 +251,9 @@ class AttentionMode(TorchFunctionMode):
         [('attn', (2, 11))]
     """
 
-    def __init__(self, rows: int | None = DEFAULT_ROWS, full: bool = False) -> None:
+    def __init__(self, rows: int | None = DEFAULT_ROWS) -> None:
         super().__init__()
-        self.rows = None if full else rows
-        self.full = full
+        self.rows = rows
         self.calls: list[tuple[str, torch.Tensor]] = []
         self.failed: BaseException | None = None
         self._stack: list[str] = []
@@ -276,6 +274,10 @@ class AttentionMode(TorchFunctionMode):
             self._record(func, args, kwargs)
         return func(*args, **kwargs)
 
+    def reduce(self, query: torch.Tensor, key: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+        """What one call leaves: :func:`attention_stats` of its sampled rows."""
+        return attention_stats(attention_logits(query, key, rows=self.rows, **options))
+
     def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self._stack:
             name = self._stack[-1]
@@ -289,11 +291,10 @@ class AttentionMode(TorchFunctionMode):
                 call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
                 if call is None:
                     return
-                # A DTensor's local shard: an op on the DTensor could wait on a collective the other ranks never run.
+                # DTensors' local shards: an op on a DTensor could wait on a collective other ranks never run
                 query, key = local_shard(call[0]), local_shard(call[1])
                 options = dict(call[2], masks=[local_shard(mask) for mask in call[2].get("masks", ())])
-                logits = attention_logits(query, key, rows=self.rows, **options)
-                self.calls.append((name, torch.softmax(logits, -1) if self.full else attention_stats(logits)))
+                self.calls.append((name, self.reduce(query, key, options)))
         except Exception as error:
             self.failed = error
             logger.debug("attention statistics failed for %s", name, exc_info=True)

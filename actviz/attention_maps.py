@@ -23,14 +23,41 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import AttentionMode, attention_modules
+from .attention import AttentionMode, attention_logits, attention_modules
 from .gradcam import gradcam_overlay
 from .rendering import draw_grid
 
-__all__ = ["MAX_POSITIONS", "attention_pictures", "draw_heads", "draw_rollout", "record_attention", "rollout"]
+ROLLOUT = "(rollout)"
+
+__all__ = ["MAX_POSITIONS", "MAX_ROLLOUT_TOKENS", "ProbeMode", "attention_pictures", "draw_heads", "draw_rollout", "record_attention", "rollout"]
 
 #: Queries and keys drawn per map, from position 0.
 MAX_POSITIONS = 256
+#: Square maps up to this many tokens are kept whole, averaged over the heads, for the rollout (ViT-H/14 at 448 px).
+MAX_ROLLOUT_TOKENS = 1025
+
+
+class ProbeMode(AttentionMode):
+    """Keeps, per attention call, the first :data:`MAX_POSITIONS` queries' weights over the first
+    :data:`MAX_POSITIONS` keys, ``(heads, ≤256, ≤256)``, and for self-attention over at most
+    :data:`MAX_ROLLOUT_TOKENS` tokens its whole map averaged over the heads (in :attr:`rollout_maps`).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(rows=None)
+        self.rollout_maps: list[torch.Tensor] = []
+
+    def reduce(self, query: torch.Tensor, key: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+        length, keys = query.shape[-2], key.shape[-2]
+        whole = length == keys <= MAX_ROLLOUT_TOKENS
+        if not whole and length > MAX_POSITIONS:  # the first rows only: no (heads, L, S) for a long sequence
+            query = query[..., :MAX_POSITIONS, :]
+            options = dict(options, masks=[mask[..., :MAX_POSITIONS, :] if mask.dim() >= 2 and mask.shape[-2] > 1
+                                           else mask for mask in options.get("masks", ())])
+        weights = torch.softmax(attention_logits(query, key, rows=None, **options), dim=-1)
+        if whole:
+            self.rollout_maps.append(weights.mean(0))
+        return weights[:, :MAX_POSITIONS, :MAX_POSITIONS].clone()
 
 
 def _enter(mode: AttentionMode, name: str, module: nn.Module, args: Any) -> None:
@@ -43,7 +70,8 @@ def _leave(mode: AttentionMode, name: str, module: nn.Module, args: Any, output:
 
 @contextlib.contextmanager
 def record_attention(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Within it, every attention call of ``model`` leaves ``(module name, (heads, L, S) weights of sample 0)``.
+    """Within it, every attention call of ``model`` leaves ``(module name, (heads, L, S) weights of sample 0)``
+    (see :class:`ProbeMode`); at the end, ``("(rollout)", (layers, T, T) head means)`` if there are any.
 
     Nothing is recorded for a model without an attention module (see
     :func:`~actviz.attention.attention_modules`).
@@ -53,14 +81,14 @@ def record_attention(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]
         >>> with torch.no_grad(), record_attention(layer) as maps:
         ...     _ = layer(torch.randn(1, 5, 8))
         >>> [(name, tuple(weights.shape)) for name, weights in maps]
-        [('self_attn', (2, 5, 5))]
+        [('self_attn', (2, 5, 5)), ('(rollout)', (1, 5, 5))]
     """
     found: list[tuple[str, torch.Tensor]] = []
     modules = attention_modules(model)
     if not modules:
         yield found
         return
-    mode = AttentionMode(full=True)
+    mode = ProbeMode()
     handles = []
     try:
         for name, module in modules:
@@ -71,7 +99,9 @@ def record_attention(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]
     finally:
         for handle in handles:
             handle.remove()
-    found.extend((name, weights[:, :MAX_POSITIONS, :MAX_POSITIONS].clone()) for name, weights in mode.calls)
+    found.extend(mode.calls)
+    if mode.rollout_maps and len({tuple(weights.shape) for weights in mode.rollout_maps}) == 1:
+        found.append((ROLLOUT, torch.stack(mode.rollout_maps)))
 
 
 @torch.no_grad()
@@ -89,43 +119,44 @@ def _patch_side(tokens: int) -> tuple[int, int] | None:
     return None
 
 
-def rollout(maps: list[torch.Tensor]) -> torch.Tensor | None:
-    """Attention rollout over the patches: an ``(n, n)`` map in [0, 1], or ``None`` if the maps are not a ViT's.
+def rollout(head_means: torch.Tensor) -> torch.Tensor | None:
+    """Attention rollout over the patches from ``(layers, T, T)`` maps averaged over the heads, in forward
+    order: an ``(n, n)`` map in [0, 1], or ``None`` unless ``T`` is ``1 + n²`` or ``n²`` (a ViT's tokens).
 
     Example:
-        >>> uniform = torch.full((2, 5, 5), 0.2)  # a class token and 2 x 2 patches
-        >>> rollout([uniform, uniform]).tolist()
+        >>> uniform = torch.full((2, 5, 5), 0.2)  # two layers; a class token and 2 x 2 patches
+        >>> rollout(uniform).tolist()
         [[1.0, 1.0], [1.0, 1.0]]
     """
-    if not maps:
-        return None
-    tokens = maps[0].shape[-1]
+    tokens = head_means.shape[-1]
     layout = _patch_side(tokens)
-    if layout is None or any(tuple(weights.shape[-2:]) != (tokens, tokens) for weights in maps):
+    if head_means.dim() != 3 or head_means.shape[-2] != tokens or layout is None:
         return None
     eye = torch.eye(tokens, dtype=torch.float64)
     joint = eye
-    for weights in maps:
-        mixed = 0.5 * weights.double().mean(0) + 0.5 * eye
+    for weights in head_means.double():
+        mixed = 0.5 * weights + 0.5 * eye
         joint = (mixed / mixed.sum(-1, keepdim=True)) @ joint
     extra, side = layout
     row = joint[0, 1:] if extra else joint.mean(0)
     return (row / row.max().clamp_min(1e-30)).reshape(side, side).float()
 
 
-def draw_rollout(image: torch.Tensor, *maps: torch.Tensor) -> torch.Tensor:
-    """The probe image with the attention rollout of ``maps`` over it, as Grad-CAM is drawn."""
-    found = rollout(list(maps))
+def draw_rollout(image: torch.Tensor, head_means: torch.Tensor) -> torch.Tensor:
+    """The probe image with the attention rollout of ``head_means`` over it, as Grad-CAM is drawn."""
+    found = rollout(head_means)
     assert found is not None  # attention_pictures checked the layout
     return gradcam_overlay(image, found)
 
 
-def attention_pictures(maps: list[tuple[str, torch.Tensor]], image: torch.Tensor | None) -> list[tuple[str, Any, tuple[torch.Tensor, ...], bool]]:
-    """The probe's pictures, as :class:`~actviz.probe.Probe` hands them to the step."""
-    pictures: list[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = [
-        (f"attention_maps/{name}", draw_heads, (weights,), True) for name, weights in maps
-    ]
-    weights = [weights for _, weights in maps]
-    if image is not None and rollout(weights[:1]) is not None and rollout(weights) is not None:
-        pictures.append(("attention_rollout", draw_rollout, (image, *weights), True))
+Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
+
+
+def attention_pictures(maps: list[tuple[str, torch.Tensor]], image: torch.Tensor | None) -> list[Picture]:
+    """The probe's pictures (what :func:`record_attention` left), as :class:`~actviz.probe.Probe` hands them on."""
+    pictures: list[Picture] = [(f"attention_maps/{name}", draw_heads, (weights,), True)
+                               for name, weights in maps if name != ROLLOUT]
+    head_means = dict(maps).get(ROLLOUT)
+    if image is not None and head_means is not None and rollout(head_means[:1]) is not None:
+        pictures.append(("attention_rollout", draw_rollout, (image, head_means), True))
     return pictures

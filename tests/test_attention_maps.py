@@ -67,9 +67,9 @@ def test_vit_probe_draws_each_heads_map_and_the_rollout(read_run):
 
 
 def test_rollout_needs_square_vit_maps():
-    assert rollout([torch.full((2, 6, 6), 1 / 6)]) is None  # 6 tokens: neither n² nor 1 + n²
-    assert rollout([torch.full((2, 4, 9), 1 / 9)]) is None  # cross-attention
-    assert rollout([torch.full((1, 4, 4), 0.25)]).shape == (2, 2)  # 2 x 2 patches, no class token
+    assert rollout(torch.full((2, 6, 6), 1 / 6)) is None  # 6 tokens: neither n² nor 1 + n²
+    assert rollout(torch.full((2, 4, 9), 1 / 9)) is None  # cross-attention
+    assert rollout(torch.full((1, 4, 4), 0.25)).shape == (2, 2)  # 2 x 2 patches, no class token
 
 
 def test_text_model_probe_draws_maps_but_no_rollout(read_run):
@@ -81,3 +81,25 @@ def test_text_model_probe_draws_maps_but_no_rollout(read_run):
     assert "attention_maps/0.layers.0.self_attn" in run.image_tags
     assert "attention_rollout" not in run.image_tags
     assert run.image("attention_maps/0.layers.0.self_attn", 0).shape[:2] == draw_grid(torch.rand(2, 7, 7))[0].shape
+
+
+def test_a_long_sequence_keeps_its_first_rows_and_keys_only():
+    import torch.nn.functional as F
+
+    from actviz.attention_maps import MAX_POSITIONS, ProbeMode
+    from test_attention import brute_force
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 2, 1100, 4), torch.randn(1, 2, 1100, 4)
+    with ProbeMode() as mode:
+        F.scaled_dot_product_attention(q, k, k, is_causal=True)
+        mode.enter("square")
+        F.scaled_dot_product_attention(q[:, :, :300], k[:, :, :300], k[:, :, :300])
+    (long_name, long_weights), (square_name, square_weights) = mode.calls
+    _, expected = brute_force(q, k, is_causal=True)  # every row over every key, then the corner
+    assert long_weights.shape == (2, MAX_POSITIONS, MAX_POSITIONS)
+    torch.testing.assert_close(long_weights.double(), expected[:, :MAX_POSITIONS, :MAX_POSITIONS], atol=1e-6, rtol=1e-5)
+    assert square_weights.shape == (2, MAX_POSITIONS, MAX_POSITIONS)
+    (head_mean,) = mode.rollout_maps  # only the square map of at most 1025 tokens, whole
+    _, square = brute_force(q[:, :, :300], k[:, :, :300])
+    torch.testing.assert_close(head_mean.double(), square.mean(0), atol=1e-6, rtol=1e-5)
