@@ -112,3 +112,18 @@ def test_a_layer_takes_ten_kernels_and_no_sync(dtype, budget):
     with CountKernels() as count:
         outlier_vector(tensor, 1 << 14)
     assert len(count.kernels) == budget and count.syncs == [], count.kernels
+
+
+def test_the_nan_alert_and_the_transformer_alerts_share_the_alerts_text(read_run):
+    torch.manual_seed(0)
+    broken = nn.Linear(64, 4)
+    with torch.no_grad():
+        broken.weight[0, 0] = float("nan")
+    model, log_dir = nn.Sequential(Block(), broken), tempfile.mkdtemp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=1):
+            model(torch.randn(2, 5, 8)).sum().backward()
+    alerts = read_run(log_dir).events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
+    assert "NaN or Inf first at step 0, in the output of '1'" in alerts
+    assert "massive activation in '0.up'" in alerts
