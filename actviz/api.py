@@ -74,6 +74,7 @@ def watch(
     strict: bool = False,
     grad_scaler: Any = None,
     merge_ranks: bool = False,
+    transformer_stats: bool | None = None,
     on_step: Callable[[StepResults], None] | None = None,
     probe: Any = None,
     gradcam: bool | str | list[str] | None = None,
@@ -132,6 +133,8 @@ def watch(
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
             last one.
+        transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
+            (the default) for models with an attention module, ``True`` always, ``False`` never.
         probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample
@@ -174,6 +177,7 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
+        transformer_stats=transformer_stats,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge

@@ -46,6 +46,7 @@ from .options import CaptureOptions
 from .step_parameters import StepParameters
 from .summaries import reduce_tensor
 from .transfer import PendingStep
+from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
 
@@ -145,8 +146,6 @@ class StepCapture:
         if stance is not None:
             stance.__exit__(None, None, None)
 
-    # -- hooks -------------------------------------------------------------------------------
-
     def _attach(self, model: nn.Module) -> None:
         for name, module in self._layers.items():
             hook = partial(self._on_layer_output, name, batch_dim_of(module))
@@ -156,6 +155,7 @@ class StepCapture:
         if self.want_stats:
             self._parameters.reduce_values()
             self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad, self._on_optimizer_step)
+            TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""

@@ -91,7 +91,7 @@ class Delivery:
             message = first_nonfinite(results)
             if message is not None:
                 self._alerted = True
-                results.texts["alerts"] = message
+                results.texts["alerts"] = "\n\n".join(filter(None, [message, results.texts.get("alerts")]))
                 with contextlib.suppress(Exception):  # a filter that makes warnings errors must not lose the step
                     warnings.warn(message, RuntimeWarning, stacklevel=2)
         return results

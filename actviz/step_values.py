@@ -44,6 +44,8 @@ def _step_values(results: StepResults, shown: set[str] | None = None) -> list[Su
         values += _histogram_values(f"weights/{param}", summary)
     for param, summary in results.weight_grads.items():
         values += _histogram_values(f"weight_grads/{param}", summary)
+    for tag, summary in results.histograms.items():  # full tags, e.g. attention/{layer}/head_max_logit
+        values += _histogram_values(tag, summary)
     values += _scalar_values(results.scalars)
     values += [_text_value(tag, text) for tag, text in results.texts.items()]
     return values
