@@ -35,6 +35,7 @@ MODULES = [
     "actviz.rendering",
     "actviz.schedule",
     "actviz.selection",
+    "actviz.silences",
     "actviz.sinks",
     "actviz.summaries",
     "actviz.watcher",
