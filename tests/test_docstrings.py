@@ -33,6 +33,7 @@ MODULES = [
     "actviz.report.results",
     "actviz.reduction",
     "actviz.rendering",
+    "actviz.run_folders",
     "actviz.schedule",
     "actviz.selection",
     "actviz.silences",
