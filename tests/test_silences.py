@@ -248,3 +248,16 @@ def test_a_validation_before_training_does_not_make_a_forward_bypass_look_like_e
         _train(model, optimizer, 3, call=lambda x: model[3](model[0](x)))  # the layers, not the model
     (message,) = _actviz_warnings(caught)  # one warning, at the second optimizer step, and none at close()
     assert "and no forward of Sequential at all, in between" in message
+
+
+def test_the_examples_of_docs_steps_run_and_warn_only_where_they_say(monkeypatch, tmp_path, caught):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "steps.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    monkeypatch.chdir(tmp_path)
+    for block in blocks:
+        exec(compile(block, "docs/steps.md", "exec"), {})  # noqa: S102 - our own documentation
+    assert _actviz_warnings(caught) == []  # the reused folder's warning is caught (and checked) by its example
