@@ -26,6 +26,7 @@ nothing, and each kind is said at most once per watcher.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
@@ -38,6 +39,8 @@ from .safe_warnings import warn_safely
 from .schedule import Schedule
 
 __all__ = ["Silences"]
+
+logger = logging.getLogger(__name__)
 
 _FORWARD_FIX = (
     "A forward run as model.forward(x), or as layer.forward(x) inside a layer's own training loop (as "
@@ -161,7 +164,7 @@ class Silences:
                 kind = "eval" if self.eval > evals else "no_grad" if self.no_grad > no_grads else "no_forward"
                 self._say_blind(kind, type(optimizer).__name__, blind_run + 1, *self._since)
         except Exception:  # noqa: BLE001 - a diagnosis must never stop training
-            pass
+            logger.debug("could not check an optimizer step for silences", exc_info=True)
 
     def _optimizer_holds_ours(self, optimizer: torch.optim.Optimizer) -> bool:
         holds = self._holds.get(optimizer)
