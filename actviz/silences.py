@@ -5,19 +5,14 @@ A step is a call ``model(x)`` of the watched model in training mode with grad en
 nothing for a reason the user cannot see. :class:`Silences` counts what the watcher's
 root hook saw and says what it means:
 
-==========================================================  ==========================  ========================
-what actviz saw                                             the likely cause            said
-==========================================================  ==========================  ========================
-an optimizer stepped twice with only eval forwards between  ``model.train()`` forgotten  at that optimizer step
-the same with only no-grad forwards between                 training under no_grad      at that optimizer step
-the same with no forward at all between                     ``model.forward(x)``,       at that optimizer step
-                                                            ``layer.forward()`` calls
-no training forward; eval (or no-grad) forwards             eval mode (no_grad)         ``close()``, or
-                                                                                        ``flush()`` once the
-                                                                                        parameters changed
-no forward at all while the parameters changed              ``model.forward(x)``        ``flush()``/``close()``
-training forwards, none of them on a logging step           the schedule                ``close()``
-==========================================================  ==========================  ========================
+* an optimizer steps twice in a row on the model's parameters with no training forward
+  between: what ran between says why, at once. Only eval forwards: the model trains in eval
+  mode (``model.train()`` forgotten, after a validation say); only forwards with grad
+  disabled: it trains under ``no_grad``; no forward at all: it is called as
+  ``model.forward(x)``, or its layers train through ``layer.forward()`` calls;
+* no training forward at all: the same causes, from every forward seen, at ``close()``,
+  or at ``flush()`` once the parameters have changed (a validation before training is fine);
+* training forwards, none of them on a step the schedule picks: at ``close()``.
 
 Optimizer steps come from the one process-wide pre-hook (:mod:`actviz.optimizer_steps`);
 parameter changes without an optimizer from their version counters. A normal run says

@@ -206,6 +206,35 @@ def test_a_forward_forward_layer_trained_through_forward_calls_warns(tmp_path, c
     assert "predict() method, are counted as training steps unless they run under torch.no_grad()" in message
 
 
+class _ForwardForwardNet(nn.Module):
+    """The forward-forward network with its layers in an nn.ModuleList, as actviz's selection error asks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList([_Layer(6, 5), _Layer(5, 4)])
+
+    def predict(self, x):
+        goodness = []
+        for layer in self.layers:
+            x = layer(x)
+            goodness.append(x.pow(2).mean(1))
+        return sum(goodness)
+
+
+def test_a_forward_forward_network_watched_whole_says_its_layers_train_out_of_sight(tmp_path, caught):
+    net = _ForwardForwardNet()
+    with actviz.watch(net, tmp_path, every=1) as viz:
+        h_pos, h_neg = torch.randn(8, 6), torch.randn(8, 6)
+        for layer in net.layers:
+            h_pos, h_neg = layer.train_layer(h_pos, h_neg)
+        net.predict(torch.randn(2, 6))
+        assert viz.step == 0  # net itself is never called: no step
+    (message,) = _actviz_warnings(caught)
+    assert "Adam stepped 2 times in a row on the parameters of _ForwardForwardNet" in message
+    assert "layer.forward(x) inside a layer's own training loop" in message
+
+
 def test_a_schedule_that_picks_none_of_the_steps_is_said_at_close(tmp_path, caught):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
