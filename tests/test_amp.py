@@ -35,7 +35,7 @@ def batches(count):
     return [torch.randn(4, 3, 8, 8, generator=generator) for _ in range(count)]
 
 
-@pytest.mark.usefixtures("both_paths")
+@pytest.mark.usefixtures("every_path")
 def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, read_run):
     model, twin = small_cnn(inplace=False), small_cnn(inplace=False)
     grads = capture_grads(twin)

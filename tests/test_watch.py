@@ -319,7 +319,7 @@ def test_torchvision_models_with_inplace_relus(name, tmp_path, read_run):
     assert hooks_left(model) == NO_HOOKS
 
 
-@pytest.mark.usefixtures("both_paths")
+@pytest.mark.usefixtures("every_path")
 def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
     model = small_cnn()
     batches = [torch.randn(2, 3, 8, 8) for _ in range(5)]

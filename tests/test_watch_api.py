@@ -11,7 +11,7 @@ from conftest import NO_HOOKS, hooks_left, small_cnn, train_step
 import actviz
 
 
-@pytest.mark.usefixtures("both_paths")
+@pytest.mark.usefixtures("every_path")
 def test_on_step_hands_over_each_steps_statistics_and_latest_keeps_the_last(tmp_path, read_run):
     model = small_cnn(inplace=False)
     seen = []
