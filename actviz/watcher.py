@@ -170,9 +170,9 @@ class Watcher:
             if self._root_handle is not None:
                 self._root_handle.remove()
             self._end_capture()
-            self._silences.close()
             self._silences.check(closing=True)
         finally:
+            self._silences.close()
             unregister(self.model, self)
             if self._delivery is not None:
                 self._delivery.close()

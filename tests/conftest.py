@@ -61,7 +61,8 @@ CODE_PATHS = {
 }
 
 
-def _use_code_path(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def use_code_path(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Set the environment that picks code path ``name`` of :data:`CODE_PATHS` for one test."""
     for variable, value in CODE_PATHS[name].items():
         monkeypatch.setenv(variable, value)  # spawned processes (test_distributed) inherit it
     return name
@@ -70,13 +71,13 @@ def _use_code_path(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(params=["shortcuts", "device"])
 def both_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run a value test on the CPU shortcut and on the accelerator path: ``@pytest.mark.usefixtures("both_paths")``."""
-    return _use_code_path(request.param, monkeypatch)
+    return use_code_path(request.param, monkeypatch)
 
 
 @pytest.fixture(params=["shortcuts", "device", "fused"])
 def every_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The core value tests, on the compiled path too (compiling on the CPU takes seconds per graph: keep them few)."""
-    return _use_code_path(request.param, monkeypatch)
+    return use_code_path(request.param, monkeypatch)
 
 
 def small_cnn(inplace: bool = True) -> nn.Sequential:
