@@ -89,6 +89,8 @@ def warn_if_reused(log_dir: str | os.PathLike[str]) -> None:
 def warn_if_shared(log_dir: str | os.PathLike[str], watcher: Any, model_name: str) -> None:
     """Note ``watcher`` as writing to ``log_dir``, and warn if an open watcher there writes tags it writes too."""
     key = os.path.realpath(log_dir)
+    for other_key in list(_writing):  # forget closed watchers everywhere: a sweep opens many folders
+        _live(other_key)
     tags = _tags(watcher)
     for other, other_name in _live(key):
         shared = sorted(tags & _tags(other))

@@ -105,3 +105,13 @@ def test_run_folder_warnings_never_raise_under_warnings_as_errors(tmp_path, capl
             pass
     writer.close()
     assert any("both watched" in record.getMessage() for record in caplog.records)
+
+
+def test_closed_watchers_are_forgotten_in_every_folder(tmp_path):
+    from actviz import run_folders
+
+    for index in range(3):
+        with actviz.watch(nn.Linear(4, 2), tmp_path / f"run{index}"):
+            pass
+    with actviz.watch(nn.Linear(4, 2), tmp_path / "open"):
+        assert [key for key in run_folders._writing if key.startswith(str(tmp_path))] == [str(tmp_path / "open")]
