@@ -22,6 +22,7 @@ from .diagnosis import make_diagnosis
 from .probe import Probe, check_probe, gradcam_layers
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .results import StepResults
+from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
 from .sinks import TensorBoardSink, use_fast_crc
@@ -222,11 +223,13 @@ def watch(
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            if log_dir is not None:
+                warn_if_reused(log_dir)  # before the new writer adds its own file
             owned = SummaryWriter(_prepare_log_dir(log_dir) if log_dir is not None else None)
             sink = TensorBoardSink(owned, owns_writer=True, layout=True)
         else:
             sink = TensorBoardSink(writer, owns_writer=False, layout=True)
-    return Watcher(
+    viz = Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
         grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
             sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, on_alert, spikes,
@@ -235,3 +238,6 @@ def watch(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),
     )
+    if sink is not None:
+        warn_if_shared(sink.writer.get_logdir(), viz, type(unwrap_compiled(model)).__name__)
+    return viz

@@ -28,6 +28,7 @@ from .delivery import Delivery
 from .diagnosis import Alert, Diagnosis
 from .open_watchers import register, unregister
 from .probe import Probe, unwrap_for_probe
+from .silences import Silences
 from .sinks import TensorBoardSink
 
 __all__ = ["Watcher"]
@@ -84,6 +85,7 @@ class Watcher:
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
             self._root_handle = attach_step_hook(model, self._on_model_forward)
+        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
 
     # -- public ------------------------------------------------------------------------------
@@ -161,6 +163,7 @@ class Watcher:
     def flush(self) -> None:
         """Write the pending step, if any, and wait until everything is in the writer."""
         self._end_capture()
+        self._silences.check(closing=False)  # a run that logs nothing says why (actviz.silences)
         if self._delivery is not None:
             self._delivery.flush()
 
@@ -178,7 +181,9 @@ class Watcher:
             if self._spikes:
                 self._spikes.close()
             self._end_capture()
+            self._silences.check(closing=True)
         finally:
+            self._silences.close()
             unregister(self.model, self)
             if self._delivery is not None:
                 self._delivery.close()
@@ -199,6 +204,7 @@ class Watcher:
     # -- the root hook -----------------------------------------------------------------------
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
+        self._silences.saw_forward(model)
         if not (model.training and torch.is_grad_enabled()):
             return  # eval and no-grad forwards are not steps
         try:
@@ -226,6 +232,7 @@ class Watcher:
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
         if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
             want_stats = want_images = True
+        self._silences.saw_step(step, want_stats or want_images)
         writes = self._delivery is not None  # rank 0, or the only process
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):

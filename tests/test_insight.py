@@ -192,6 +192,7 @@ def test_the_custom_scalars_layout_covers_the_real_tags(tmp_path, read_run):
 # -- update ratios --------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_the_update_ratio_is_what_plain_sgd_gives_by_hand(tmp_path, read_run):
     model = small_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -71,6 +71,7 @@ def assert_histogram_matches(histogram, values: torch.Tensor, bins: int) -> None
     assert histogram.bucket_limit[-1] == histogram.max
 
 
+@pytest.mark.usefixtures("every_path")
 def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
     model = small_cnn(inplace=True)
     twin = non_inplace_twin(model)
@@ -327,6 +328,7 @@ def test_torchvision_models_with_inplace_relus(name, tmp_path, read_run):
     assert hooks_left(model) == NO_HOOKS
 
 
+@pytest.mark.usefixtures("every_path")
 def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
     model = small_cnn()
     batches = [torch.randn(2, 3, 8, 8) for _ in range(5)]
@@ -351,6 +353,7 @@ def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
     assert run.scalar("gradient_stats/0/nonfinite", 3) > 0
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_bfloat16_autocast_step(tmp_path, read_run):
     model = small_cnn()
     seen = {}
