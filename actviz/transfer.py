@@ -30,6 +30,10 @@ class HostCopy:
 
     CPU tensors need no copy; with ``ACTVIZ_CPU_SHORTCUTS=0`` they are packed all the
     same, so that the packing is tested and counted on a CPU.
+
+    Example:
+        >>> [tensor.tolist() for tensor in HostCopy([torch.tensor([1.5]), torch.arange(3)]).wait()]
+        [[1.5], [0, 1, 2]]
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:

@@ -105,7 +105,13 @@ def _check_report(namespace: dict, printed: str, folder: Path) -> None:
     assert list((folder / "runs" / "report" / "alexnet" / "chelsea").glob("events.out.tfevents.*"))
 
 
-CHECKS = {"README.md": _check_readme, "docs/user-guide.md": _check_user_guide, "docs/report.md": _check_report}
+def _check_integrations(namespace: dict, printed: str, folder: Path) -> None:
+    lightning = Run(folder / "lightning_runs" / "lightning_logs" / "version_0")
+    assert lightning.histogram_steps("gradients/net.2") == [0, 4]
+    assert Run(folder / "runs" / "bert").histogram_steps("activations/classifier") == [4, 8]  # the loss's steps
+
+
+CHECKS = {"README.md": _check_readme, "docs/integrations.md": _check_integrations, "docs/user-guide.md": _check_user_guide, "docs/report.md": _check_report}
 
 
 def test_the_pages_are_found() -> None:
