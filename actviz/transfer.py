@@ -172,7 +172,7 @@ class PendingStep:
         assert self._copy is not None
         host: Iterator[torch.Tensor] = iter(self._copy.wait())
         results = StepResults(self.step, texts=dict(self._texts))
-        for kind, tag, reduction, _ in self._summaries:
+        for _kind, _tag, reduction, _ in self._summaries:
             reduction.receive(host)
         for tag, draw, sources, full_tag in self._pictures:
             picture = draw(*[next(host) for _ in sources])
