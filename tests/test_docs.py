@@ -140,6 +140,37 @@ def test_python_blocks_run_as_written(page: Path, tmp_path: Path, monkeypatch: p
         check(namespace, printed, tmp_path)
 
 
+#: Pages other branches write; linked already. The test fails once one exists and is still listed here.
+PENDING = {"docs/training-setups.md", "docs/performance.md", "docs/summary-header.md", "docs/diagnosis.md",
+           "docs/transformers.md", "docs/steps.md"}
+LINK = re.compile(r"\]\((?!https?://|mailto:)([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", page.read_text()), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_link_between_the_pages_resolves() -> None:
+    broken, pending_seen = [], set()
+    for page in [*PAGES, ROOT / "CHANGELOG.md"]:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            name = str(file.relative_to(ROOT)) if file.is_relative_to(ROOT) else str(file)
+            if name in PENDING:
+                pending_seen.add(name)
+            elif not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, f"links to nothing: {broken}"
+    written = sorted(name for name in PENDING if (ROOT / name).exists())
+    assert not written, f"these pages exist now: take them off PENDING in tests/test_docs.py: {written}"
+    assert pending_seen == PENDING, f"no page links these any more: {sorted(PENDING - pending_seen)}"
+
+
 def test_a_wrong_expectation_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     page = tmp_path / "page.md"
