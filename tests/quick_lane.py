@@ -38,6 +38,8 @@ SLOW_TESTS = {
     "test_package.py::test_torchvision_is_imported_when_the_first_picture_is_drawn",
     "test_package.py::test_watch_runs_without_torchvision_and_tqdm_when_it_draws_no_picture",
     "test_report.py::test_every_guaranteed_vgg_variant_reports_each_conv",
+    "test_report.py::test_random_weights_are_unmissable_on_the_page_in_tensorboard_and_the_command",
+    "test_report.py::test_report_writes_tensorboard_runs_and_html",
     "test_report.py::test_two_models_get_their_own_runs_and_say_which_they_are",
     "test_sinks.py::test_one_atexit_entry_writes_the_pending_steps_of_every_watcher",
     "test_watch.py::test_torchvision_models_with_inplace_relus",
