@@ -108,6 +108,7 @@ def _check_report(namespace: dict, printed: str, folder: Path) -> None:
 def _check_integrations(namespace: dict, printed: str, folder: Path) -> None:
     lightning = Run(folder / "lightning_runs" / "lightning_logs" / "version_0")
     assert lightning.histogram_steps("gradients/net.2") == [0, 4]
+    assert [event.step for event in lightning.events.Scalars("loss")] == [3, 7]  # Lightning's own, beside actviz's
     assert Run(folder / "runs" / "bert").histogram_steps("activations/classifier") == [4, 8]  # the loss's steps
 
 
