@@ -50,10 +50,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--quick", action="store_true", help="skip the slow tests (see tests/quick_lane.py)")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: left out of the quick lane (pytest --quick)")
-
-
 def _name(item: pytest.Item) -> str:
     """``file.py::test_name[params]``, without the folder."""
     path, _, rest = item.nodeid.partition("::")
