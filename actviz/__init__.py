@@ -1,12 +1,17 @@
 """actviz: see inside your PyTorch network while it trains.
 
-One line attaches it to a training loop::
+One line attaches it to a training loop, ``viz = actviz.watch(model, "runs/exp1")``;
+then ``tensorboard --logdir runs`` shows feature-map grids, activation and gradient
+histograms, parameter histograms and per-layer statistics.
 
-    import actviz
-    viz = actviz.watch(model, "runs/exp1")
-
-Then ``tensorboard --logdir runs`` shows feature-map grids, activation and
-gradient histograms, parameter histograms and per-layer statistics.
+Example:
+    >>> import tempfile, torch, actviz
+    >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))
+    >>> with tempfile.TemporaryDirectory() as runs, actviz.watch(model, runs) as viz:
+    ...     model(torch.randn(8, 3, 4, 4)).sum().backward()  # step 0: logged (every=100 by default)
+    ...     viz.flush()
+    ...     print(viz.layer_names, sorted(viz.latest.images))
+    ['0', '3'] ['0']
 """
 
 from ._version import __version__

@@ -18,7 +18,14 @@ __all__ = ["check_grad_scaler", "loss_scale_of", "unscaled_by"]
 
 
 def check_grad_scaler(grad_scaler: Any) -> None:
-    """Raise a ``TypeError`` unless ``grad_scaler`` is ``None`` or a ``torch.amp.GradScaler``."""
+    """Raise a ``TypeError`` unless ``grad_scaler`` is ``None`` or a ``torch.amp.GradScaler``.
+
+    Example:
+        >>> check_grad_scaler(torch.amp.GradScaler("cpu"))
+        >>> check_grad_scaler(2.0**16)
+        Traceback (most recent call last):
+        TypeError: grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), got float; ...
+    """
     if grad_scaler is not None and not isinstance(grad_scaler, torch.amp.GradScaler):
         raise TypeError(
             f"grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), "

@@ -244,7 +244,7 @@ class StepCapture:
         self._parameters.take_loss_scale()
         try:
             queue_end_of_backward(self._on_backward_end)
-        except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
+        except Exception:  # without it, the step ends at the next step or close()
             logger.debug("could not queue an end-of-backward callback", exc_info=True)
 
     def _on_backward_end(self) -> None:

@@ -63,7 +63,7 @@ class Delivery:
                 results = self._resolve(pending)
                 self.sink.write(results)
                 self._written(results)
-        except Exception as error:  # noqa: BLE001 - a full disk must not stop training
+        except Exception as error:  # a full disk must not stop training
             if self.strict:
                 raise
             self._on_write_error(pending, error)
@@ -104,7 +104,7 @@ class Delivery:
             return
         try:
             self._on_step(results)
-        except Exception as error:  # noqa: BLE001 - the user's callback must not stop training
+        except Exception as error:  # the user's callback must not stop training
             if self.strict:
                 raise
             self._warn_once("on_step", f"actviz's on_step callback raised {type(error).__name__}: {error} "

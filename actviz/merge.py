@@ -31,7 +31,12 @@ __all__ = ["is_sharded", "merge_across_ranks"]
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    """True for a DTensor split across ranks (FSDP2's parameters), whose local shard is only a part."""
+    """True for a DTensor split across ranks (FSDP2's parameters), whose local shard is only a part.
+
+    Example:
+        >>> is_sharded(torch.zeros(3))
+        False
+    """
     placements = getattr(tensor, "placements", None)
     return type(tensor).__name__ == "DTensor" and any(placement.is_shard() for placement in placements or ())
 

@@ -58,5 +58,5 @@ def _close_open_watchers() -> None:
         if watcher is not None and not watcher.closed and not watcher.merge_ranks:
             try:
                 watcher.close()
-            except Exception:  # noqa: BLE001 - close the others all the same
+            except Exception:  # close the others all the same
                 logger.debug("closing a watcher at exit failed", exc_info=True)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = ["ScheduleSpec", "Schedule"]
 
 #: ``every=`` and ``image_every=`` accept a period, explicit steps, a predicate, or ``False`` for never.
-ScheduleSpec = Union[int, Collection[int], Callable[[int], bool]]
+ScheduleSpec = int | Collection[int] | Callable[[int], bool]
 
 
 def _is_int(value: object) -> bool:

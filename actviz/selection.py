@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from collections.abc import Callable, Iterable, Sequence
-from typing import Union
 
 import torch
 from torch import nn
@@ -20,7 +19,7 @@ __all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default
 
 #: One entry of ``watch(layers=...)``: a module type, a keyword, a qualified name, a
 #: glob pattern on names, a module object, or a predicate ``(name, module) -> bool``.
-LayerSpec = Union[type, str, nn.Module, Callable[[str, nn.Module], bool]]
+LayerSpec = type | str | nn.Module | Callable[[str, nn.Module], bool]
 
 #: Strings that select layers by type, not by name. A keyword wins over a layer of the same
 #: name (ResNet has a layer named ``relu``, and ``"relu"`` still means every ReLU); select

@@ -81,7 +81,7 @@ def use_fast_crc() -> bool:
         import crc32c
 
         return replace_record_checksum(_masked_crc32c(crc32c.crc32c))
-    except Exception:  # noqa: BLE001 - a faster checksum is never worth an error
+    except Exception:  # a faster checksum is never worth an error
         if not _fast_crc_failure_logged:
             _fast_crc_failure_logged = True
             logger.debug("TensorBoard records stay checksummed in pure Python", exc_info=True)

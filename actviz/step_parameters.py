@@ -40,6 +40,20 @@ class StepParameters:
     ||w_after - w_before|| / ||w_before|| across the update that follows the step, from a
     copy of the parameters taken just before it (with the gradients) and compared when the
     step ends.
+
+    Example:
+        The gradients logged are the ones the optimizer applies, here after clipping:
+
+        >>> import tempfile, actviz
+        >>> model = nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with tempfile.TemporaryDirectory() as runs, actviz.watch(model, runs, every=1, image_every=False) as viz:
+        ...     model(torch.ones(1, 2)).sum().backward()  # gradients [1, 1] and [1]: norm 3 ** 0.5
+        ...     _ = nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        ...     optimizer.step()
+        ...     viz.flush()
+        ...     print(round(viz.latest.statistics()["weight_grads/weight"]["norm"], 4))  # 2 ** 0.5 * 0.5 / 3 ** 0.5
+        0.4082
     """
 
     def __init__(

@@ -30,6 +30,10 @@ class HostCopy:
 
     CPU tensors need no copy; with ``ACTVIZ_CPU_SHORTCUTS=0`` they are packed all the
     same, so that the packing is tested and counted on a CPU.
+
+    Example:
+        >>> [tensor.tolist() for tensor in HostCopy([torch.tensor([1.5]), torch.arange(3)]).wait()]
+        [[1.5], [0, 1, 2]]
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
@@ -174,7 +178,7 @@ class PendingStep:
         assert self._copy is not None
         host: Iterator[torch.Tensor] = iter(self._copy.wait())
         results = StepResults(self.step, texts=dict(self._texts))
-        for kind, tag, reduction, _ in self._summaries:
+        for _kind, _tag, reduction, _ in self._summaries:
             reduction.receive(host)
         for tag, draw, sources, full_tag in self._pictures:
             picture = draw(*[next(host) for _ in sources])

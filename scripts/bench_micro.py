@@ -32,9 +32,9 @@ def histogram_benchmark(sizes: list[int], tmp: Path, quick: bool) -> list[dict[s
             tensor = torch.randn(size, generator=torch.Generator().manual_seed(size))
             repeats = max(2, min(10, int(2e6 // size))) if quick else max(3, min(50, int(2e7 // size)))
             functions = {  # actviz: summarize, then one histogram through the sink's real write path
-                "actviz_s": lambda: sink.write(StepResults(0, weights={"a": Summary.from_vector(summarize(tensor).tolist())})),
-                "summarize_s": lambda: summarize(tensor).tolist(),
-                "add_histogram_s": lambda: writer.add_histogram("bench/add_histogram", tensor, 0),
+                "actviz_s": lambda tensor=tensor: sink.write(StepResults(0, weights={"a": Summary.from_vector(summarize(tensor).tolist())})),
+                "summarize_s": lambda tensor=tensor: summarize(tensor).tolist(),
+                "add_histogram_s": lambda tensor=tensor: writer.add_histogram("bench/add_histogram", tensor, 0),
             }
             timings = {}
             for label, function in functions.items():

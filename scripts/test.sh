@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Install actviz with its test extras and run the whole suite. Extra arguments go to pytest.
+# Install actviz with its test extras, lint it with ruff and run the whole suite.
+# Extra arguments go to pytest; --quick leaves out the slow tests (tests/quick_lane.py).
+# CI runs it with no argument: the full suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev
+
+quick=0
+for argument in "$@"; do
+    [ "$argument" = "--quick" ] && quick=1
+done
 
 # The browser test (tests/test_tensorboard_server.py) drives Debian's chromium through
 # Playwright; Playwright never downloads a browser of its own. Install chromium when it is
@@ -30,7 +37,15 @@ install_chromium() {
         echo "== WARNING: installing chromium failed (log: /tmp/actviz_chromium_install.log): browser test will not run" >&2
     fi
 }
-install_chromium
+[ "$quick" = 1 ] || install_chromium  # the browser test is not in the quick lane
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
-python -m pytest "$@"
+echo "== ruff check (rules in pyproject.toml)"
+lint=0
+python -m ruff check . || lint=$?
+[ "$lint" = 0 ] || echo "== ruff found the problems above; running the tests all the same" >&2
+
+tests=0
+python -m pytest "$@" || tests=$?
+[ "$lint" = 0 ] || echo "== FAILED: ruff check (see above)" >&2
+exit $(( tests != 0 ? tests : lint ))

@@ -14,6 +14,8 @@ from torch import nn
 
 DATA_DIR = Path(__file__).parent / "data"
 
+pytest_plugins = ["quick_lane"]  # pytest --quick: all but the slow tests (tests/quick_lane.py)
+
 
 class Run:
     """Everything a run folder holds, read with TensorBoard's own EventAccumulator."""

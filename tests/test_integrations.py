@@ -363,7 +363,7 @@ def test_import_without_the_framework_says_what_to_install(adapter, packages, ex
     for name in packages:
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, adapter, raising=False)
-    with pytest.raises(ImportError, match=re.escape(f"pip install actviz[{extra}]")):
+    with pytest.raises(ImportError, match=re.escape(f'pip install -e ".[{extra}]"')):
         importlib.import_module(adapter)
 
 

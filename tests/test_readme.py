@@ -1,101 +1,61 @@
-"""The README's code, pasted into a plain PyTorch loop, does what the README says."""
+"""The README's options table is ``actviz.watch``'s signature: every argument, once, with its default.
+
+The README's code blocks are run by tests/test_docs.py, with every other page's.
+"""
 
 from __future__ import annotations
 
-import re
+import inspect
 from pathlib import Path
-
-import pytest
-import torch
-from conftest import NO_HOOKS, Run, hooks_left
-from torch import nn
 
 import actviz
 
-README = Path(__file__).parent.parent / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+def options_table(text: str) -> dict[str, str]:
+    """``argument -> default cell`` of the table in the README's "## Options" section."""
+    section = text.split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table: dict[str, str] = {}
+    for row in rows:
+        name, default = (cell.strip() for cell in row.strip("|").split("|")[:2])
+        name = name.strip("`")
+        assert name not in table, f"the README's options table lists {name!r} twice"
+        table[name] = default
+    return table
 
 
-def block_containing(text: str) -> str:
-    (block,) = [b for b in python_blocks() if text in b]
-    return block
+def documented_default(value: object) -> str:
+    """How the table writes a default: ``required``, or the Python literal in backticks (double quotes)."""
+    if value is inspect.Parameter.empty:
+        return "required"
+    return f"`{value!r}`".replace("'", '"')
 
 
-class MiniNet(nn.Module):
-    """Shaped like torchvision's AlexNet and VGG: features, then a classifier."""
+def test_the_options_table_lists_every_argument_of_watch_and_no_other() -> None:
+    table = options_table(README.read_text())
+    parameters = inspect.signature(actviz.watch).parameters
+    missing = [name for name in parameters if name not in table]
+    unknown = [name for name in table if name not in parameters]
+    assert not missing and not unknown, (
+        f"README.md's options table: add a row for {missing}, remove the rows for {unknown} (not in actviz.watch)"
+    )
+    assert list(table) == list(parameters), "list the options in the order watch() takes them"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3))
-        self.classifier = nn.Sequential(nn.Dropout(), nn.Linear(8 * 4 * 4, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
 
-    def forward(self, x):
-        return self.classifier(self.features(x).flatten(1))
-
-
-def plain_loop_namespace() -> dict:
-    torch.manual_seed(0)
-    model = MiniNet()
-    loader = [(torch.randn(2, 3, 14, 14), torch.tensor([0, 3])) for _ in range(3)]
-    return {
-        "actviz": actviz,
-        "model": model,
-        "loader": loader,
-        "loss_fn": nn.CrossEntropyLoss(),
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
+def test_the_options_table_gives_each_default_as_watch_has_it() -> None:
+    table = options_table(README.read_text())
+    wrong = {
+        name: (table[name], documented_default(parameter.default))
+        for name, parameter in inspect.signature(actviz.watch).parameters.items()
+        if name in table and table[name] != documented_default(parameter.default)
     }
+    assert not wrong, f"README.md's options table, (written, actual) defaults: {wrong}"
 
 
-def test_the_one_liner_in_a_plain_loop(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace = plain_loop_namespace()
-    exec(block_containing('viz = actviz.watch(model, "runs/exp1")'), namespace)
-    run = Run(tmp_path / "runs" / "exp1")
-    assert run.image_steps("feature_maps/features.0") == [0]
-    assert run.histogram_steps("gradients/classifier.3") == [0]
-    assert hooks_left(namespace["model"]) == NO_HOOKS
-
-
-def test_the_more_control_example(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace = plain_loop_namespace()
-    exec(block_containing("image_every=200"), namespace)
-    viz, model = namespace["viz"], namespace["model"]
-    assert viz.layer_names == ["features.0", "features.3"] + [f"classifier.{i}" for i in range(4)]
-    for inputs, targets in namespace["loader"]:
-        namespace["loss_fn"](model(inputs), targets).backward()
-    viz.close()
-    namespace["viz"].writer.close()  # the README's writer is the user's to close
-    run = Run(tmp_path / "runs" / "x")
-    assert run.image("feature_maps/features.0", 0).shape[0] > 0
-    assert run.histogram_steps("activations/classifier.2") == [0]
-
-
-@pytest.mark.parametrize("marker", ["every=[0, 1, 2, 5, 10, 100]", "auto_step=False"])
-def test_the_schedule_examples_run(marker, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace = plain_loop_namespace()
-    if marker == "auto_step=False":
-        namespace["loader"] = [torch.randn(16, 3, 14, 14) for _ in range(2)]
-    code = block_containing(marker)
-    if marker.startswith("every="):
-        code = code.splitlines()[0]  # the first of two alternative lines
-        code = "viz = " + code
-    exec(code, namespace)
-    namespace["viz"].close()
-    assert (tmp_path / "runs" / "x").is_dir()
-
-
-def test_the_report_example_from_python(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "data").symlink_to(Path(__file__).parent / "data")
-    exec(block_containing("result = actviz.report("), {"actviz": actviz})
-    printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("features.0 Conv2d (1, 64, 31, 31) ")  # size=128
-    assert printed[-1] == f"{Path('report_html') / 'index.html'} {{}}"  # the page; no image failed
-    assert (tmp_path / "report_html" / "index.html").is_file()
-    assert list((tmp_path / "runs" / "report" / "alexnet" / "chelsea").glob("events.out.tfevents.*"))
+def test_the_table_reader_sees_a_wrong_table() -> None:
+    text = "# t\n\n## Options\n\n| argument | default | meaning |\n|---|---|---|\n| `every` | `100` | x |\n| `bogus` | `1` | y |\n"
+    assert options_table(text) == {"every": "`100`", "bogus": "`1`"}
+    assert documented_default("first") == '`"first"`' and documented_default(16384) == "`16384`"
+    assert documented_default(inspect.Parameter.empty) == "required"

@@ -4,9 +4,9 @@ Each adapter is one thin file, imported on its own so that ``import actviz`` nee
 neither framework:
 
 * :mod:`actviz.integrations.lightning` — ``ActvizCallback`` for Lightning's ``Trainer``
-  (``pip install actviz[lightning]``).
+  (``pip install -e ".[lightning]"`` from a clone).
 * :mod:`actviz.integrations.huggingface` — ``ActvizCallback`` for 🤗 Transformers'
-  ``Trainer`` (``pip install actviz[huggingface]``).
+  ``Trainer`` (``pip install -e ".[huggingface]"`` from a clone).
 
 Both watch the model the trainer trains with ``auto_step=False`` and set the step to
 the trainer's global step before each optimizer step, so actviz's steps line up with

@@ -26,7 +26,7 @@ except ModuleNotFoundError as error:
         raise  # transformers is there but something it needs is not: show the real error
     raise ImportError(
         "actviz.integrations.huggingface needs transformers, which is not installed: "
-        "pip install actviz[huggingface]"
+        "pip install transformers accelerate, or from a clone of actviz: pip install -e \".[huggingface]\""
     ) from None
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ except ModuleNotFoundError as error:
             raise
         raise ImportError(
             "actviz.integrations.lightning needs Lightning, which is not installed: "
-            "pip install actviz[lightning]"
+            "pip install lightning, or from a clone of actviz: pip install -e \".[lightning]\""
         ) from None
 
 __all__ = ["ActvizCallback", "trainer_grad_scaler"]

@@ -1,0 +1,81 @@
+"""The quick lane: ``pytest --quick`` (or ``bash scripts/test.sh --quick``) runs all but the slow tests.
+
+The slow set is named here, in one place, from ``pytest --durations=0`` on a 2-core machine:
+whole files that start processes, servers, browsers or big models, and single tests over
+about two seconds. A test can also mark itself with ``@pytest.mark.slow``. The full suite,
+slow tests included, is what CI runs (``.ci/run`` calls ``scripts/test.sh`` with no option).
+Loaded from tests/conftest.py (``pytest_plugins``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+SLOW_FILES = {
+    "test_bench_smoke.py",  # runs the benchmarks' quick modes in fresh processes
+    "test_compile.py",  # torch.compile with Inductor
+    "test_distributed.py",  # gloo process groups, DDP and FSDP in subprocesses
+    "test_fused.py",  # compiles summaries with Inductor: about 10 s warm, 26 s with a cold cache
+    "test_notebook.py",  # a Jupyter kernel
+    "test_scripts.py",  # install.sh dry runs
+    "test_tensorboard_server.py",  # a TensorBoard server and a browser
+    "test_zoo.py",  # every torchvision model family
+}
+
+SLOW_TESTS = {
+    "test_amp.py::test_lightning_passes_its_scaler_with_fp16_mixed_precision",
+    "test_cli.py::test_corrupt_image_exits_1_names_it_and_keeps_the_others",
+    "test_cli.py::test_default_weights_offline_gives_a_clear_message",
+    "test_device_path.py::test_logging_step_budget_on_a_small_resnet",
+    "test_docs.py::test_python_blocks_run_as_written[docs/integrations.md]",
+    "test_docstrings.py::test_docstring_examples[actviz.fused]",
+    "test_docstrings.py::test_docstring_examples[actviz.integrations.huggingface]",
+    "test_docstrings.py::test_docstring_examples[actviz.integrations.lightning]",
+    "test_insight.py::test_report_gradcam_draws_the_top_class_over_the_input",
+    "test_integrations.py::test_import_actviz_needs_no_framework",
+    "test_package.py::test_torchvision_is_imported_when_the_first_picture_is_drawn",
+    "test_package.py::test_watch_runs_without_torchvision_and_tqdm_when_it_draws_no_picture",
+    "test_report.py::test_every_guaranteed_vgg_variant_reports_each_conv",
+    "test_report.py::test_random_weights_are_unmissable_on_the_page_in_tensorboard_and_the_command",
+    "test_report.py::test_report_writes_tensorboard_runs_and_html",
+    "test_report.py::test_two_models_get_their_own_runs_and_say_which_they_are",
+    "test_sinks.py::test_one_atexit_entry_writes_the_pending_steps_of_every_watcher",
+    "test_watch.py::test_torchvision_models_with_inplace_relus",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true", help="skip the slow tests (see tests/quick_lane.py)")
+
+
+def _name(item: pytest.Item) -> str:
+    """``file.py::test_name[params]``, without the folder."""
+    path, _, rest = item.nodeid.partition("::")
+    return f"{path.rsplit('/', 1)[-1]}::{rest}"
+
+
+def is_slow(item: pytest.Item) -> bool:
+    name = _name(item)
+    return (
+        item.get_closest_marker("slow") is not None
+        or name.split("::", 1)[0] in SLOW_FILES
+        or name in SLOW_TESTS
+        or name.split("[", 1)[0] in SLOW_TESTS
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    collected_files = {_name(item).split("::", 1)[0] for item in items}
+    names = {_name(item) for item in items} | {_name(item).split("[", 1)[0] for item in items}
+    stale = sorted(entry for entry in SLOW_TESTS if entry.split("::", 1)[0] in collected_files and entry not in names)
+    if stale:
+        warnings.warn(f"tests/quick_lane.py names tests that no longer exist: {stale}", pytest.PytestWarning,
+                      stacklevel=1)
+    if not config.getoption("--quick"):
+        return
+    slow = [item for item in items if is_slow(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not is_slow(item)]

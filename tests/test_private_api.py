@@ -1,0 +1,129 @@
+"""Private APIs of other libraries are reached only through actviz/_internals.py.
+
+Outside ``_internals.py``, actviz code may use a name that starts with one underscore only
+on ``self``/``cls`` or when actviz itself defines that name (a method, attribute, function or
+class of its own). Anything else is another library's private attribute and fails here: an
+attribute (``module._forward_hooks``), a ``getattr``-family call with a literal name
+(``getattr(model, "_orig_mod")``) or an import (``import torch._dynamo``,
+``from torch.nn.modules.batchnorm import _NormBase``). Add one small function to
+``_internals.py`` instead, with a test in tests/test_internals.py that fails when a release
+changes what it relies on.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "actviz"
+
+#: torch's multi-tensor ops: private by name, but the documented way to batch small tensors;
+#: tests/test_internals.py checks what actviz relies on.
+ALLOWED_PREFIXES = ("_foreach_",)
+
+#: torch's own private attributes: foreign even where an actviz class has one of the same name.
+ALWAYS_FOREIGN = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                  "_backward_pre_hooks", "_version", "_base", "_grad_fn", "_orig_mod", "_compiled_call_impl"}
+
+#: Uses from before this test, each to be moved into _internals.py. The test fails once one
+#: is gone, so that this list only ever shrinks.
+KNOWN = {("fused.py", "import torch._dynamo")}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def own_private_names(trees: list[ast.Module]) -> set[str]:
+    """Private names actviz defines: functions, classes, module globals and attributes it assigns."""
+    names: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and ast.unparse(node.value) in ("self", "cls")):
+                names.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return {name for name in names if _private(name)} - ALWAYS_FOREIGN
+
+
+def foreign_private_uses(tree: ast.Module, own: set[str]) -> list[str]:
+    """``'line: use'`` for each private name of another library that ``tree`` reaches for."""
+    found: list[tuple[int, str]] = []
+
+    def foreign(name: str) -> bool:
+        return _private(name) and name not in own and not name.startswith(ALLOWED_PREFIXES)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and foreign(node.attr):
+            base = ast.unparse(node.value)
+            if base not in ("self", "cls"):
+                found.append((node.lineno, f"{base}.{node.attr}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and foreign(node.args[1].value)):
+            found.append((node.lineno, f"{node.func.id}(..., {node.args[1].value!r})"))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, f"import {alias.name}") for alias in node.names
+                      if any(_private(part) for part in alias.name.split("."))]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module != "__future__":
+            if any(_private(part) for part in (node.module or "").split(".")):
+                found.append((node.lineno, f"from {node.module} import ..."))
+            found += [(node.lineno, f"from {node.module} import {alias.name}") for alias in node.names
+                      if _private(alias.name)]
+    return [f"{line}: {use}" for line, use in sorted(found)]
+
+
+def test_no_module_but_internals_reaches_into_another_librarys_private_names() -> None:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    trees = {path: ast.parse(path.read_text()) for path in paths}
+    own = own_private_names(list(trees.values()))
+    seen_known: set[tuple[str, str]] = set()
+    bad: dict[str, list[str]] = {}
+    for path, tree in trees.items():
+        if path.name == "_internals.py":
+            continue
+        relative = str(path.relative_to(PACKAGE))
+        for use in foreign_private_uses(tree, own):
+            if (relative, use.split(": ", 1)[1]) in KNOWN:
+                seen_known.add((relative, use.split(": ", 1)[1]))
+            else:
+                bad.setdefault(relative, []).append(use)
+    assert not bad, f"private names of other libraries outside actviz/_internals.py: {bad}"
+    assert seen_known == KNOWN, f"gone, take them off KNOWN in this test: {sorted(KNOWN - seen_known)}"
+
+
+def test_the_guard_sees_each_way_in() -> None:
+    code = '''
+import torch._dynamo
+from torch.nn.modules.batchnorm import _NormBase
+from torch._C import something
+
+
+class Mine:
+    def __init__(self, model):
+        self._model = model
+        self._helper()
+        count = len(model._forward_hooks)
+        original = getattr(model, "_orig_mod", None)
+        ours = other_watcher._model
+        params = model._parameters
+        norms = torch._foreach_norm([model.weight])
+
+    def _helper(self):
+        return self.__class__.__name__
+'''
+    tree = ast.parse(code)
+    assert foreign_private_uses(tree, own_private_names([tree])) == [
+        "2: import torch._dynamo",
+        "3: from torch.nn.modules.batchnorm import _NormBase",
+        "4: from torch._C import ...",
+        "11: model._forward_hooks",
+        "12: getattr(..., '_orig_mod')",
+        "14: model._parameters",
+    ]
