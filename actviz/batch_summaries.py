@@ -2,7 +2,7 @@
 
 A ResNet-50 has 161 parameters. Reducing each on its own (:func:`~actviz.summaries.reduce_tensor`)
 would dispatch five ops per parameter; here floating tensors of one device and dtype share
-nine ops per 128 MB, whatever their count: one copy into a flat buffer, then ``_foreach``
+about twenty ops per 128 MB, whatever their count: one copy into a flat buffer, then ``_foreach``
 reductions over views of it. The results are the same :class:`~actviz.summaries.Reduction`
 objects, finished on the host by :func:`~actviz.summaries.finish`.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
+
 import torch
 
 from .options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
@@ -18,7 +20,7 @@ from .summaries import Reduction, flat_view, local_shard, reduce_tensor, sample_
 
 __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 
-#: Most bytes one flat buffer holds; reducing a chunk needs two such buffers at a time.
+#: Most bytes one flat buffer holds; reducing a chunk needs one such buffer.
 CHUNK_BYTES = 128 << 20
 
 
@@ -27,7 +29,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
 
     Floating tensors of one device and dtype are reduced together, up to 128 MB at a
     time: one copy into a flat buffer, then ``_foreach`` reductions over views of it
-    (nine ops in all). Larger tensors and other dtypes go one at a time, and so does
+    (about twenty ops in all), into one header matrix and one sample buffer. Larger tensors and other dtypes go one at a time, and so does
     every CPU tensor while the CPU shortcut is on, where a plain loop measures faster.
     Zeros are not counted by the shortcut.
 
@@ -65,28 +67,38 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
 
 
 def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
-    """Non-empty floating tensors of one device and dtype, together: nine ops, two buffers of their size."""
+    """Non-empty floating tensors of one device and dtype: one ``(k, HEADER)`` matrix, one buffer of their size.
+
+    Sum, squares, counts and exact finite min/max come from ``_foreach`` reductions over
+    views of one flat copy, changed in place between them (zeros for NaN/Inf, then ``-inf``,
+    then negated), so the transient memory is the tensors' size once.
+    """
     views = [flat_view(tensor) for tensor in tensors]
     sizes = [view.numel() for view in views]
     strides = [sample_stride(size, sample_size) for size in sizes]
     wide = wide_dtype(views[0].device)
     samples = torch.cat([view[::stride] for view, stride in zip(views, strides)])
-    samples = samples.split([-(-size // stride) for size, stride in zip(sizes, strides)])
-    zeroed = torch.cat(views).nan_to_num_(0.0, 0.0, 0.0)
-    parts = list(zeroed.split(sizes))
-    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # L0: non-zero count
+    flat = torch.cat(views)
+    parts = list(flat.split(sizes))
+    nonzero = torch._foreach_norm(views, 0, dtype=wide)
+    flat.nan_to_num_(0.0, 0.0, 0.0)
+    finite_nonzero = torch._foreach_norm(parts, 0, dtype=wide)
     squares = torch._foreach_powsum(parts, 2, dtype=wide)
-    scratch = torch.clamp_min(zeroed, 0)
-    positive_and_absolute = torch._foreach_powsum(list(scratch.split(sizes)) + parts, 1, dtype=wide)
-    torch.neg(zeroed, out=scratch)
-    extremes = torch._foreach_max(parts + list(scratch.split(sizes)))  # max, then -min
-    count = len(views)
-    return [
-        Reduction(
-            sizes[i], strides[i], "split_sums",
-            [counts[i], counts[count + i], positive_and_absolute[i], positive_and_absolute[count + i], squares[i],
-             extremes[i], extremes[count + i]],
-            samples[i],
-        )
-        for i in range(count)
-    ]
+    absolute = torch._foreach_powsum(parts, 1, dtype=wide)
+    flat.clamp_min_(0)
+    positive = torch._foreach_powsum(parts, 1, dtype=wide)  # sum = 2 * sum(relu) - sum(abs)
+    torch.cat(views, out=flat)
+    flat.nan_to_num_(-math.inf, -math.inf, -math.inf)
+    high = torch._foreach_max(parts)
+    flat.neg_().nan_to_num_(posinf=-math.inf)  # -x, and -inf for NaN/Inf
+    negated_low = torch._foreach_max(parts)
+    mean = torch._foreach_div(torch._foreach_sub(torch._foreach_mul(positive, 2.0), absolute), sizes)
+    variance = torch._foreach_sub(torch._foreach_div(squares, sizes), torch._foreach_mul(mean, mean))
+    columns = [nonzero, finite_nonzero, mean, variance, torch._foreach_neg(negated_low), high]
+    header = torch.stack([torch.stack(column).to(wide) for column in columns], dim=1)
+    found, start = [], 0
+    for index, (size, stride) in enumerate(zip(sizes, strides)):
+        stop = start + -(-size // stride)
+        found.append(Reduction(size, stride, header, index, samples, start, stop))
+        start = stop
+    return found

@@ -10,7 +10,7 @@ writer thread, waits for the copy and finishes the summaries and pictures there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -60,7 +60,7 @@ class _DeviceCopy:
         for index, tensor in items:
             by_dtype.setdefault(tensor.dtype, []).append((index, tensor))
         dtypes = sorted(by_dtype, key=lambda dtype: (-dtype.itemsize, str(dtype)))
-        flats = [torch.cat([tensor.reshape(-1) for _, tensor in by_dtype[dtype]]) for dtype in dtypes]
+        flats = [_flat_cat([tensor for _, tensor in by_dtype[dtype]]) for dtype in dtypes]
         self._layout = [
             (dtype, [(index, tensor.shape, tensor.numel()) for index, tensor in by_dtype[dtype]]) for dtype in dtypes
         ]
@@ -94,6 +94,12 @@ class _DeviceCopy:
         return found
 
 
+def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One 1-D tensor of every element, in order: one ``cat``, a view only for tensors that are not 1-D."""
+    flats = [tensor if tensor.dim() == 1 else tensor.reshape(-1) for tensor in tensors]
+    return flats[0] if len(flats) == 1 else torch.cat(flats)
+
+
 class PendingStep:
     """One step's reductions and picture sources, from the hooks to the writer thread.
 
@@ -111,6 +117,7 @@ class PendingStep:
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
         self._copy: HostCopy | None = None
+        self._ids: list[int] = []
 
     @property
     def empty(self) -> bool:
@@ -155,26 +162,37 @@ class PendingStep:
         self._pictures.append((tag, draw, sources, full_tag))
 
     def send(self) -> None:
-        """Start the copy to the host. Called once, on the training thread, when the step ends."""
-        tensors = [tensor for _, _, reduction, _ in self._summaries for tensor in reduction.device_tensors()]
-        tensors += [source for _, _, sources, _ in self._pictures for source in sources]
-        tensors += [value for _, value in self._scalars]
-        self._copy = HostCopy(tensors)
+        """Start the copy to the host. Called once, on the training thread, when the step ends.
+
+        Each distinct tensor goes once: a header matrix that many parameters share, a row
+        that holds its sample behind it.
+        """
+        unique: dict[int, torch.Tensor] = {}
+        for _, _, reduction, _ in self._summaries:
+            for tensor in reduction.device_tensors():
+                unique[id(tensor)] = tensor
+        for _, _, sources, _ in self._pictures:
+            for source in sources:
+                unique[id(source)] = source
+        for _, value in self._scalars:
+            unique[id(value)] = value
+        self._ids = list(unique)
+        self._copy = HostCopy(list(unique.values()))
 
     def resolve(self) -> StepResults:
         """Wait for the copy, then finish every summary and draw every picture. Runs on the writer thread."""
         if self._copy is None:
             self.send()
         assert self._copy is not None
-        host: Iterator[torch.Tensor] = iter(self._copy.wait())
+        host = dict(zip(self._ids, self._copy.wait()))
         results = StepResults(self.step, texts=dict(self._texts))
         for kind, tag, reduction, _ in self._summaries:
             reduction.receive(host)
         for tag, draw, sources, full_tag in self._pictures:
-            picture = draw(*[next(host) for _ in sources])
+            picture = draw(*[host[id(source)] for source in sources])
             (results.pictures if full_tag else results.images)[tag] = picture
-        for tag, _ in self._scalars:
-            results.scalars[tag] = float(next(host))
+        for tag, value in self._scalars:
+            results.scalars[tag] = float(host[id(value)])
         scale = results.scalars.get("amp/grad_scale", 1.0)
         for kind, tag, reduction, scaled in self._summaries:
             summary = finish(reduction, self.bins)

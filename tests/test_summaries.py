@@ -29,7 +29,7 @@ def summary_of(tensor, bins=4, sample_size=None) -> Summary:
 
 
 def finished(reduction, bins):
-    reduction.receive(iter([t.cpu() for t in reduction.device_tensors()]))
+    reduction.receive({id(t): t.cpu() for t in reduction.device_tensors()})
     return finish(reduction, bins)
 
 
