@@ -66,6 +66,20 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
     return reductions  # type: ignore[return-value]
 
 
+_reciprocals: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _reciprocal_sizes(sizes: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``1 / sizes`` on ``device``, made once per set of sizes (the same parameters every step)."""
+    key = (device, dtype, tuple(sizes))
+    found = _reciprocals.get(key)
+    if found is None:
+        if len(_reciprocals) > 64:  # a run with ever new parameter sets: keep a few
+            _reciprocals.clear()
+        found = _reciprocals[key] = torch.tensor([1.0 / size for size in sizes], dtype=dtype).to(device)
+    return found
+
+
 def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
     """Non-empty floating tensors of one device and dtype: one ``(k, HEADER)`` matrix, one buffer of their size.
 
@@ -80,22 +94,22 @@ def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -
     samples = torch.cat([view[::stride] for view, stride in zip(views, strides)])
     flat = torch.cat(views)
     parts = list(flat.split(sizes))
-    nonzero = torch._foreach_norm(views, 0, dtype=wide)
     flat.nan_to_num_(0.0, 0.0, 0.0)
-    finite_nonzero = torch._foreach_norm(parts, 0, dtype=wide)
-    squares = torch._foreach_powsum(parts, 2, dtype=wide)
-    absolute = torch._foreach_powsum(parts, 1, dtype=wide)
+    count = len(views)
+    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # non-zeros before and after
+    sums = torch._foreach_powsum(parts, 2, dtype=wide) + torch._foreach_powsum(parts, 1, dtype=wide)
     flat.clamp_min_(0)
-    positive = torch._foreach_powsum(parts, 1, dtype=wide)  # sum = 2 * sum(relu) - sum(abs)
+    sums += torch._foreach_powsum(parts, 1, dtype=wide)  # sum = 2 * sum(relu) - sum(abs)
     torch.cat(views, out=flat)
     flat.nan_to_num_(-math.inf, -math.inf, -math.inf)
-    high = torch._foreach_max(parts)
+    bounds = torch._foreach_max(parts)
     flat.neg_().nan_to_num_(posinf=-math.inf)  # -x, and -inf for NaN/Inf
-    negated_low = torch._foreach_max(parts)
-    mean = torch._foreach_div(torch._foreach_sub(torch._foreach_mul(positive, 2.0), absolute), sizes)
-    variance = torch._foreach_sub(torch._foreach_div(squares, sizes), torch._foreach_mul(mean, mean))
-    columns = [nonzero, finite_nonzero, mean, variance, torch._foreach_neg(negated_low), high]
-    header = torch.stack([torch.stack(column).to(wide) for column in columns], dim=1)
+    bounds += torch._foreach_max(parts)
+    raw = torch.stack(counts + sums).view(5, count)  # nonzero, finite nonzero, squares, abs, relu
+    high, negated_low = torch.stack(bounds).to(wide).view(2, count)
+    reciprocal = _reciprocal_sizes(sizes, raw.device, wide)
+    mean = (2 * raw[4] - raw[3]) * reciprocal
+    header = torch.stack([raw[0], raw[1], mean, (raw[2] * reciprocal - mean * mean).clamp_min_(0), -negated_low, high], 1)
     found, start = [], 0
     for index, (size, stride) in enumerate(zip(sizes, strides)):
         stop = start + -(-size // stride)

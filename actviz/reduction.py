@@ -2,7 +2,8 @@
 
 Layout. Every path that reduces a tensor (eager, compiled, many parameters at once, the
 CPU shortcut, ``merge_ranks``) writes the same :data:`FIELDS`, in this order, as floats
-(float64; float32 on MPS), about ``z``, the tensor with NaN and ±Inf replaced by 0:
+(float64, or float32 where that is exact: a float32 tensor under 2**24 elements on the eager
+path, and anything on MPS), about ``z``, the tensor with NaN and ±Inf replaced by 0:
 
 =================  =================================================================
 ``nonzero``        elements ``!= 0`` (NaN and ±Inf count); NaN where not counted

@@ -36,6 +36,8 @@ __all__ = [
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
 #: From this many elements on, torch's threaded reductions beat NumPy's in the CPU shortcut.
 _TORCH_REDUCTION_MIN = 1 << 15
+#: float32 counts every integer up to here: the header of a smaller float32 tensor stays float32 (one cat, no casts).
+_EXACT_FLOAT32_COUNTS = 1 << 24
 #: header_sums counts in int32: larger tensors take the eager path.
 _INT32_COUNTS_MAX = 1 << 31
 
@@ -104,7 +106,10 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
         (finite_nonzero,) = torch._foreach_norm([zeroed], 0)
     else:
         zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
-        nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
+        if values.numel() <= _EXACT_FLOAT32_COUNTS or values.dtype == wide:  # counts exact in its dtype: one dtype
+            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0)
+        else:
+            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
     variance, mean = torch.var_mean(zeroed, 0, correction=0, keepdim=True)
     low, high = torch.aminmax(zeroed, dim=0, keepdim=True)
     parts = [nonzero.view(1), finite_nonzero.view(1), mean, variance, low, high]

@@ -86,9 +86,10 @@ def test_a_channels_last_output_is_read_in_place():
 @pytest.mark.parametrize("model", [torchvision.models.resnet18, lambda: torch.nn.Linear(3, 2)])
 def test_many_parameters_take_the_same_ops_whatever_their_count(model):
     parameters = list(model().parameters())
+    reduce_tensors(parameters)  # the first time makes 1 / sizes on the device, kept for the next steps
     with CountOps() as count:
         reductions = reduce_tensors(parameters)
-    assert len(count.kernels) == 31, count.kernels
+    assert len(count.kernels) == 26, count.kernels
     assert count.syncs == []
     assert len({id(reduction.header) for reduction in reductions}) == 1  # one header matrix for them all
 
