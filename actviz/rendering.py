@@ -2,10 +2,9 @@
 
 The public functions take a tensor and return a new ``uint8`` image tensor shaped
 ``(channels, height, width)``; inputs are never modified. A picture is made in two
-halves. :func:`picture_source` runs in the hook, on the tensor's device: it picks the
-channels to draw and copies them (a few kernel ops, no host sync). The rest (per-channel
-normalisation, quantisation, enlarging and ``make_grid``'s layout) runs on the host, on
-the writer thread, once the step's results have come back in one copy.
+halves. :func:`picture_source` runs in the hook, on the tensor's device: it copies what
+the picture shows, no more (a few kernel ops, no host sync). The rest (normalisation,
+colours, resizing, ``make_grid``'s layout) runs on the writer thread.
 :func:`feature_map_grid` and :func:`heatmap` are the two halves in one call.
 """
 
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -20,13 +20,7 @@ import torch.nn.functional as F
 from .options import DEFAULT_MAX_CHANNELS
 
 __all__ = [
-    "DEFAULT_MAX_CHANNELS",
-    "feature_map_grid",
-    "grid_layout",
-    "heatmap",
-    "picture_source",
-    "select_channels",
-    "tile_size",
+    "DEFAULT_MAX_CHANNELS", "feature_map_grid", "grid_layout", "heatmap", "picture_source", "select_channels", "tile_size",
 ]
 
 #: Tiles smaller than this (longest side, pixels) are enlarged by a whole factor.
@@ -34,15 +28,12 @@ MIN_TILE = 32
 #: Tiles larger than this are shrunk by area averaging.
 MAX_TILE = 128
 GRID_PADDING = 2
-#: Heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE.
-MIN_HEATMAP_SIDE = 64
+MIN_HEATMAP_SIDE = 64  # heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE
 MAX_HEATMAP_SIDE = 1024
 
 # matplotlib's viridis at nine evenly spaced points: dark blue (low) to yellow (high).
-_VIRIDIS = (
-    (68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141),
-    (39, 173, 129), (92, 200, 99), (170, 220, 50), (253, 231, 37),
-)
+_VIRIDIS = ((68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
+            (92, 200, 99), (170, 220, 50), (253, 231, 37))
 
 
 def tile_size(height: int, width: int, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE) -> tuple[int, int]:
@@ -207,20 +198,33 @@ def picture_source(
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None:
     """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
 
-    ``source`` is a copy, on the tensor's device, of what the picture needs: the chosen
-    channels of sample 0 for a 4-D output, sample 0's matrix for a 3-D one. ``draw(source)``
-    makes the picture, the same as :func:`feature_map_grid` or :func:`heatmap` of sample 0.
+    ``source`` is a copy on the tensor's device of what the picture shows, no more: the chosen
+    channels of sample 0 (4-D), or sample 0's matrix (3-D), area-averaged on the device to the
+    picture's size when a side is over ``MAX_HEATMAP_SIDE`` (vocabulary-sized logits), with the
+    whole's min and max behind it. ``draw(source)`` is :func:`feature_map_grid` or :func:`heatmap`
+    of sample 0 (up to rounding, pooled).
 
     Example:
         >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
         >>> tuple(source.shape), tuple(draw(source).shape)
         ((64, 5, 5), (1, 298, 298))
+        >>> draw, source = picture_source(torch.randn(1, 2048, 50257), max_channels=64)
+        >>> tuple(source.shape), tuple(draw(source).shape)  # 41 x 1024 pixels, and min and max
+        ((41986,), (3, 41, 1024))
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
     if tensor.dim() == 4:
         return draw_grid, grid_channels(tensor.detach()[0], max_channels)
-    return heatmap, tensor.detach().select(batch_dim, 0).clone()
+    matrix = tensor.detach().select(batch_dim, 0)
+    rows, columns = matrix.shape
+    if max(rows, columns) <= MAX_HEATMAP_SIDE:
+        return heatmap, matrix.clone()
+    size = _heatmap_size(rows, columns)
+    pooled = F.adaptive_avg_pool2d(matrix[None].float(), size)  # what F.interpolate(mode="area") does
+    low, high = torch.aminmax(matrix)
+    bounds = torch.stack([low, high]).float()
+    return partial(_pooled_heatmap, size), torch.cat([pooled.view(-1), bounds])
 
 
 def _viridis_table() -> torch.Tensor:
@@ -264,8 +268,7 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
 
     Returns:
-        A ``(3, height, width)`` ``uint8`` tensor, stored channels-last (``.permute(1, 2, 0)``
-        is contiguous), which is the order a PNG wants.
+        A ``(3, height, width)`` ``uint8`` tensor, stored channels-last (as a PNG wants).
 
     Example:
         >>> heatmap(torch.randn(10, 32)).shape
@@ -286,3 +289,12 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
     else:
         colours = _viridis(_resize(values[None, None], size)[0, 0])
     return colours.permute(2, 0, 1)
+
+
+def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> torch.Tensor:
+    """:func:`heatmap` of a matrix that :func:`picture_source` pooled to ``size``, normalised by the whole's bounds."""
+    values, (low, high) = source[:-2].view(size), source[-2:].tolist()
+    if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf in the whole: its own bounds
+        return _viridis(_normalize(values, dims=(0, 1))).permute(2, 0, 1)
+    span = high - low
+    return _viridis(((values - low) / span).clamp_(0.0, 1.0) if span > 0 else values * 0).permute(2, 0, 1)
