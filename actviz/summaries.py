@@ -134,6 +134,7 @@ def _reduce_integers(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
         chunk_sum, chunk_squares = widened.sum(), torch.dot(widened, widened)
         total = chunk_sum if total is None else total + chunk_sum
         squares = chunk_squares if squares is None else squares + chunk_squares
+        del widened  # before the next slice is widened: one at a time
     mean = total / numel
     variance = (squares / numel - mean * mean).clamp_min(0)
     counts = nonzero.to(wide).view(1)
