@@ -21,7 +21,7 @@ import math
 import numpy as np
 import torch
 
-from . import fused
+from . import fused, piecewise
 from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from .reduction import HEADER, Reduction
 from .results import HEADER_SIZE, Summary
@@ -98,7 +98,9 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
     """
     wide = wide_dtype(values.device)
     if not values.is_floating_point():
-        return _reduce_integers(values, stride, wide)
+        return piecewise.reduce_integers(values, stride, wide)
+    if values.numel() > piecewise.PIECE:  # a copy of it all would add its size to the step's peak memory
+        return piecewise.reduce_in_pieces(values, stride, wide)
     if values.dtype in (torch.float16, torch.bfloat16):
         zeroed = values.to(wide)
         (nonzero,) = torch._foreach_norm([zeroed], 0)
@@ -117,28 +119,6 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
     if stride == 1:  # z is the sample: no copy
         return Reduction(numel, 1, torch.cat(parts), 0, zeroed, 0, numel, zeroed=True)
     row = torch.cat([*parts, values[::stride]])
-    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
-
-
-def _reduce_integers(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
-    """Integers and bools: counted and bounded as they are, summed a slice at a time in ``wide``."""
-    if values.dtype == torch.bool:
-        values = values.view(torch.uint8)
-    numel = values.numel()
-    nonzero = torch.count_nonzero(values)
-    low, high = torch.aminmax(values)
-    piece = max(1, (numel * values.element_size()) // (2 * torch.finfo(wide).bits // 8)) if numel > 4096 else numel
-    total = squares = None
-    for chunk in values.split(piece):
-        widened = chunk.to(wide)
-        chunk_sum, chunk_squares = widened.sum(), torch.dot(widened, widened)
-        total = chunk_sum if total is None else total + chunk_sum
-        squares = chunk_squares if squares is None else squares + chunk_squares
-        del widened  # before the next slice is widened: one at a time
-    mean = total / numel
-    variance = (squares / numel - mean * mean).clamp_min(0)
-    counts = nonzero.to(wide).view(1)
-    row = torch.cat([counts, counts, mean.view(1), variance.view(1), low.view(1), high.view(1), values[::stride]])
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
 

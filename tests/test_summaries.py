@@ -329,3 +329,18 @@ def test_extra_memory_of_an_integer_output_is_at_most_its_size(dtype, most, path
     )
     assert done.returncode == 0, done.stderr
     assert float(done.stdout.split()[-1]) <= most
+
+
+def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
+    import actviz.piecewise
+
+    monkeypatch.setattr(actviz.piecewise, "PIECE", 1000)  # instead of 4 M elements: eleven pieces
+    generator = torch.Generator().manual_seed(8)
+    tensor = torch.randn(10_500, generator=generator) * 0.01 + 1000
+    tensor[4321] = float("nan")
+    summary = Summary.from_vector(summarize(tensor).tolist())
+    finite = tensor[torch.isfinite(tensor)].double()
+    assert (summary.num, summary.nonfinite, summary.zeros) == (10_500, 1, 0)
+    assert summary.mean == pytest.approx(finite.mean().item(), rel=1e-9)
+    assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
+    assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
