@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -91,9 +90,9 @@ def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
     return strength.topk(max_channels).indices.sort().values
 
 
-def _normalize(values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+def _normalize(values: torch.Tensor, dims: tuple[int, ...], sync: bool = True) -> torch.Tensor:
     """Map the finite values to [0, 1] over ``dims``; constants go to 0, NaN to 0, ±Inf to 1 and 0."""
-    if values.device.type == "cpu":  # reading a flag costs nothing here; on an accelerator it would sync
+    if sync and values.device.type == "cpu":  # reading a flag costs nothing here; on an accelerator it would sync
         low, high = values.amin(dim=dims, keepdim=True), values.amax(dim=dims, keepdim=True)
         span = high - low
         if bool(torch.isfinite(span).all()):  # NaN or ±Inf anywhere would make some span non-finite
@@ -216,15 +215,9 @@ def picture_source(
         return None
     if tensor.dim() == 4:
         return draw_grid, grid_channels(tensor.detach()[0], max_channels)
-    matrix = tensor.detach().select(batch_dim, 0)
-    rows, columns = matrix.shape
-    if max(rows, columns) <= MAX_HEATMAP_SIDE:
-        return heatmap, matrix.clone()
-    size = _heatmap_size(rows, columns)
-    pooled = F.adaptive_avg_pool2d(matrix[None].float(), size)  # what F.interpolate(mode="area") does
-    low, high = torch.aminmax(matrix)
-    bounds = torch.stack([low, high]).float()
-    return partial(_pooled_heatmap, size), torch.cat([pooled.view(-1), bounds])
+    from .heatmap_sources import heatmap_source  # here: it builds on this module's colours
+
+    return heatmap_source(tensor.detach().select(batch_dim, 0))
 
 
 def _viridis_table() -> torch.Tensor:
@@ -289,12 +282,3 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
     else:
         colours = _viridis(_resize(values[None, None], size)[0, 0])
     return colours.permute(2, 0, 1)
-
-
-def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> torch.Tensor:
-    """:func:`heatmap` of a matrix that :func:`picture_source` pooled to ``size``, normalised by the whole's bounds."""
-    values, (low, high) = source[:-2].view(size), source[-2:].tolist()
-    if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf in the whole: its own bounds
-        return _viridis(_normalize(values, dims=(0, 1))).permute(2, 0, 1)
-    span = high - low
-    return _viridis(((values - low) / span).clamp_(0.0, 1.0) if span > 0 else values * 0).permute(2, 0, 1)

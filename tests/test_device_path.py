@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import actviz
 from actviz.batch_summaries import reduce_tensors
-from actviz.rendering import picture_source
+from actviz.rendering import heatmap, picture_source
 from actviz.summaries import reduce_tensor
 from actviz.transfer import HostCopy, PendingStep
 
@@ -161,3 +161,52 @@ def test_logging_step_budget_on_a_small_resnet():
     assert len(stats.kernels) <= 3 * len(bare.kernels)
     assert len(everything.kernels) <= 4 * len(bare.kernels)
     assert stats.syncs == everything.syncs == bare.syncs == []
+
+
+def test_a_heat_map_source_is_bounded_on_the_device():
+    logits = torch.randn(1, 300, 20_000)  # vocabulary-sized: the picture is 15 x 1024
+    with CountOps() as count:
+        draw, source = picture_source(logits, max_channels=64)
+    assert count.syncs == [] and len(count.kernels) <= 4, count.kernels
+    assert source.numel() == 15 * 1024 + 2  # the pooled picture, and the whole's min and max
+    assert tuple(draw(source).shape) == (3, 15, 1024)
+    hidden = torch.randn(2, 1024, 768)
+    draw, source = picture_source(hidden, max_channels=64)
+    assert source.dtype == torch.uint8 and source.numel() == 1024 * 768  # a byte per value, not four
+    assert torch.equal(draw(source), heatmap(hidden[0]))  # the same picture
+
+
+def test_a_logging_step_creates_few_python_objects():
+    # Objects alive when the step is handed over, per watched tensor: its Reduction and its one or two tensors.
+    import gc
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=10**9)
+    counted: list[int] = []
+    original = PendingStep.send
+
+    def send(pending):
+        counted.append(len(gc.get_objects()) - before)
+        original(pending)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(2, 3, 32, 32)), torch.tensor([1, 2])).backward()
+        optimizer.step()
+        viz.flush()
+
+    step()
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        PendingStep.send = send
+        step()
+    finally:
+        PendingStep.send = original
+        gc.enable()
+        viz.close()
+    tensors = 2 * 41 + 2 * 62  # activations and their gradients; parameters and theirs
+    assert counted and counted[0] <= 5 * tensors, counted
