@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import fused, piecewise
-from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
+from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
 from .reduction import HEADER, Reduction
 from .results import HEADER_SIZE, Summary
 
@@ -169,7 +169,9 @@ def reduce_tensor(
     if numel == 0:
         return Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
     stride = sample_stride(numel, sample_size)
-    if numel < _INT32_COUNTS_MAX and fused.use_fused(values.device):
+    # Compiled where it saves device time and keeps min/max exact: a tensor the sample covers whole is host-bound
+    # (eager, exact through its sample) unless ACTVIZ_FUSED=1 forces it (docs/performance.md).
+    if numel < _INT32_COUNTS_MAX and (stride > 1 or fused_setting()) and fused.use_fused(values.device):
         header = fused.run(header_sums, values)
         if header is not None:
             sample = values[::stride].clone()
