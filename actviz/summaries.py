@@ -196,25 +196,25 @@ def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Redu
     except (RuntimeError, TypeError):  # a tensor subclass without a NumPy view
         return None
     numel = array.size
-    if numel >= _TORCH_REDUCTION_MIN:  # torch's threaded reductions, float64 inside
-        variance, mean = (float(value) for value in torch.var_mean(values, correction=0))
-    else:
-        mean = float(array.mean(dtype=np.float64))
-        with np.errstate(over="ignore", invalid="ignore"):
-            deviation = array.astype(np.float64) - mean
-            variance = float(np.dot(deviation, deviation)) / numel
+    large = numel >= _TORCH_REDUCTION_MIN  # torch's threaded reductions
+    with np.errstate(over="ignore", invalid="ignore"):
+        if large:
+            squares, total = float(torch.dot(values, values)), float(values.sum())
+        else:
+            squares, total = float(np.dot(array, array)), float(array.sum(dtype=np.float64))
+    mean = total / numel
+    variance = squares / numel - mean * mean
     nonfinite = 0
     finite = array
-    if not (math.isfinite(mean) and math.isfinite(variance)):  # NaN or ±Inf: every number over the finite ones
+    if not (math.isfinite(total) and math.isfinite(squares)):  # NaN, ±Inf or float32 squares past 3.4e38
         mask = np.isfinite(array)
         finite = array[mask]
         nonfinite = numel - finite.size
         if not finite.size:
             return None
-        with np.errstate(over="ignore"):
-            mean = float(finite.sum(dtype=np.float64)) * (1.0 / numel)
-            deviation = np.where(mask, array, 0.0).astype(np.float64) - mean
-            variance = float(np.dot(deviation, deviation)) / numel
+        mean, variance = _centred(np.where(mask, array, 0).astype(np.float64), numel)  # rare: float64 is fine
+    elif not variance > 0.5 * (squares / numel):  # a mean large against the spread: the sums cancel, centre them
+        mean, variance = _centred(array, numel)
     if finite.size >= _TORCH_REDUCTION_MIN and finite is array:
         low, high = (float(bound) for bound in torch.aminmax(values))
     else:
@@ -225,6 +225,17 @@ def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Redu
     header = [nonzero, nonzero - nonfinite, mean, variance, low, high]
     sample = torch.from_numpy(array[::stride].copy())  # a copy: a later in-place op must not change it
     return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
+
+
+def _centred(array: np.ndarray, numel: int) -> tuple[float, float]:
+    """Mean and population variance in float64 about the mean: exact whatever the offset (mean 1e4, std 1)."""
+    mean = float(array.sum(dtype=np.float64)) / numel
+    with np.errstate(over="ignore", invalid="ignore"):
+        shift = array.dtype.type(mean)  # in the array's dtype: x - shift is exact near the mean, no wide copy
+        deviation = array - shift
+        residual = float(deviation.sum(dtype=np.float64)) / numel  # what rounding the shift left
+        squares = float(np.square(deviation, out=deviation).sum(dtype=np.float64)) / numel
+    return float(shift) + residual, max(0.0, squares - residual * residual)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
