@@ -9,14 +9,20 @@ objects, finished on the host by :func:`~actviz.summaries.finish`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import math
+from collections.abc import Sequence
 
 import torch
 
 from .options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from .summaries import Reduction, flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype
+from .summaries import (
+    Reduction,
+    flat_view,
+    local_shard,
+    reduce_tensor,
+    sample_stride,
+    wide_dtype,
+)
 
 __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 

@@ -58,7 +58,7 @@ class Reduction:
         (1, 1, -1.0, 2.0)
     """
 
-    __slots__ = ("numel", "stride", "header", "index", "sample", "start", "stop", "zeroed", "counts")
+    __slots__ = ("counts", "header", "index", "numel", "sample", "start", "stop", "stride", "zeroed")
 
     def __init__(
         self, numel: int, stride: int, header: Any, index: int, sample: Any, start: int, stop: int,

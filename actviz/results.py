@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HEADER_SIZE", "Summary", "StepResults"]
+__all__ = ["HEADER_SIZE", "StepResults", "Summary"]
 
 #: Numbers in front of the bucket counts in a summary vector (see :meth:`Summary.vector`).
 HEADER_SIZE = 8
