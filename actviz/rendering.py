@@ -16,7 +16,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .heatmap_sources import MAX_HEATMAP_SIDE, MIN_HEATMAP_SIDE, _heatmap_size, _normalize, _viridis, heatmap_source
+from .heatmap_sources import (  # noqa: F401 - the heat map's sides are read from this module too
+    MAX_HEATMAP_SIDE,
+    MIN_HEATMAP_SIDE,
+    _heatmap_size,
+    _normalize,
+    _viridis,
+    heatmap_source,
+)
 from .options import DEFAULT_MAX_CHANNELS
 
 __all__ = [
