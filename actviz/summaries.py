@@ -10,8 +10,9 @@
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once,
 moments in float64 about the mean; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and
-the other devices Inductor compiles for, the row comes from :func:`header_sums` compiled
-(:mod:`actviz.fused`), one read of the tensor; ``ACTVIZ_FUSED=1`` or ``0`` forces either.
+the other devices Inductor compiles for, a tensor larger than its sample gets its row from
+:func:`header_sums` compiled (:mod:`actviz.fused`), one read of the tensor; a smaller one,
+host-bound, the eager ops. ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor.
 """
 
 from __future__ import annotations
