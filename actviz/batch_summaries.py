@@ -2,23 +2,31 @@
 
 A ResNet-50 has 161 parameters. Reducing each on its own (:func:`~actviz.summaries.reduce_tensor`)
 would dispatch five ops per parameter; here floating tensors of one device and dtype share
-nine ops per 128 MB, whatever their count: one copy into a flat buffer, then ``_foreach``
+about twenty ops per 128 MB, whatever their count: one copy into a flat buffer, then ``_foreach``
 reductions over views of it. The results are the same :class:`~actviz.summaries.Reduction`
 objects, finished on the host by :func:`~actviz.summaries.finish`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from .options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from .summaries import Reduction, flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype
+from .summaries import (
+    Reduction,
+    flat_view,
+    local_shard,
+    reduce_tensor,
+    sample_stride,
+    wide_dtype,
+)
 
 __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 
-#: Most bytes one flat buffer holds; reducing a chunk needs two such buffers at a time.
+#: Most bytes one flat buffer holds; reducing a chunk needs one such buffer.
 CHUNK_BYTES = 128 << 20
 
 
@@ -27,7 +35,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
 
     Floating tensors of one device and dtype are reduced together, up to 128 MB at a
     time: one copy into a flat buffer, then ``_foreach`` reductions over views of it
-    (nine ops in all). Larger tensors and other dtypes go one at a time, and so does
+    (about twenty ops in all), into one header matrix and one sample buffer. Larger tensors and other dtypes go one at a time, and so does
     every CPU tensor while the CPU shortcut is on, where a plain loop measures faster.
     Zeros are not counted by the shortcut.
 
@@ -64,29 +72,53 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
     return reductions  # type: ignore[return-value]
 
 
+_reciprocals: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+
+
+def _reciprocal_sizes(sizes: list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``1 / sizes`` on ``device``, made once per set of sizes (the same parameters every step)."""
+    key = (device, dtype, tuple(sizes))
+    found = _reciprocals.get(key)
+    if found is None:
+        if len(_reciprocals) > 64:  # a run with ever new parameter sets: keep a few
+            _reciprocals.clear()
+        found = _reciprocals[key] = torch.tensor([1.0 / size for size in sizes], dtype=dtype).to(device)
+    return found
+
+
 def _reduce_together(tensors: Sequence[torch.Tensor], sample_size: int | None) -> list[Reduction]:
-    """Non-empty floating tensors of one device and dtype, together: nine ops, two buffers of their size."""
+    """Non-empty floating tensors of one device and dtype: one ``(k, HEADER)`` matrix, one buffer of their size.
+
+    Sum, squares, counts and exact finite min/max come from ``_foreach`` reductions over
+    views of one flat copy, changed in place between them (zeros for NaN/Inf, then ``-inf``,
+    then negated), so the transient memory is the tensors' size once.
+    """
     views = [flat_view(tensor) for tensor in tensors]
     sizes = [view.numel() for view in views]
     strides = [sample_stride(size, sample_size) for size in sizes]
     wide = wide_dtype(views[0].device)
     samples = torch.cat([view[::stride] for view, stride in zip(views, strides)])
-    samples = samples.split([-(-size // stride) for size, stride in zip(sizes, strides)])
-    zeroed = torch.cat(views).nan_to_num_(0.0, 0.0, 0.0)
-    parts = list(zeroed.split(sizes))
-    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # L0: non-zero count
-    squares = torch._foreach_powsum(parts, 2, dtype=wide)
-    scratch = torch.clamp_min(zeroed, 0)
-    positive_and_absolute = torch._foreach_powsum(list(scratch.split(sizes)) + parts, 1, dtype=wide)
-    torch.neg(zeroed, out=scratch)
-    extremes = torch._foreach_max(parts + list(scratch.split(sizes)))  # max, then -min
+    flat = torch.cat(views)
+    parts = list(flat.split(sizes))
+    flat.nan_to_num_(0.0, 0.0, 0.0)
     count = len(views)
-    return [
-        Reduction(
-            sizes[i], strides[i], "split_sums",
-            [counts[i], counts[count + i], positive_and_absolute[i], positive_and_absolute[count + i], squares[i],
-             extremes[i], extremes[count + i]],
-            samples[i],
-        )
-        for i in range(count)
-    ]
+    counts = torch._foreach_norm(views + parts, 0, dtype=wide)  # non-zeros before and after
+    sums = torch._foreach_powsum(parts, 2, dtype=wide) + torch._foreach_powsum(parts, 1, dtype=wide)
+    flat.clamp_min_(0)
+    sums += torch._foreach_powsum(parts, 1, dtype=wide)  # sum = 2 * sum(relu) - sum(abs)
+    torch.cat(views, out=flat)
+    flat.nan_to_num_(-math.inf, -math.inf, -math.inf)
+    bounds = torch._foreach_max(parts)
+    flat.neg_().nan_to_num_(posinf=-math.inf)  # -x, and -inf for NaN/Inf
+    bounds += torch._foreach_max(parts)
+    raw = torch.stack(counts + sums).view(5, count)  # nonzero, finite nonzero, squares, abs, relu
+    high, negated_low = torch.stack(bounds).to(wide).view(2, count)
+    reciprocal = _reciprocal_sizes(sizes, raw.device, wide)
+    mean = (2 * raw[4] - raw[3]) * reciprocal
+    header = torch.stack([raw[0], raw[1], mean, (raw[2] * reciprocal - mean * mean).clamp_min_(0), -negated_low, high], 1)
+    found, start = [], 0
+    for index, (size, stride) in enumerate(zip(sizes, strides)):
+        stop = start + -(-size // stride)
+        found.append(Reduction(size, stride, header, index, samples, start, stop))
+        start = stop
+    return found

@@ -94,8 +94,8 @@ def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) 
 
     Example:
         >>> from actviz.summaries import header_sums
-        >>> run(header_sums, torch.arange(4.0)).tolist()  # compiles on first use (seconds)
-        [3.0, 3.0, 6.0, 14.0, 0.0, 3.0]
+        >>> run(header_sums, torch.arange(4.0)).tolist()  # compiles on first use (seconds); see actviz.reduction
+        [3.0, 3.0, 1.5, 1.25, 0.0, 3.0]
     """
     if torch.compiler.is_compiling():  # Dynamo is tracing a compiled model's hook: break the graph here
         return torch.compiler.disable(_run)(function, values)

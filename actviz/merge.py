@@ -1,11 +1,11 @@
 """``merge_ranks=True``: one step's summaries over every rank's data, merged before rank 0 writes.
 
-Every rank reduces its own tensors; then four collectives per logging step, whatever the
+Every rank reduces its own tensors; then five collectives per logging step, whatever the
 number of tensors, give each summary over the union of all ranks' tensors:
 
 1. a checksum of the step's tags, so that ranks that disagree (a layer skipped on one of
-   them) merge nothing instead of mixing numbers or waiting on each other; reading it is
-   this mode's one host sync per logging step;
+   them) merge nothing instead of mixing numbers or waiting on each other, read with the
+   summed element counts in this mode's one host sync per logging step;
 2. a sum of the counts, sums and sums of squares;
 3. a max of the maxima and of the negated minima;
 4. a sum of the bucket counts, each rank counting its own sample between the merged min
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .reduction import HEADER
 from .summaries import Reduction, wide_dtype
 
 __all__ = ["is_sharded", "merge_across_ranks"]
@@ -49,27 +50,37 @@ def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> b
     """
     if not entries:
         return True
-    device = _device_of(entries[0][1])
+    reductions = [reduction for _, reduction in entries]
+    device = _device_of(reductions[0])
     wide = wide_dtype(device)
     signature = zlib.crc32("\n".join(tag for tag, _ in entries).encode()) - (1 << 31)
     check = torch.tensor([signature, -signature], dtype=torch.int64, device=device)
+    local = [reduction.numel for reduction in reductions]
+    numels = torch.tensor(local, dtype=torch.int64, device=device)
     dist.all_reduce(check, op=dist.ReduceOp.MAX)
-    if int(check[0]) != -int(check[1]):  # max == min: every rank sent the same checksum
+    dist.all_reduce(numels, op=dist.ReduceOp.SUM)
+    read = torch.cat([check, numels]).tolist()  # this mode's one host sync
+    if read[0] != -read[1]:  # max == min: every rank sent the same checksum
         raise RuntimeError("the ranks disagree on this step's tags (a layer skipped on some), so it is not merged")
-    reductions = [reduction for _, reduction in entries]
-    rows = torch.stack([_sums_row(reduction, device, wide) for reduction in reductions])
-    # rows: numel, nonzero, finite_nonzero, sum, sum of squares, min, max
-    totals = rows[:, :5].contiguous()
-    extremes = torch.stack([rows[:, 6], -rows[:, 5]], dim=1)
-    own_finite = rows[:, 2] + rows[:, 0] - rows[:, 1]  # finite = finite non-zero + zeros
+    merged = read[2:]
+    rows = torch.stack([_row(reduction, device, wide) for reduction in reductions])  # FIELDS, one row each
+    own = torch.tensor(local, dtype=wide, device=device)
+    mean, variance = rows[:, 2], rows[:, 3]
+    totals = torch.stack([rows[:, 0], rows[:, 1], mean * own, (variance + mean * mean) * own], dim=1)
+    extremes = torch.stack([rows[:, 5], -rows[:, 4]], dim=1)
+    own_finite = own - (rows[:, 0] - rows[:, 1]).nan_to_num(0.0)
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     counts = _bucket_counts(reductions, -extremes[:, 1], extremes[:, 0], own_finite, bins, device, wide)
     dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    everyone = torch.tensor(merged, dtype=wide, device=device)
+    merged_mean = totals[:, 2] / everyone
+    header = torch.stack([
+        totals[:, 0], totals[:, 1], merged_mean, (totals[:, 3] / everyone - merged_mean * merged_mean).clamp_min(0),
+        -extremes[:, 1], extremes[:, 0],
+    ], dim=1)
     for index, reduction in enumerate(reductions):
-        reduction.form = "merged"
-        reduction.header = [*totals[index].unbind(), -extremes[index, 1], extremes[index, 0]]
-        reduction.counts = counts[index]
+        reduction.numel, reduction.header, reduction.index, reduction.counts = merged[index], header, index, counts
     return True
 
 
@@ -78,25 +89,13 @@ def _device_of(reduction: Reduction) -> torch.device:
     return sample.device if isinstance(sample, torch.Tensor) else torch.device("cpu")
 
 
-def _sums_row(reduction: Reduction, device: torch.device, wide: torch.dtype) -> torch.Tensor:
-    """``[numel, nonzero, finite_nonzero, sum, sum_squares, min, max]`` of one reduction, on ``device``."""
-    numel = float(reduction.numel)
+def _row(reduction: Reduction, device: torch.device, wide: torch.dtype) -> torch.Tensor:
+    """One reduction's header row (:data:`~actviz.reduction.FIELDS`) on ``device``."""
     header = reduction.header
-    if reduction.form == "numbers":  # the CPU shortcut's host numbers: finite, zeros maybe uncounted
-        nonfinite, zeros, low, high, total, squares = header
-        nonzero = numel - (zeros if zeros is not None else 0)
-        values = [numel, nonzero, nonzero - nonfinite, total, squares, low, high]
-        return torch.tensor([float(value) for value in values], dtype=wide, device=device)
-    parts = torch.stack([value.to(device) for value in header]).to(wide)
-    if reduction.form == "var_mean":  # variance, mean of z over numel elements
-        total = parts[3] * numel
-        squares = (parts[2] + parts[3] * parts[3]) * numel
-        low, high = parts[4], parts[5]
-    elif reduction.form == "sums":
-        total, squares, low, high = parts[2], parts[3], parts[4], parts[5]
-    else:  # "split_sums": sum = 2 * sum(relu) - sum(abs)
-        total, squares, low, high = 2 * parts[2] - parts[3], parts[4], -parts[6], parts[5]
-    return torch.stack([parts.new_tensor(numel), parts[0], parts[1], total, squares, low, high])
+    if not isinstance(header, torch.Tensor):  # the CPU shortcut's host numbers
+        return torch.tensor([float(value) for value in header], dtype=wide, device=device)
+    start = reduction.index * HEADER
+    return header.reshape(-1)[start : start + HEADER].to(device=device, dtype=wide)
 
 
 def _bucket_counts(
@@ -104,8 +103,8 @@ def _bucket_counts(
     device: torch.device, wide: torch.dtype,
 ) -> torch.Tensor:
     """Each reduction's sample counted between common edges, scaled to its finite count: ``(R, bins)``."""
-    sizes = [int(reduction.sample.numel()) for reduction in reductions]
-    samples = torch.cat([torch.as_tensor(reduction.sample).reshape(-1).to(device) for reduction in reductions])
+    sizes = [reduction.stop - reduction.start for reduction in reductions]
+    samples = torch.cat([reduction.sample_values().to(device) for reduction in reductions])
     samples = samples.to(wide)
     count = len(reductions)
     segment = torch.repeat_interleave(

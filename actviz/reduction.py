@@ -1,74 +1,133 @@
-"""A tensor reduced on its device: the device half of a summary, until the host finishes it.
+"""The summary header: one row of numbers per tensor, its layout written here once and decoded here once.
 
-:func:`actviz.summaries.reduce_tensor` and its kin make :class:`Reduction` objects inside
-the hooks; :class:`actviz.transfer.PendingStep` brings their tensors to the host in one
-copy per step; :func:`actviz.summaries.finish` turns each into a
-:class:`~actviz.results.Summary`.
+Layout. Every path that reduces a tensor (eager, compiled, many parameters at once, the
+CPU shortcut, ``merge_ranks``) writes the same :data:`FIELDS`, in this order, as floats
+(float64, or float32 where that is exact: a float32 tensor under 2**24 elements on the eager
+path, and anything on MPS), about ``z``, the tensor with NaN and ±Inf replaced by 0:
+
+=================  =================================================================
+``nonzero``        elements ``!= 0`` (NaN and ±Inf count); NaN where not counted
+``finite_nonzero`` finite elements ``!= 0``; NaN where not counted
+``mean``           mean of ``z`` over all ``numel`` elements
+``variance``       population variance of ``z`` over all ``numel`` elements
+``min``, ``max``   of the finite elements (some paths: of ``z``; see below)
+=================  =================================================================
+
+``numel`` stays on the host. A tensor's row lives in a device tensor: alone (a 1-D row,
+possibly followed by its sample) or as row ``index`` of a ``(k, len(FIELDS))`` matrix
+(parameters reduced together). :func:`decode` turns a row into the numbers of a
+:class:`~actviz.results.Summary`; :func:`actviz.summaries.finish` adds the bucket counts.
+
+Where ``min``/``max`` are of ``z`` (the eager per-tensor path), a 0 put in for NaN/Inf can
+look like the min (or max) when no element is 0 and every finite one has one sign; the
+decoder then takes it from the sample's non-zero values, exact when the sample is the
+whole tensor. To add a statistic, add its name to :data:`FIELDS` (its column follows) and
+compute it where the rows are made (:mod:`actviz.summaries`, :mod:`actviz.batch_summaries`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import Any
 
 import torch
 
-__all__ = ["Reduction"]
+__all__ = ["FIELDS", "HEADER", "Reduction", "decode"]
+
+#: The header's columns, in order. Adding one is adding a name here and computing it where rows are made.
+FIELDS = ("nonzero", "finite_nonzero", "mean", "variance", "min", "max")
+#: Numbers in a header row.
+HEADER = len(FIELDS)
 
 
-@dataclass
 class Reduction:
-    """One tensor reduced on its device: a few numbers and a strided sample.
+    """One tensor reduced on its device: its header row and its strided sample.
 
-    ``header`` holds 0-dim tensors on the device until the step's copy to the host
-    (:meth:`receive`), then host values; ``form`` says what they are (see :meth:`numbers`).
+    Args:
+        numel: Elements of the tensor.
+        stride: The sample's stride.
+        header: The tensor (or, on the CPU shortcut, a list of floats) holding the row.
+        index: Which row of ``header`` (a 2-D matrix), or 0 for a 1-D row.
+        sample: The tensor holding the sample, flat, at ``[start, stop)``.
+        zeroed: The sample is ``z`` (NaN and ±Inf replaced by 0), the whole tensor.
 
     Example:
-        >>> reduction = Reduction(4, 1, "sums", [torch.tensor(3.0), torch.tensor(2.0), torch.tensor(1.0),
-        ...                       torch.tensor(5.0), torch.tensor(-1.0), torch.tensor(2.0)], torch.zeros(4))
-        >>> reduction.numbers()  # nonfinite, zeros, min, max, sum, sum of squares
-        (1.0, 1, -1.0, 2.0, 1.0, 5.0)
+        >>> row = torch.tensor([3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], dtype=torch.float64)
+        >>> reduction = Reduction(4, 1, row, 0, torch.tensor([0.0, 2.0, float("nan"), -1.0]), 0, 4)
+        >>> reduction.numbers()[:4]  # nonfinite, zeros, min, max
+        (1, 1, -1.0, 2.0)
     """
 
-    numel: int
-    stride: int
-    form: str
-    header: list[Any]
-    sample: Any
-    counts: Any = None  # bucket counts merged across ranks (actviz.merge), else counted from the sample
+    __slots__ = ("counts", "header", "index", "numel", "sample", "start", "stop", "stride", "zeroed")
+
+    def __init__(
+        self, numel: int, stride: int, header: Any, index: int, sample: Any, start: int, stop: int,
+        zeroed: bool = False,
+    ) -> None:
+        self.numel = numel
+        self.stride = stride
+        self.header = header
+        self.index = index
+        self.sample = sample
+        self.start = start
+        self.stop = stop
+        self.zeroed = zeroed
+        self.counts: Any = None  # bucket counts merged across ranks (actviz.merge), else counted from the sample
+
+    def row(self) -> list[float]:
+        """The header row as floats (the header on the host)."""
+        header = self.header
+        if isinstance(header, torch.Tensor):
+            flat = header.reshape(-1)
+            return flat[self.index * HEADER : self.index * HEADER + HEADER].tolist()
+        return list(header)
+
+    def sample_values(self) -> torch.Tensor:
+        """The sample, a 1-D view of the tensor that holds it."""
+        return self.sample.reshape(-1)[self.start : self.stop]
 
     def device_tensors(self) -> list[torch.Tensor]:
-        """The tensors still to be copied to the host: the header's, the sample, merged counts."""
-        if self.form == "numbers":
-            return []
-        return [*self.header, self.sample] + ([] if self.counts is None else [self.counts])
+        """The tensors to copy to the host (header and sample may be one tensor)."""
+        found = [] if not isinstance(self.header, torch.Tensor) else [self.header]
+        if self.sample is not self.header:
+            found.append(self.sample)
+        if self.counts is not None:
+            found.append(self.counts)
+        return found
 
-    def receive(self, host_tensors: Any) -> None:
-        """Take this reduction's tensors back, in :meth:`device_tensors` order, from an iterator."""
-        if self.form != "numbers":
-            self.header = [float(next(host_tensors)) for _ in self.header]
-            self.sample = next(host_tensors)
-            if self.counts is not None:
-                self.counts = next(host_tensors)
-            if self.form == "merged":  # every rank's elements
-                self.numel = int(self.header[0])
+    def receive(self, host: dict[int, torch.Tensor]) -> None:
+        """Replace the device tensors by their host copies, found by ``id`` of the device tensor."""
+        if isinstance(self.header, torch.Tensor):
+            self.header = host.get(id(self.header), self.header)
+        self.sample = host.get(id(self.sample), self.sample)
+        if self.counts is not None:
+            self.counts = host.get(id(self.counts), self.counts)
 
-    def numbers(self) -> tuple[float, int | None, float, float, float, float]:
-        """``(nonfinite, zeros, min, max, sum, sum_squares)`` on the host, min and max still raw."""
-        header, numel = self.header, self.numel
-        if self.form == "numbers":  # the CPU shortcut's: already these
-            return tuple(header)  # type: ignore[return-value]
-        header = [float(value) for value in header]  # 0-dim host tensors or floats
-        nonzero, finite_nonzero = header[0], header[1]
-        if self.form == "merged":  # numel, nonzero, finite_nonzero, sum, sum_squares, min, max
-            nonzero, finite_nonzero = header[1], header[2]
-            total, squares, low, high = header[3:7]
-        elif self.form == "var_mean":
-            variance, mean = header[2], header[3]
-            total, squares, low, high = mean * numel, (variance + mean * mean) * numel, header[4], header[5]
-        elif self.form == "sums":
-            total, squares, low, high = header[2:6]
-        else:  # "split_sums", from reduce_tensors: sum = 2 * sum(relu) - sum(abs)
-            positive, absolute, squares, high, negated_low = header[2:7]
-            total, low = 2 * positive - absolute, -negated_low
-        return nonzero - finite_nonzero, int(numel - nonzero), low, high, total, squares
+    def numbers(self) -> tuple[int, int | None, float, float, float, float, float]:
+        """:func:`decode` of this reduction's row: ``(nonfinite, zeros, min, max, sum, sum_squares, spread)``."""
+        return decode(self.row(), self.numel)
+
+
+def decode(row: list[float], numel: int) -> tuple[int, int | None, float, float, float, float, float]:
+    """Numbers of one header row: ``(nonfinite, zeros, min, max, sum, sum_squares, spread)``.
+
+    ``sum``, ``sum_squares`` and ``spread`` (the sum of squared deviations from their mean)
+    are over the finite elements; ``zeros`` is ``None`` where it was not counted.
+
+    Example:
+        >>> decode([3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], 4)  # z = [0, 2, 0 (for a NaN), -1]
+        (1, 1, -1.0, 2.0, 1.0, 5.0, 4.666666666666667)
+    """
+    nonzero, finite_nonzero, mean, variance, low, high = row[:HEADER]
+    counted = not math.isnan(nonzero)
+    nonfinite = int(nonzero - finite_nonzero) if counted else 0
+    zeros = int(numel - nonzero) if counted else None
+    finite = numel - nonfinite
+    total = mean * numel
+    centered = max(0.0, variance * numel)
+    squares = centered + mean * total
+    spread = centered
+    if nonfinite:  # the 0s put in for NaN/Inf are in the moments of z: take them out
+        finite_mean = total / finite if finite else 0.0
+        spread = max(0.0, centered - nonfinite * mean * mean - finite * (finite_mean - mean) ** 2)
+    return nonfinite, zeros, low, high, total, squares, spread

@@ -2,10 +2,9 @@
 
 The public functions take a tensor and return a new ``uint8`` image tensor shaped
 ``(channels, height, width)``; inputs are never modified. A picture is made in two
-halves. :func:`picture_source` runs in the hook, on the tensor's device: it picks the
-channels to draw and copies them (a few kernel ops, no host sync). The rest (per-channel
-normalisation, quantisation, enlarging and ``make_grid``'s layout) runs on the host, on
-the writer thread, once the step's results have come back in one copy.
+halves. :func:`picture_source` runs in the hook, on the tensor's device: it copies what
+the picture shows, no more (a few kernel ops, no host sync). The rest (normalisation,
+colours, resizing, ``make_grid``'s layout) runs on the writer thread.
 :func:`feature_map_grid` and :func:`heatmap` are the two halves in one call.
 """
 
@@ -17,16 +16,18 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .heatmap_sources import (  # noqa: F401 - the heat map's sides are read from this module too
+    MAX_HEATMAP_SIDE,
+    MIN_HEATMAP_SIDE,
+    _heatmap_size,
+    _normalize,
+    _viridis,
+    heatmap_source,
+)
 from .options import DEFAULT_MAX_CHANNELS
 
 __all__ = [
-    "DEFAULT_MAX_CHANNELS",
-    "feature_map_grid",
-    "grid_layout",
-    "heatmap",
-    "picture_source",
-    "select_channels",
-    "tile_size",
+    "DEFAULT_MAX_CHANNELS", "feature_map_grid", "grid_layout", "heatmap", "picture_source", "select_channels", "tile_size",
 ]
 
 #: Tiles smaller than this (longest side, pixels) are enlarged by a whole factor.
@@ -34,16 +35,6 @@ MIN_TILE = 32
 #: Tiles larger than this are shrunk by area averaging.
 MAX_TILE = 128
 GRID_PADDING = 2
-#: Heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE.
-MIN_HEATMAP_SIDE = 64
-MAX_HEATMAP_SIDE = 1024
-
-# matplotlib's viridis at nine evenly spaced points: dark blue (low) to yellow (high).
-_VIRIDIS = (
-    (68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141),
-    (39, 173, 129), (92, 200, 99), (170, 220, 50), (253, 231, 37),
-)
-
 
 def tile_size(height: int, width: int, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE) -> tuple[int, int]:
     """Size a ``height × width`` feature map is drawn at in a grid.
@@ -98,23 +89,6 @@ def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
         return torch.arange(channels, device=fmap.device)
     strength = torch.nan_to_num(fmap.abs(), nan=0.0, posinf=0.0).mean(dim=(1, 2))
     return strength.topk(max_channels).indices.sort().values
-
-
-def _normalize(values: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
-    """Map the finite values to [0, 1] over ``dims``; constants go to 0, NaN to 0, ±Inf to 1 and 0."""
-    if values.device.type == "cpu":  # reading a flag costs nothing here; on an accelerator it would sync
-        low, high = values.amin(dim=dims, keepdim=True), values.amax(dim=dims, keepdim=True)
-        span = high - low
-        if bool(torch.isfinite(span).all()):  # NaN or ±Inf anywhere would make some span non-finite
-            # Where span is 0 the numerator is 0 too, so dividing by 1 leaves the constant at 0.
-            return (values - low).div_(span.masked_fill_(span == 0, 1.0)).clamp_(0.0, 1.0)
-    finite = torch.isfinite(values)
-    low = torch.where(finite, values, math.inf).amin(dim=dims, keepdim=True)
-    high = torch.where(finite, values, -math.inf).amax(dim=dims, keepdim=True)
-    span = high - low
-    scaled = (values - low) / torch.where(span > 0, span, torch.ones_like(span))
-    scaled = torch.where(span > 0, scaled, torch.zeros_like(scaled))
-    return torch.nan_to_num(scaled, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
 
 
 def _resize(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -207,49 +181,25 @@ def picture_source(
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None:
     """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
 
-    ``source`` is a copy, on the tensor's device, of what the picture needs: the chosen
-    channels of sample 0 for a 4-D output, sample 0's matrix for a 3-D one. ``draw(source)``
-    makes the picture, the same as :func:`feature_map_grid` or :func:`heatmap` of sample 0.
+    ``source`` is a copy on the tensor's device of what the picture shows, no more: the chosen
+    channels of sample 0 (4-D), or sample 0's matrix (3-D), area-averaged on the device to the
+    picture's size when a side is over ``MAX_HEATMAP_SIDE`` (vocabulary-sized logits), with the
+    whole's min and max behind it. ``draw(source)`` is :func:`feature_map_grid` or :func:`heatmap`
+    of sample 0 (up to rounding, pooled).
 
     Example:
         >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
         >>> tuple(source.shape), tuple(draw(source).shape)
         ((64, 5, 5), (1, 298, 298))
+        >>> draw, source = picture_source(torch.randn(1, 64, 5000), max_channels=64)
+        >>> tuple(source.shape), tuple(draw(source).shape)  # 13 x 1024 pixels, and min and max
+        ((13314,), (3, 13, 1024))
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
     if tensor.dim() == 4:
         return draw_grid, grid_channels(tensor.detach()[0], max_channels)
-    return heatmap, tensor.detach().select(batch_dim, 0).clone()
-
-
-def _viridis_table() -> torch.Tensor:
-    """``(256, 3)`` ``uint8`` colours: viridis interpolated linearly between its nine points."""
-    palette = torch.tensor(_VIRIDIS, dtype=torch.float64)
-    position = torch.linspace(0, len(_VIRIDIS) - 1, 256, dtype=torch.float64)
-    lower = position.floor().long().clamp_(max=len(_VIRIDIS) - 2)
-    fraction = (position - lower).unsqueeze(-1)
-    colours = palette[lower] * (1 - fraction) + palette[lower + 1] * fraction
-    return colours.round_().to(torch.uint8)
-
-
-_VIRIDIS_TABLE = _viridis_table()
-
-
-def _viridis(values: torch.Tensor) -> torch.Tensor:
-    """Map ``(H, W)`` values in [0, 1] to an ``(H, W, 3)`` ``uint8`` RGB image, 256 levels."""
-    table = _VIRIDIS_TABLE.to(values.device)
-    levels = values.mul(255).round_().to(torch.long)
-    return table[levels]
-
-
-def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
-    shortest, longest = min(rows, columns), max(rows, columns)
-    factor = max(1, min(math.ceil(MIN_HEATMAP_SIDE / shortest), MAX_HEATMAP_SIDE // longest))
-    if longest > MAX_HEATMAP_SIDE:
-        scale = MAX_HEATMAP_SIDE / longest
-        return max(1, round(rows * scale)), max(1, round(columns * scale))
-    return rows * factor, columns * factor
+    return heatmap_source(tensor.detach().select(batch_dim, 0))
 
 
 @torch.no_grad()
@@ -264,8 +214,7 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
 
     Returns:
-        A ``(3, height, width)`` ``uint8`` tensor, stored channels-last (``.permute(1, 2, 0)``
-        is contiguous), which is the order a PNG wants.
+        A ``(3, height, width)`` ``uint8`` tensor, stored channels-last (as a PNG wants).
 
     Example:
         >>> heatmap(torch.randn(10, 32)).shape

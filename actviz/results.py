@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["HEADER_SIZE", "Summary", "StepResults"]
+__all__ = ["HEADER_SIZE", "StepResults", "Summary"]
 
 #: Numbers in front of the bucket counts in a summary vector (see :meth:`Summary.vector`).
-HEADER_SIZE = 7
+HEADER_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,8 @@ class Summary:
 
     ``num`` counts every element; ``min``, ``max``, ``sum``, ``sum_squares`` and the
     bucket counts are over the finite elements only. ``zeros`` is ``None`` where it
-    was not counted.
+    was not counted. ``spread``, the sum of squared deviations of the finite elements
+    from their mean, gives :attr:`std` without cancellation; ``None`` where unknown.
     """
 
     num: int
@@ -34,21 +35,24 @@ class Summary:
     sum: float
     sum_squares: float
     bucket_counts: list[float]
+    spread: float | None = None
 
     @classmethod
     def from_vector(cls, vector: list[float]) -> Summary:
         """Build from a summary vector already on the host (a list of floats, see :meth:`vector`)."""
-        num, nonfinite, zeros, low, high, total, squares = vector[:HEADER_SIZE]
+        num, nonfinite, zeros, low, high, total, squares, spread = vector[:HEADER_SIZE]
         zero_count = None if math.isnan(zeros) else int(zeros)
-        return cls(int(num), int(nonfinite), zero_count, low, high, total, squares, list(vector[HEADER_SIZE:]))
+        spread = None if math.isnan(spread) else spread
+        return cls(int(num), int(nonfinite), zero_count, low, high, total, squares, list(vector[HEADER_SIZE:]), spread)
 
     def vector(self) -> list[float]:
-        """``[num, nonfinite, zeros, min, max, sum, sum_squares, count_0, ..., count_{bins-1}]``.
+        """``[num, nonfinite, zeros, min, max, sum, sum_squares, spread, count_0, ..., count_{bins-1}]``.
 
-        ``zeros`` is NaN when it was not counted. :meth:`from_vector` reads it back.
+        ``zeros`` and ``spread`` are NaN when unknown. :meth:`from_vector` reads it back.
         """
         zeros = math.nan if self.zeros is None else float(self.zeros)
-        header = [float(self.num), float(self.nonfinite), zeros, self.min, self.max, self.sum, self.sum_squares]
+        spread = math.nan if self.spread is None else float(self.spread)
+        header = [float(self.num), float(self.nonfinite), zeros, self.min, self.max, self.sum, self.sum_squares, spread]
         return header + [float(count) for count in self.bucket_counts]
 
     @property
@@ -68,6 +72,8 @@ class Summary:
             return math.nan
         if count == 1:
             return 0.0
+        if self.spread is not None:
+            return math.sqrt(self.spread / (count - 1))
         return math.sqrt(max(0.0, (self.sum_squares - self.sum * self.sum / count) / (count - 1)))
 
     @property
@@ -90,6 +96,7 @@ class Summary:
         return Summary(
             self.num, self.nonfinite, self.zeros, self.min / factor, self.max / factor, self.sum / factor,
             self.sum_squares / (factor * factor), self.bucket_counts,
+            None if self.spread is None else self.spread / (factor * factor),
         )
 
     def bucket_limits(self) -> list[float]:

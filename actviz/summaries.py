@@ -1,30 +1,18 @@
 """Tensor summaries, made in two halves so that a GPU never waits for the host.
 
-* :func:`reduce_tensor` runs inside the hook, on the tensor's device. Its core,
-  :func:`reduce_values`, is a pure tensor function with no Python branch on tensor
-  values: for a float32 tensor it dispatches five kernel-launching ops (``nan_to_num``,
-  one ``_foreach_norm(ord=0)`` counting the non-zero elements before and after it,
-  ``var_mean``, ``aminmax`` and the copy of a strided sample). The small results stay
-  on the device until the step ends and go to the host in one copy
-  (:mod:`actviz.transfer`). :func:`actviz.batch_summaries.reduce_tensors` reduces many
-  tensors (parameters and their gradients) in nine ops per device, dtype and 128 MB.
-* :func:`finish` runs on the host, on the writer thread. It turns those numbers and
-  the sample into a :class:`~actviz.results.Summary`, counting the sample's buckets
-  between the finite min and max.
+* :func:`reduce_tensor` runs inside the hook, on the tensor's device, and leaves one
+  header row (layout: :mod:`actviz.reduction`) and a strided sample: for a float32
+  tensor five kernel ops (:func:`reduce_values`), nothing read on the host. The step's
+  rows go to the host in one copy (:mod:`actviz.transfer`);
+  :func:`actviz.batch_summaries.reduce_tensors` reduces many parameters together.
+* :func:`finish` runs on the host, on the writer thread: it decodes the row
+  (:func:`actviz.reduction.decode`) and counts the sample's buckets between min and max.
 
-NaN and ±Inf are counted, then replaced by 0 for the sums, min and max. Where that 0
-could be the min (or max) itself, because no element is 0 and every finite one has the
-same sign, the min (or max) comes from the sample's finite values instead (exact when
-the sample is the whole tensor). Sums of squares of float32 tensors are accumulated in
-float32 on this path: a norm above about 1.8e19 reads as inf.
-
-On the CPU a finite float32 or float64 tensor takes a NumPy shortcut that gives the
-same numbers in fewer passes; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off.
-
-On CUDA and the other devices Inductor compiles for, :func:`reduce_tensor` takes the
-header from :func:`header_sums` compiled (:mod:`actviz.fused`): one read of the tensor
-instead of five (and the sample's copy), sums in float64, so no float32 overflow.
-``ACTVIZ_FUSED=1`` or ``0`` forces either path on any device; the CPU's default is eager.
+On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once,
+moments in float64 about the mean; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and
+the other devices Inductor compiles for, a tensor larger than its sample gets its row from
+:func:`header_sums` compiled (:mod:`actviz.fused`), one read of the tensor; a smaller one,
+host-bound, the eager ops. ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor.
 """
 
 from __future__ import annotations
@@ -34,9 +22,9 @@ import math
 import numpy as np
 import torch
 
-from . import fused
-from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from .reduction import Reduction
+from . import fused, piecewise
+from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
+from .reduction import HEADER, Reduction
 from .results import HEADER_SIZE, Summary
 
 __all__ = [
@@ -49,6 +37,8 @@ __all__ = [
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
 #: From this many elements on, torch's threaded reductions beat NumPy's in the CPU shortcut.
 _TORCH_REDUCTION_MIN = 1 << 15
+#: float32 counts every integer up to here: the header of a smaller float32 tensor stays float32 (one cat, no casts).
+_EXACT_FLOAT32_COUNTS = 1 << 24
 #: header_sums counts in int32: larger tensors take the eager path.
 _INT32_COUNTS_MAX = 1 << 31
 
@@ -96,52 +86,68 @@ def wide_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
-def reduce_values(values: torch.Tensor, stride: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
-    """The device half of a summary of a 1-D tensor: six 0-dim tensors and a strided sample.
+def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
+    """The device half of a summary of a 1-D tensor: its header row (see :mod:`actviz.reduction`) and sample.
 
     A pure tensor function: it never reads a value on the host, so it neither syncs
-    with a GPU nor branches on data. Five ops eagerly, but slow compiled (``var_mean``
-    becomes a Welford loop): :func:`header_sums` is the form to compile. The header is
-    ``(nonzero, finite_nonzero, variance, mean, min, max)`` of ``z``, the values with
-    NaN and ±Inf replaced by 0, for float32 and float64; float16 and bfloat16 give
-    ``(..., sum, sum_squares, ...)`` accumulated in float64 instead.
+    with a GPU nor branches on data. A float32 or float64 tensor takes five kernel ops
+    (``nan_to_num``, one ``_foreach_norm(ord=0)`` counting non-zeros before and after it,
+    ``var_mean``, ``aminmax`` and one ``cat`` that writes the row and copies the sample
+    behind it). A tensor no larger than the sample keeps ``z`` as its sample, no copy.
+    16-bit floats are widened first (their memory: four times theirs); integers and
+    bools are widened a slice at a time, so that the extra memory stays below their size.
     """
     wide = wide_dtype(values.device)
-    if not values.is_floating_point():  # integers and bools: nothing to mask
-        values = values.to(wide)
-    zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
-    nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
-    if values.dtype in (torch.float32, torch.float64):
-        first, second = torch.var_mean(zeroed, correction=0)
-    else:  # 16-bit floats: var_mean would answer in 16 bits
-        first = zeroed.sum(dtype=wide)
-        (second,) = torch._foreach_powsum([zeroed], 2, dtype=wide)
-    low, high = torch.aminmax(zeroed)
-    return (nonzero, finite_nonzero, first, second, low, high), values[::stride].clone()
+    if not values.is_floating_point():
+        return piecewise.reduce_integers(values, stride, wide)
+    if values.numel() > piecewise.PIECE:  # a copy of it all would add its size to the step's peak memory
+        return piecewise.reduce_in_pieces(values, stride, wide)
+    if values.dtype in (torch.float16, torch.bfloat16):
+        zeroed = values.to(wide)
+        (nonzero,) = torch._foreach_norm([zeroed], 0)
+        zeroed.nan_to_num_(0.0, 0.0, 0.0)
+        (finite_nonzero,) = torch._foreach_norm([zeroed], 0)
+    else:
+        zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
+        if values.numel() <= _EXACT_FLOAT32_COUNTS or values.dtype == wide:  # counts exact in its dtype: one dtype
+            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0)
+        else:
+            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
+    variance, mean = torch.var_mean(zeroed, 0, correction=0, keepdim=True)
+    low, high = torch.aminmax(zeroed, dim=0, keepdim=True)
+    parts = [nonzero.view(1), finite_nonzero.view(1), mean, variance, low, high]
+    numel = values.numel()
+    if stride == 1:  # z is the sample: no copy
+        return Reduction(numel, 1, torch.cat(parts), 0, zeroed, 0, numel, zeroed=True)
+    row = torch.cat([*parts, values[::stride]])
+    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
 
 def header_sums(values: torch.Tensor) -> torch.Tensor:
-    """:func:`reduce_values`'s header in its ``"sums"`` form, written to be compiled into one loop.
+    """The header row (see :mod:`actviz.reduction`) in one pass, written to be compiled into one loop.
 
-    ``(nonzero, finite_nonzero, sum, sum_squares, min, max)`` of ``z``, the values with
-    NaN and ±Inf replaced by 0, as one vector; sums accumulated in float64, counts in
-    int32 (exact below 2**31 elements; :func:`reduce_tensor` sends larger tensors to
-    the eager path). Eagerly this is a dozen ops; :mod:`actviz.fused` compiles it, and
-    Inductor reads the tensor once (``var_mean`` would lower to a Welford loop that is
-    not vectorized, and int64 counts made the CPU loop 2.6 times slower).
+    Sums accumulated in float64 about the first element of ``z`` (the values with NaN and
+    ±Inf replaced by 0), so that a large offset cancels nothing; counts in int32 (exact
+    below 2**31 elements; :func:`reduce_tensor` sends larger tensors to the eager path);
+    min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.fused`
+    compiles it, and Inductor reads the tensor once.
 
     Example:
         >>> header_sums(torch.tensor([0.0, 2.0, float("nan"), -1.0])).tolist()
-        [3.0, 2.0, 1.0, 5.0, -1.0, 2.0]
+        [3.0, 2.0, 0.25, 1.1875, -1.0, 2.0]
     """
     wide = wide_dtype(values.device)
     if not values.is_floating_point():
         values = values.to(wide)
-    zeroed = torch.where(values.abs() < math.inf, values, 0)  # NaN < inf is false
+    finite = values.abs() < math.inf  # NaN < inf is false
+    zeroed = torch.where(finite, values, 0)
     widened = zeroed.to(wide)
+    shifted = widened - widened[0]
+    count = values.numel()
+    first, second = shifted.sum() / count, (shifted * shifted).sum() / count
     counts = [(values != 0).sum(dtype=torch.int32).to(wide), (zeroed != 0).sum(dtype=torch.int32).to(wide)]
-    bounds = [zeroed.amin().to(wide), zeroed.amax().to(wide)]
-    return torch.stack([*counts, widened.sum(), (widened * widened).sum(), *bounds])
+    bounds = [torch.where(finite, values, math.inf).amin().to(wide), torch.where(finite, values, -math.inf).amax().to(wide)]
+    return torch.stack([*counts, widened[0] + first, (second - first * first).clamp_min(0), *bounds])
 
 
 def reduce_tensor(
@@ -162,26 +168,27 @@ def reduce_tensor(
     values = flat_view(local_shard(tensor))
     numel = values.numel()
     if numel == 0:
-        return Reduction(0, 1, "numbers", [0.0, 0, math.nan, math.nan, 0.0, 0.0], torch.empty(0))
+        return Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
     stride = sample_stride(numel, sample_size)
-    if numel < _INT32_COUNTS_MAX and fused.use_fused(values.device):
+    # Compiled where it saves device time and keeps min/max exact: a tensor the sample covers whole is host-bound
+    # (eager, exact through its sample) unless ACTVIZ_FUSED=1 forces it (docs/performance.md).
+    if numel < _INT32_COUNTS_MAX and (stride > 1 or fused_setting()) and fused.use_fused(values.device):
         header = fused.run(header_sums, values)
         if header is not None:
-            return Reduction(numel, stride, "sums", list(header.unbind()), values[::stride].clone())
+            sample = values[::stride].clone()
+            return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
     if values.device.type == "cpu" and cpu_shortcuts():
         found = _reduce_on_cpu(values, stride, count_zeros)
         if found is not None:
             return found
-    header, sample = reduce_values(values, stride)
-    form = "var_mean" if values.dtype in (torch.float32, torch.float64) or not values.is_floating_point() else "sums"
-    return Reduction(numel, stride, form, list(header), sample)
+    return reduce_values(values, stride)
 
 
 def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Reduction | None:
-    """The CPU shortcut for a finite float32/float64 tensor; ``None`` for any other.
+    """The CPU shortcut for a float32/float64 tensor; ``None`` for any other.
 
-    A finite sum proves there is no NaN or Inf, and on the CPU reading it costs nothing.
-    Sums of squares that overflow float32 are redone in float64.
+    Moments in float64, about the mean (no cancellation, whatever the offset); a tensor
+    with NaN or ±Inf is reduced over its finite elements, on the host.
     """
     if values.dtype not in (torch.float32, torch.float64):
         return None
@@ -189,26 +196,47 @@ def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Redu
         array = values.numpy()
     except (RuntimeError, TypeError):  # a tensor subclass without a NumPy view
         return None
-    large = array.size >= _TORCH_REDUCTION_MIN
-    if large:  # torch's threaded reductions
-        squares, total = float(torch.dot(values, values)), float(values.sum())
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):
+    numel = array.size
+    large = numel >= _TORCH_REDUCTION_MIN  # torch's threaded reductions
+    with np.errstate(over="ignore", invalid="ignore"):
+        if large:
+            squares, total = float(torch.dot(values, values)), float(values.sum())
+        else:
             squares, total = float(np.dot(array, array)), float(array.sum(dtype=np.float64))
-    if not math.isfinite(total):
-        return None
-    if not math.isfinite(squares):  # float32 squares that overflow: redo them in float64
-        wide = array.astype(np.float64)
-        squares = float(np.dot(wide, wide))
-    if large:
+    mean = total / numel
+    variance = squares / numel - mean * mean
+    nonfinite = 0
+    finite = array
+    if not (math.isfinite(total) and math.isfinite(squares)):  # NaN, ±Inf or float32 squares past 3.4e38
+        mask = np.isfinite(array)
+        finite = array[mask]
+        nonfinite = numel - finite.size
+        if not finite.size:
+            return None
+        mean, variance = _centred(np.where(mask, array, 0).astype(np.float64), numel)  # rare: float64 is fine
+    elif not variance > 0.5 * (squares / numel):  # a mean large against the spread: the sums cancel, centre them
+        mean, variance = _centred(array, numel)
+    if finite.size >= _TORCH_REDUCTION_MIN and finite is array:
         low, high = (float(bound) for bound in torch.aminmax(values))
     else:
-        low, high = float(array.min()), float(array.max())
-    zeros = None
-    if count_zeros:
-        zeros = 0 if low > 0 or high < 0 else int(np.count_nonzero(array == 0))
+        low, high = float(finite.min()), float(finite.max())
+    nonzero = math.nan
+    if count_zeros or nonfinite:
+        nonzero = numel - (0 if low > 0 or high < 0 else int(np.count_nonzero(finite == 0)))
+    header = [nonzero, nonzero - nonfinite, mean, variance, low, high]
     sample = torch.from_numpy(array[::stride].copy())  # a copy: a later in-place op must not change it
-    return Reduction(array.size, stride, "numbers", [0, zeros, low, high, total, squares], sample)
+    return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
+
+
+def _centred(array: np.ndarray, numel: int) -> tuple[float, float]:
+    """Mean and population variance in float64 about the mean: exact whatever the offset (mean 1e4, std 1)."""
+    mean = float(array.sum(dtype=np.float64)) / numel
+    with np.errstate(over="ignore", invalid="ignore"):
+        shift = array.dtype.type(mean)  # in the array's dtype: x - shift is exact near the mean, no wide copy
+        deviation = array - shift
+        residual = float(deviation.sum(dtype=np.float64)) / numel  # what rounding the shift left
+        squares = float(np.square(deviation, out=deviation).sum(dtype=np.float64)) / numel
+    return float(shift) + residual, max(0.0, squares - residual * residual)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
@@ -218,30 +246,36 @@ def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
     last also holds ``max``. Counts come from the sample's finite values, scaled to the
     finite total when the sample is not the whole tensor.
     """
-    nonfinite, zeros, low, high, total, squares = reduction.numbers()
+    nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
     numel = reduction.numel
-    finite_count = numel - int(nonfinite)
-    sample = reduction.sample
-    sample = sample.to(torch.float64).numpy() if isinstance(sample, torch.Tensor) else np.asarray(sample, float)
+    finite_count = numel - nonfinite
+    sample = reduction.sample_values() if reduction.numel else torch.empty(0)
+    sample = sample.to(torch.float64).numpy()
     if nonfinite:
-        sample = sample[np.isfinite(sample)]
+        if reduction.zeroed:  # z: the 0s put in for NaN/Inf out, the true zeros back
+            sample = sample[sample != 0]
+            sample = np.concatenate([sample, np.zeros(zeros or 0)])
+        else:
+            sample = sample[np.isfinite(sample)]
     if finite_count == 0:
         low = high = math.nan
-    elif nonfinite and zeros == 0 and sample.size and reduction.counts is None:  # the 0 for NaN/Inf: min or max?
+    elif nonfinite and zeros == 0 and sample.size and reduction.counts is None:  # a 0 put in for NaN/Inf as min/max?
         low = float(sample.min()) if low == 0 else low
         high = float(sample.max()) if high == 0 else high
     counts = np.zeros(bins)
     if reduction.counts is not None:  # merged across ranks between common edges
-        counts = np.asarray(reduction.counts, dtype=float)
+        counts = np.asarray(reduction.counts[reduction.index], dtype=float)
     elif finite_count and sample.size:
         if high > low:
             index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
-            counts = np.bincount(np.minimum(index, bins - 1, out=index), minlength=bins).astype(float)
+            counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
         else:
             counts[0] = sample.size
         if reduction.stride > 1:
             counts *= finite_count / sample.size
-    return Summary(numel, int(nonfinite), zeros, float(low), float(high), float(total), float(squares), counts.tolist())
+    return Summary(
+        numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
+    )
 
 
 def summarize(
@@ -261,5 +295,5 @@ def summarize(
         (3, [1.0, 2.0])
     """
     reduction = reduce_tensor(tensor, sample_size, count_zeros)
-    reduction.receive(iter([t.cpu() for t in reduction.device_tensors()]))
+    reduction.receive({id(t): t.cpu() for t in reduction.device_tensors()})
     return torch.tensor(finish(reduction, bins).vector(), dtype=torch.float64)

@@ -10,7 +10,7 @@ writer thread, waits for the copy and finishes the summaries and pictures there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,8 @@ class HostCopy:
     """Tensors on their way to the host: one copy per device, started when made.
 
     CPU tensors need no copy; with ``ACTVIZ_CPU_SHORTCUTS=0`` they are packed all the
-    same, so that the packing is tested and counted on a CPU.
+    same, so that the packing is tested and counted on a CPU. Per tensor it keeps no
+    Python object but the tensor: the layout is lists of indices, one per device and dtype.
 
     Example:
         >>> [tensor.tolist() for tensor in HostCopy([torch.tensor([1.5]), torch.arange(3)]).wait()]
@@ -37,37 +38,32 @@ class HostCopy:
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
-        self._count = len(tensors)
-        self._ready: dict[int, torch.Tensor] = {}
-        by_device: dict[torch.device, list[int]] = {}
+        self._tensors = list(tensors)
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
         skip_cpu = cpu_shortcuts()
-        for index, tensor in enumerate(tensors):
-            if tensor.device.type == "cpu" and skip_cpu:
-                self._ready[index] = tensor
-            else:
-                by_device.setdefault(tensor.device, []).append(index)
-        self._copies = [_DeviceCopy([(i, tensors[i]) for i in indices]) for indices in by_device.values()]
+        for index, tensor in enumerate(self._tensors):
+            if not (skip_cpu and tensor.device.type == "cpu"):
+                groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+        by_device: dict[torch.device, list[list[int]]] = {}
+        for (device, _), indices in sorted(groups.items(), key=lambda item: -item[0][1].itemsize):
+            by_device.setdefault(device, []).append(indices)  # widest dtype first: each stays aligned
+        self._copies = [_DeviceCopy(self._tensors, device_groups) for device_groups in by_device.values()]
 
     def wait(self) -> list[torch.Tensor]:
         """The tensors on the host, in the order given. Waits for the copies."""
+        found = list(self._tensors)
         for copy in self._copies:
-            self._ready.update(copy.wait())
+            copy.wait(found)
         self._copies = []
-        return [self._ready[index] for index in range(self._count)]
+        return found
 
 
 class _DeviceCopy:
-    """Every tensor of one device, packed as bytes (widest dtype first, so each stays aligned) and copied."""
+    """Every tensor of one device, packed as bytes and copied: one ``cat`` per dtype, one of their bytes."""
 
-    def __init__(self, items: list[tuple[int, torch.Tensor]]) -> None:
-        by_dtype: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
-        for index, tensor in items:
-            by_dtype.setdefault(tensor.dtype, []).append((index, tensor))
-        dtypes = sorted(by_dtype, key=lambda dtype: (-dtype.itemsize, str(dtype)))
-        flats = [torch.cat([tensor.reshape(-1) for _, tensor in by_dtype[dtype]]) for dtype in dtypes]
-        self._layout = [
-            (dtype, [(index, tensor.shape, tensor.numel()) for index, tensor in by_dtype[dtype]]) for dtype in dtypes
-        ]
+    def __init__(self, tensors: list[torch.Tensor], groups: list[list[int]]) -> None:
+        self._groups = groups
+        flats = [_flat_cat([tensors[index] for index in indices]) for indices in groups]
         packed = flats[0].view(torch.uint8) if len(flats) == 1 else torch.cat([f.view(torch.uint8) for f in flats])
         device = packed.device
         self._event: Any = None
@@ -82,20 +78,28 @@ class _DeviceCopy:
         else:  # other accelerators: a plain copy, which waits
             self._host = packed.cpu()
 
-    def wait(self) -> dict[int, torch.Tensor]:
+    def wait(self, found: list[torch.Tensor]) -> None:
+        """Replace, in ``found``, each device tensor of this copy by its host view."""
         if self._event is not None:
             self._event.synchronize()
-        found: dict[int, torch.Tensor] = {}
         offset = 0
-        for dtype, entries in self._layout:
-            length = sum(numel for _, _, numel in entries)
+        for indices in self._groups:
+            dtype = found[indices[0]].dtype
+            length = sum(found[index].numel() for index in indices)
             values = self._host[offset : offset + length * dtype.itemsize].view(dtype)
             offset += length * dtype.itemsize
             position = 0
-            for index, shape, numel in entries:
-                found[index] = values[position : position + numel].view(shape)
+            for index in indices:
+                tensor = found[index]
+                numel = tensor.numel()
+                found[index] = values[position : position + numel].view(tensor.shape)
                 position += numel
-        return found
+
+
+def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One 1-D tensor of every element, in order: one ``cat``, a view only for tensors that are not 1-D."""
+    flats = [tensor if tensor.dim() == 1 else tensor.reshape(-1) for tensor in tensors]
+    return flats[0] if len(flats) == 1 else torch.cat(flats)
 
 
 class PendingStep:
@@ -109,17 +113,22 @@ class PendingStep:
     def __init__(self, step: int, bins: int) -> None:
         self.step = step
         self.bins = bins
-        self._summaries: list[tuple[str, str, Reduction, bool]] = []
+        # one entry per summary, in four parallel lists: no tuple per summary
+        self._kinds: list[str] = []
+        self._tags: list[str] = []
+        self._reductions: list[Reduction] = []
+        self._scaled: list[bool] = []
         self._mergeable: list[tuple[str, Reduction]] = []
         self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
+        self._ids: list[int] = []
 
     @property
     def empty(self) -> bool:
-        return not (self._summaries or self._pictures or self._scalars or self._host_work)
+        return not (self._reductions or self._pictures or self._scalars or self._host_work)
 
     def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False, mergeable: bool = False) -> None:
         """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
@@ -127,7 +136,10 @@ class PendingStep:
         ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
         ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.merge`).
         """
-        self._summaries.append((kind, tag, reduction, scaled))
+        self._kinds.append(kind)
+        self._tags.append(tag)
+        self._reductions.append(reduction)
+        self._scaled.append(scaled)
         if mergeable:
             self._mergeable.append((f"{kind}/{tag}", reduction))
 
@@ -164,31 +176,44 @@ class PendingStep:
         self._pictures.append((tag, draw, sources, full_tag))
 
     def send(self) -> None:
-        """Start the copy to the host. Called once, on the training thread, when the step ends."""
-        tensors = [tensor for _, _, reduction, _ in self._summaries for tensor in reduction.device_tensors()]
-        tensors += [source for _, _, sources, _ in self._pictures for source in sources]
-        tensors += [value for _, value in self._scalars]
-        tensors += [tensor for _, carried in self._host_work for tensor in carried]
-        self._copy = HostCopy(tensors)
+        """Start the copy to the host. Called once, on the training thread, when the step ends.
+
+        Each distinct tensor goes once: a header matrix that many parameters share, a row
+        that holds its sample behind it.
+        """
+        unique: dict[int, torch.Tensor] = {}
+        for reduction in self._reductions:
+            for tensor in reduction.device_tensors():
+                unique[id(tensor)] = tensor
+        for _, _, sources, _ in self._pictures:
+            for source in sources:
+                unique[id(source)] = source
+        for _, value in self._scalars:
+            unique[id(value)] = value
+        for _, carried in self._host_work:
+            for tensor in carried:
+                unique[id(tensor)] = tensor
+        self._ids = list(unique)
+        self._copy = HostCopy(list(unique.values()))
 
     def resolve(self) -> StepResults:
         """Wait for the copy, then finish every summary and draw every picture. Runs on the writer thread."""
         if self._copy is None:
             self.send()
         assert self._copy is not None
-        host: Iterator[torch.Tensor] = iter(self._copy.wait())
+        host = dict(zip(self._ids, self._copy.wait()))
         results = StepResults(self.step, texts=dict(self._texts))
-        for _kind, _tag, reduction, _ in self._summaries:
+        for reduction in self._reductions:
             reduction.receive(host)
         for tag, draw, sources, full_tag in self._pictures:
-            picture = draw(*[next(host) for _ in sources])
+            picture = draw(*[host[id(source)] for source in sources])
             (results.pictures if full_tag else results.images)[tag] = picture
-        for tag, _ in self._scalars:
-            results.scalars[tag] = float(next(host))
+        for tag, value in self._scalars:
+            results.scalars[tag] = float(host[id(value)])
         for work, carried in self._host_work:
-            work(results, [next(host) for _ in carried])
+            work(results, [host[id(tensor)] for tensor in carried])
         scale = results.scalars.get("amp/grad_scale", 1.0)
-        for kind, tag, reduction, scaled in self._summaries:
+        for kind, tag, reduction, scaled in zip(self._kinds, self._tags, self._reductions, self._scaled):
             summary = finish(reduction, self.bins)
             getattr(results, kind)[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
         return results

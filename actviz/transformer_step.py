@@ -44,10 +44,9 @@ from .layer_outputs import output_tensors
 from .logits import LOGIT_TAGS, find_logits, last_linear_width, logit_vector
 from .outliers import outlier_numbers, outlier_vector
 from .probe import unwrap_for_probe
-from .reduction import Reduction
 from .results import StepResults
 from .safe_warnings import warn_safely
-from .summaries import finish
+from .summaries import finish, reduce_tensor
 from .transfer import PendingStep
 from .transformer_alerts import TransformerAlerts
 
@@ -184,11 +183,8 @@ def _warn_once(error: BaseException, warned: set[str]) -> None:
 
 
 def _histogram(values: torch.Tensor, bins: int) -> Any:
-    finite = values[torch.isfinite(values)]
-    low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
-    header = [values.numel() - finite.numel(), int((finite == 0).sum()), low, high, float(finite.sum()),
-              float(finite.square().sum())]
-    return finish(Reduction(values.numel(), 1, "numbers", header, values), bins)
+    """The summary of a small host tensor, every element counted (no sample)."""
+    return finish(reduce_tensor(values, None), bins)
 
 
 def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]) -> float:

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import actviz.batch_summaries
-from actviz.results import HEADER_SIZE, Summary
 from actviz.batch_summaries import reduce_tensors
 from actviz.options import DEFAULT_SAMPLE_SIZE
+from actviz.results import HEADER_SIZE, Summary
 from actviz.summaries import finish, flat_view, reduce_tensor, sample_stride, summarize
 
 
@@ -29,7 +29,7 @@ def summary_of(tensor, bins=4, sample_size=None) -> Summary:
 
 
 def finished(reduction, bins):
-    reduction.receive(iter([t.cpu() for t in reduction.device_tensors()]))
+    reduction.receive({id(t): t.cpu() for t in reduction.device_tensors()})
     return finish(reduction, bins)
 
 
@@ -148,7 +148,8 @@ def test_default_sample_keeps_the_histogram_shape():
         assert tensor.numel() > 100 * DEFAULT_SAMPLE_SIZE
         sampled = Summary.from_vector(summarize(tensor, bins=64).tolist())
         exact = Summary.from_vector(summarize(tensor, bins=64, sample_size=None).tolist())
-        assert (sampled.min, sampled.max, sampled.sum) == (exact.min, exact.max, exact.sum)
+        assert (sampled.min, sampled.max) == (tensor.min().item(), tensor.max().item())  # every element, by hand
+        assert sampled.sum == pytest.approx(tensor.double().sum().item(), rel=1e-6, abs=1e-3)
         difference = np.abs(np.array(sampled.bucket_counts) - np.array(exact.bucket_counts)).sum()
         assert difference / 2 / exact.finite_count < 0.03
 
@@ -235,3 +236,112 @@ def test_a_tensor_that_requires_grad_builds_no_graph():
         assert not vector.requires_grad and vector.grad_fn is None
     for reduction in reduce_tensors([weight, weight * 2]):
         assert all(t.grad_fn is None for t in reduction.device_tensors())
+
+
+@pytest.mark.parametrize("mean, std, numel", [(1e4, 1.0, 100_000), (1000.0, 0.01, 100_000), (1.0, 1e-4, 1_000_000)])
+def test_std_of_a_large_offset_is_torch_std_in_float64(mean, std, numel):
+    # Activations after a LayerNorm with a large bias: float32 sums of squares cancel to 0 here.
+    generator = torch.Generator().manual_seed(3)
+    tensor = (torch.randn(numel, generator=generator, dtype=torch.float64) * std + mean).float()
+    summary = Summary.from_vector(summarize(tensor).tolist())  # the default sample, as the watcher takes it
+    exact = tensor.double()
+    assert summary.std == pytest.approx(exact.std().item(), rel=1e-6)
+    assert summary.mean == pytest.approx(exact.mean().item(), rel=1e-6)
+    assert (summary.min, summary.max) == (exact.min().item(), exact.max().item())
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_min_and_max_are_exact_with_one_nan_and_one_sign(sign, path, request):
+    # 100,000 elements: the histogram sample is strided, and must not give the min or the max.
+    if path == "device":  # a known gap, said in docs/summary-header.md: fails until it is closed
+        reason = "the eager accelerator path takes min/max from the sample here"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    generator = torch.Generator().manual_seed(4)
+    tensor = sign * (torch.rand(100_000, generator=generator) + 0.5001)
+    tensor[777] = 0.5 * sign  # the true extreme, off the sample's stride
+    tensor[12345] = float("nan")
+    summary = Summary.from_vector(summarize(tensor).tolist())
+    finite = tensor[torch.isfinite(tensor)].double()
+    assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
+    assert (summary.nonfinite, summary.zeros) == (1, 0)
+    assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("nan", [False, True])
+def test_16_bit_integer_and_bool_outputs_against_float64_by_hand(dtype, nan):
+    generator = torch.Generator().manual_seed(6)
+    if dtype.is_floating_point:
+        tensor = (torch.randn(50_000, generator=generator) * 3 + 2).to(dtype)
+        if nan:
+            tensor[::997] = float("nan")
+    elif nan:
+        pytest.skip("integers have no NaN")
+    else:
+        high = 2 if dtype == torch.bool else 200
+        tensor = torch.randint(0, high, (50_000,), generator=generator).to(dtype)
+    summary = Summary.from_vector(summarize(tensor, sample_size=None).tolist())
+    values = tensor.double()
+    finite = values[torch.isfinite(values)]
+    assert (summary.num, summary.nonfinite, summary.zeros) == (50_000, 50_000 - finite.numel(), int((values == 0).sum()))
+    assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
+    assert summary.sum == pytest.approx(finite.sum().item(), rel=1e-9)
+    assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
+    assert sum(summary.bucket_counts) == pytest.approx(finite.numel())
+
+
+def test_denormals_are_counted_and_summed():
+    tensor = torch.tensor([1e-40, -3e-41, 0.0, 2e-39, float("nan")], dtype=torch.float32)
+    assert tensor[0].item() != 0.0  # a float32 denormal, not flushed
+    summary = summary_of(tensor, bins=2)
+    values = tensor.double()[:4]
+    assert (summary.nonfinite, summary.zeros) == (1, 1)
+    assert (summary.min, summary.max) == (values.min().item(), values.max().item())
+    assert summary.sum == pytest.approx(values.sum().item(), rel=1e-6)
+    assert summary.std == pytest.approx(values.std().item(), rel=1e-5)
+
+
+MEMORY_SCRIPT = """
+import resource, sys, torch
+torch.set_num_threads(1)
+dtype = getattr(torch, sys.argv[1])
+tensor = torch.empty(20_000_000, dtype=dtype)
+tensor.view(torch.uint8).random_(0, 2) if dtype == torch.bool else tensor.random_(0, 100)
+from actviz.summaries import reduce_tensor
+reduce_tensor(torch.zeros(10, dtype=dtype))  # imports and first calls, before the peak is read
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+reduction = reduce_tensor(tensor)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print((after - before) * 1024 / (tensor.numel() * tensor.element_size()))
+"""
+
+
+@pytest.mark.parametrize("dtype, most", [("uint8", 0.75), ("bool", 0.75), ("int32", 0.75), ("float16", 4.5)])
+def test_extra_memory_of_an_integer_output_is_at_most_its_size(dtype, most, path):
+    # The peak resident memory of a fresh process (ru_maxrss): allocations inside ops count too. Every
+    # allocation from 64 KiB on is its own mapping, given back when freed, so the peak is what was live.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, dtype], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) <= most
+
+
+def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
+    import actviz.piecewise
+
+    monkeypatch.setattr(actviz.piecewise, "PIECE", 1000)  # instead of 4 M elements: eleven pieces
+    generator = torch.Generator().manual_seed(8)
+    tensor = torch.randn(10_500, generator=generator) * 0.01 + 1000
+    tensor[4321] = float("nan")
+    summary = Summary.from_vector(summarize(tensor).tolist())
+    finite = tensor[torch.isfinite(tensor)].double()
+    assert (summary.num, summary.nonfinite, summary.zeros) == (10_500, 1, 0)
+    assert summary.mean == pytest.approx(finite.mean().item(), rel=1e-9)
+    assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
+    assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())

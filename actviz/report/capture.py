@@ -59,7 +59,7 @@ class _Reduced:
     picture: tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None  # (draw, source)
 
     def record(self, name: str, options: CaptureOptions) -> LayerRecord:
-        self.reduction.receive(iter([tensor.cpu() for tensor in self.reduction.device_tensors()]))
+        self.reduction.receive({id(tensor): tensor.cpu() for tensor in self.reduction.device_tensors()})
         grid = None if self.picture is None else self.picture[0](self.picture[1].cpu())
         four_d = len(self.shape) == 4
         shown = min(self.channels, options.max_channels) if four_d else (0 if grid is None else self.channels)

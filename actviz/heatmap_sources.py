@@ -1,0 +1,111 @@
+"""Heat maps' colours and sizes, and their sources bounded on the device.
+
+:func:`heatmap_source` is what :func:`actviz.rendering.picture_source` keeps of a 2-D matrix. A matrix within ``MAX_HEATMAP_SIDE`` on both sides is kept as its 256 colour levels, one
+byte per value, computed on the device exactly as :func:`~actviz.rendering.heatmap` computes
+them on the host (the pictures are pixel-identical). A larger one (a language model's
+vocabulary-sized logits) is area-averaged on the device to the size the picture has,
+with the whole matrix's min and max behind it, so that colours keep their meaning. The
+colours (viridis) and sizes that :func:`actviz.rendering.heatmap` uses live here, so that
+both halves share them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MAX_HEATMAP_SIDE", "MIN_HEATMAP_SIDE", "heatmap_source"]
+
+MIN_HEATMAP_SIDE = 64  # heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE
+MAX_HEATMAP_SIDE = 1024
+
+# matplotlib's viridis at nine evenly spaced points: dark blue (low) to yellow (high).
+_VIRIDIS = ((68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
+            (92, 200, 99), (170, 220, 50), (253, 231, 37))
+
+
+def _normalize(values: torch.Tensor, dims: tuple[int, ...], sync: bool = True) -> torch.Tensor:
+    """Map the finite values to [0, 1] over ``dims``; constants go to 0, NaN to 0, ±Inf to 1 and 0."""
+    if sync and values.device.type == "cpu":  # reading a flag costs nothing here; on an accelerator it would sync
+        low, high = values.amin(dim=dims, keepdim=True), values.amax(dim=dims, keepdim=True)
+        span = high - low
+        if bool(torch.isfinite(span).all()):  # NaN or ±Inf anywhere would make some span non-finite
+            # Where span is 0 the numerator is 0 too, so dividing by 1 leaves the constant at 0.
+            return (values - low).div_(span.masked_fill_(span == 0, 1.0)).clamp_(0.0, 1.0)
+    finite = torch.isfinite(values)
+    low = torch.where(finite, values, math.inf).amin(dim=dims, keepdim=True)
+    high = torch.where(finite, values, -math.inf).amax(dim=dims, keepdim=True)
+    span = high - low
+    scaled = (values - low) / torch.where(span > 0, span, torch.ones_like(span))
+    scaled = torch.where(span > 0, scaled, torch.zeros_like(scaled))
+    return torch.nan_to_num(scaled, nan=0.0, posinf=1.0, neginf=0.0).clamp_(0.0, 1.0)
+
+
+def _viridis_table() -> torch.Tensor:
+    """``(256, 3)`` ``uint8`` colours: viridis interpolated linearly between its nine points."""
+    palette = torch.tensor(_VIRIDIS, dtype=torch.float64)
+    position = torch.linspace(0, len(_VIRIDIS) - 1, 256, dtype=torch.float64)
+    lower = position.floor().long().clamp_(max=len(_VIRIDIS) - 2)
+    fraction = (position - lower).unsqueeze(-1)
+    colours = palette[lower] * (1 - fraction) + palette[lower + 1] * fraction
+    return colours.round_().to(torch.uint8)
+
+
+_VIRIDIS_TABLE = _viridis_table()
+
+
+def _viridis(values: torch.Tensor) -> torch.Tensor:
+    """Map ``(H, W)`` values in [0, 1] to an ``(H, W, 3)`` ``uint8`` RGB image, 256 levels."""
+    table = _VIRIDIS_TABLE.to(values.device)
+    levels = values.mul(255).round_().to(torch.long)
+    return table[levels]
+
+
+def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
+    shortest, longest = min(rows, columns), max(rows, columns)
+    factor = max(1, min(math.ceil(MIN_HEATMAP_SIDE / shortest), MAX_HEATMAP_SIDE // longest))
+    if longest > MAX_HEATMAP_SIDE:
+        scale = MAX_HEATMAP_SIDE / longest
+        return max(1, round(rows * scale)), max(1, round(columns * scale))
+    return rows * factor, columns * factor
+
+
+
+
+def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+    """``(draw, source)`` of a ``(rows, columns)`` matrix: a few kernel ops, no host sync, no copy of a large one.
+
+    Example:
+        >>> draw, source = heatmap_source(torch.randn(100, 768))
+        >>> source.dtype, tuple(draw(source).shape)
+        (torch.uint8, (3, 100, 768))
+    """
+    rows, columns = matrix.shape
+    if max(rows, columns) <= MAX_HEATMAP_SIDE:
+        return _levels_heatmap, _normalize(matrix.float(), dims=(0, 1), sync=False).mul_(255).round_().byte()
+    size = _heatmap_size(rows, columns)
+    pooled = F.adaptive_avg_pool2d(matrix[None].float(), size)  # what F.interpolate(mode="area") does
+    low, high = torch.aminmax(matrix)
+    return partial(_pooled_heatmap, size), torch.cat([pooled.view(-1), torch.stack([low, high]).float()])
+
+
+def _levels_heatmap(levels: torch.Tensor) -> torch.Tensor:
+    """:func:`heatmap` of a matrix whose colour levels :func:`picture_source` computed on the device."""
+    rows, columns = levels.shape
+    size = _heatmap_size(rows, columns)  # a whole-factor enlargement within the bound
+    factor = size[0] // rows
+    colours = _VIRIDIS_TABLE[levels.long()][:, None, :, None, :].expand(rows, factor, columns, factor, 3)
+    return colours.reshape(size[0], size[1], 3).permute(2, 0, 1)
+
+
+def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> torch.Tensor:
+    """:func:`heatmap` of a matrix that :func:`picture_source` pooled to ``size``, normalised by the whole's bounds."""
+    values, (low, high) = source[:-2].view(size), source[-2:].tolist()
+    if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf in the whole: its own bounds
+        return _viridis(_normalize(values, dims=(0, 1))).permute(2, 0, 1)
+    span = high - low
+    return _viridis(((values - low) / span).clamp_(0.0, 1.0) if span > 0 else values * 0).permute(2, 0, 1)

@@ -1,0 +1,66 @@
+"""Reductions a slice at a time, so that a widened copy never adds a tensor's whole size to memory.
+
+* :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits):
+  each piece is copied in float64, counted, ``var_mean``-ed and bounded; the pieces' moments are
+  merged on the device (Chan et al.'s parallel variance), no host sync.
+* :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
+  of half their bytes at a time in float64.
+
+Both write the header row of :mod:`actviz.reduction` and the strided sample behind it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .reduction import HEADER, Reduction
+
+__all__ = ["PIECE", "reduce_in_pieces", "reduce_integers"]
+
+#: Floating tensors larger than this are reduced this many elements at a time (16 MB of float32).
+PIECE = 1 << 22
+
+
+def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
+    """A large floating tensor, a piece at a time (counts, ``var_mean`` and bounds), merged as Chan et al. do."""
+    found: list[list[torch.Tensor]] = [[], [], [], [], [], []]
+    for piece in values.split(PIECE):
+        zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
+        found[0].append(torch.count_nonzero(zeroed))
+        zeroed.nan_to_num_(0.0, 0.0, 0.0)
+        found[1].append(torch.count_nonzero(zeroed))
+        for at, result in enumerate((*torch.var_mean(zeroed, correction=0), *torch.aminmax(zeroed)), 2):
+            found[at].append(result)
+        del zeroed
+    numel = values.numel()
+    weights = torch.full((len(found[2]),), PIECE / numel, dtype=wide, device=values.device)
+    weights[-1] = (numel - PIECE * (len(found[2]) - 1)) / numel  # the last piece is shorter
+    variances, means = (torch.stack(column).to(wide) for column in found[2:4])
+    mean = (weights * means).sum()
+    variance = (weights * (variances + (means - mean) ** 2)).sum()
+    parts = [torch.stack(found[0]).sum(), torch.stack(found[1]).sum(), mean, variance]
+    parts += [torch.stack(found[4]).amin(), torch.stack(found[5]).amax()]
+    row = torch.cat([part.to(wide).view(1) for part in parts] + [values[::stride].to(wide)])
+    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
+
+
+def reduce_integers(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
+    """Integers and bools: counted and bounded as they are, summed a slice at a time in ``wide``."""
+    if values.dtype == torch.bool:
+        values = values.view(torch.uint8)
+    numel = values.numel()
+    nonzero = torch.count_nonzero(values)
+    low, high = torch.aminmax(values)
+    piece = max(1, (numel * values.element_size()) // (2 * torch.finfo(wide).bits // 8)) if numel > 4096 else numel
+    total = squares = None
+    for chunk in values.split(piece):
+        widened = chunk.to(wide)
+        chunk_sum, chunk_squares = widened.sum(), torch.dot(widened, widened)
+        total = chunk_sum if total is None else total + chunk_sum
+        squares = chunk_squares if squares is None else squares + chunk_squares
+        del widened  # before the next slice is widened: one at a time
+    mean = total / numel
+    variance = (squares / numel - mean * mean).clamp_min(0)
+    counts = nonzero.to(wide).view(1)
+    row = torch.cat([counts, counts, mean.view(1), variance.view(1), low.view(1), high.view(1), values[::stride]])
+    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
