@@ -7,6 +7,12 @@
   of half their bytes at a time in float64.
 
 Both write the header row of :mod:`actviz.reduction` and the strided sample behind it.
+
+Example:
+    >>> from actviz.summaries import finish
+    >>> summary = finish(reduce_integers(torch.tensor([0, 3, 5], dtype=torch.uint8), 1, torch.float64))
+    >>> summary.num, summary.zeros, summary.min, summary.max, summary.sum
+    (3, 1, 0.0, 5.0, 8.0)
 """
 
 from __future__ import annotations

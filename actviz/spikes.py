@@ -16,6 +16,19 @@ not finite or above the mean + :data:`SIGMA` standard deviations of the last
 * the next :data:`FOLLOW` steps log in full, pictures included.
 
 A step that does not log pays four ops on the device and no sync (see docs/diagnosis.md).
+
+Example:
+    >>> import tempfile, actviz
+    >>> model = torch.nn.Linear(4, 1)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    >>> with actviz.watch(model, tempfile.mkdtemp(), every=1000, spikes=True) as viz:
+    ...     for step in range(40):
+    ...         optimizer.zero_grad()
+    ...         loss = model(torch.randn(8, 4)).square().mean() * (1000.0 if step == 30 else 1.0)
+    ...         loss.backward()
+    ...         optimizer.step()
+    >>> sorted({alert.rule for alert in viz.alerts})
+    ['gradient_spike']
 """
 
 from __future__ import annotations

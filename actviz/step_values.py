@@ -2,6 +2,12 @@
 
 Pure functions from :class:`~actviz.results.StepResults` to TensorBoard protobufs, so
 that a sink only decides where they go.
+
+Example:
+    >>> from actviz.summaries import finish, reduce_tensor
+    >>> results = StepResults(3, gradients={"fc": finish(reduce_tensor(torch.tensor([3.0, -4.0]), None), 2)})
+    >>> [(value.tag, round(value.simple_value, 3)) for value in _step_values(results) if value.HasField("simple_value")]
+    [('gradient_stats/fc/norm', 5.0), ('gradient_stats/fc/nonfinite', 0.0)]
 """
 
 from __future__ import annotations

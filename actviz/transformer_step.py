@@ -23,6 +23,15 @@ Models with an attention module (``nn.MultiheadAttention``, or a class named ``*
 get them on every stats step (``watch(transformer_stats=None)``, the default);
 ``transformer_stats=True`` forces them on (hand-written attention elsewhere), ``False`` off.
 Steps that do not log run nothing of this: no mode, no hook.
+
+Example:
+    >>> import tempfile, actviz
+    >>> model = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+    >>> with actviz.watch(model, tempfile.mkdtemp(), every=1) as viz:
+    ...     model(torch.randn(2, 6, 16)).sum().backward()
+    ...     viz.flush()
+    >>> sorted(tag for tag in viz.latest.scalars if tag.startswith("attention/"))[:2]
+    ['attention/layers.0.self_attn/entropy_mean', 'attention/layers.0.self_attn/entropy_min']
 """
 
 from __future__ import annotations
