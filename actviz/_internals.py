@@ -22,6 +22,10 @@ function                               private API
 :func:`inductor_backend`               ``torch._dynamo.lookup_backend``
 :func:`mark_size_unbacked`             ``torch._dynamo.decorators.mark_unbacked``
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
+:func:`swap_stance`                    ``torch._dynamo.eval_frame._stance`` (set)
+:func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
+:func:`reorder_after_graph`            ``torch._dynamo.config.reorderable_logging_functions``
+:func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
 
@@ -47,6 +51,10 @@ __all__ = [
     "grad_scaler_scale",
     "grad_scaler_unscaled",
     "compiler_stance",
+    "functorch_wrapped",
+    "mark_trace_time_constant",
+    "reorder_after_graph",
+    "swap_stance",
     "inductor_backend",
     "inductor_compiles_for",
     "mark_size_unbacked",
@@ -250,3 +258,47 @@ def inductor_compiles_for(device_type: str) -> bool:
         return get_scheduling_for_device(device_type) is not None
     except Exception:  # noqa: BLE001 - an Inductor without this API: say no, and stay eager
         return False
+
+
+def swap_stance(stance: Any) -> Any:
+    """Set torch.compile's stance (a name such as ``"force_eager"``, or what this returned) and return the prior.
+
+    Why private: ``torch.compiler.set_stance`` refuses to run inside a compiled region, and
+    actviz sets it from one: from its root hook in a ``force_eager`` frame, and ahead of the
+    next call from code Dynamo replays after a graph. Setting it there affects only the
+    calls that start afterwards, which is what actviz wants.
+    """
+    from torch._dynamo import eval_frame
+
+    prior = eval_frame._stance
+    eval_frame._stance = stance if isinstance(stance, eval_frame.DynamoStance) else eval_frame.DynamoStance(stance)
+    return prior
+
+
+def mark_trace_time_constant(function: Callable[[], Any]) -> None:
+    """Make Dynamo call ``function`` while it traces and use its result as a constant (no graph op, no break).
+
+    Why private: ``torch._dynamo.assume_constant_result`` sets this attribute, but importing
+    ``torch._dynamo`` costs seconds, and a process that never compiles should not pay it.
+    """
+    function._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def reorder_after_graph(function: Callable[..., None]) -> None:
+    """Have Dynamo replay calls of ``function`` eagerly after the graph, instead of breaking it.
+
+    Why private: ``torch._dynamo.config`` is the only place to say so; ``print`` works this way
+    once added. ``function`` must take only constants and tensors, positionally.
+    """
+    import torch._dynamo.config
+
+    torch._dynamo.config.reorderable_logging_functions.add(function)
+
+
+def functorch_wrapped(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a ``torch.func`` transform's wrapper (inside ``vmap``, ``grad``, ``jvp``).
+
+    Why private: no public API tells a batched or grad-tracking wrapper from a plain tensor;
+    hooks that reduce such a tensor would fail or log one slice of a transformed call.
+    """
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(tensor))

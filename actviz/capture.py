@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from ._internals import queue_end_of_backward
-from .compiled import eager, outside_graphs
-from .hooks import HookHandles
+from .compiled import EagerStance
+from .hooks import HookHandles, OwnedHook
 from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, output_tensors, reduce_output
 from .merge import merge_across_ranks
 from .options import CaptureOptions
@@ -107,6 +106,7 @@ class StepCapture:
         grad_scaler: Any = None,
         describe_layers: bool = False,
         pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
+        stance: EagerStance | None = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -132,8 +132,8 @@ class StepCapture:
         self._drawn = DrawnTensors()
         self._callback_queued = False
         self._pass_reached = False  # the backward pass under way has reached a watched output
-        self._eager: Any = eager()  # so that torch.compile never traces actviz's hooks (actviz.compiled)
-        self._eager.__enter__()
+        self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
+        self._eager.enter()
         try:
             self._attach(model)
         except BaseException:
@@ -143,19 +143,22 @@ class StepCapture:
     def _end_eager(self) -> None:
         stance, self._eager = self._eager, None
         if stance is not None:
-            stance.__exit__(None, None, None)
+            stance.exit()
 
     # -- hooks -------------------------------------------------------------------------------
 
     def _attach(self, model: nn.Module) -> None:
         for name, module in self._layers.items():
-            hook = partial(self._on_layer_output, name, batch_dim_of(module))
+            hook = OwnedHook(self._on_layer_output, module, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
-        done = outside_graphs(self._on_forward_done)  # as the watcher's root hook
+        done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad, self._on_optimizer_step)
+            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step)
+
+    def _add_backward_hook(self, handle: Any) -> None:
+        self._hooks.add("backward", handle)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
@@ -195,7 +198,7 @@ class StepCapture:
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
-            self._hooks.add("backward", tensor.register_hook(partial(self._on_output_grad, name, tag)))
+            self._hooks.add("backward", tensor.register_hook(OwnedHook(self._on_output_grad, None, name, tag)))
             self.expects_backward = True
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -216,7 +219,7 @@ class StepCapture:
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
-    def _on_param_grad(self) -> None:
+    def _on_param_grad(self, param: torch.Tensor) -> None:
         if not self.done:
             self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
@@ -228,7 +231,7 @@ class StepCapture:
             self.finish()
             return
         for name in self._recompute:
-            hook = partial(self._on_recomputed, name)
+            hook = OwnedHook(self._on_recomputed, self._layers[name], name)
             self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
         if self._recompute and self._parameters.trainable:
             self.expects_backward = True

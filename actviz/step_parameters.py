@@ -17,6 +17,7 @@ from torch import nn
 
 from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
+from .hooks import OwnedHook
 from .merge import is_sharded
 from .options import CaptureOptions
 from .optimizer_steps import subscribe
@@ -71,12 +72,12 @@ class StepParameters:
     def attach(
         self,
         add_handle: Callable[[Any], None],
-        on_gradient: Callable[[], None],
+        on_gradient: Callable[[torch.Tensor], None],
         on_optimizer_step: Callable[[torch.optim.Optimizer], None],
     ) -> None:
         """Hook the trainable parameters and the optimizers; the handles go to ``add_handle``.
 
-        ``on_gradient()`` runs when a backward pass accumulates into one of them,
+        ``on_gradient(param)`` runs when a backward pass accumulates into one of them,
         ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps.
         """
         watched = {id(param) for _, param in self.trainable}
@@ -86,7 +87,7 @@ class StepParameters:
                 on_optimizer_step(optimizer)
 
         for _, param in self.trainable:
-            add_handle(param.register_post_accumulate_grad_hook(lambda param: on_gradient()))
+            add_handle(param.register_post_accumulate_grad_hook(OwnedHook(on_gradient, param)))
         if self.trainable:
             add_handle(subscribe(optimizer_hook))
 

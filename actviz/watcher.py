@@ -11,7 +11,6 @@ deliver → sink; the watcher is never called back for it. :func:`actviz.watch` 
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +18,7 @@ import torch
 from torch import nn
 
 from .capture import StepCapture
-from .compiled import StepHookHandle, attach_step_hook, unwrap_compiled
+from .compiled import StepHook, StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .options import CaptureOptions
 from .results import StepResults
 from .schedule import Schedule
@@ -27,6 +26,7 @@ from .selection import layer_display_name
 from .delivery import Delivery
 from .open_watchers import register, unregister
 from .probe import Probe, unwrap_for_probe
+from .safe_warnings import warn_safely
 from .sinks import TensorBoardSink
 
 __all__ = ["Watcher"]
@@ -74,12 +74,16 @@ class Watcher:
         self._last_started_step: int | None = None
         self._captures: list[StepCapture] = []  # open steps: in their forward, or waiting to end
         self._warned_no_backward = False
+        self._warned_compiled = False
         self._layers_described = False
         self._skipped: set[str] = set()
         self._closed = False
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
-            self._root_handle = attach_step_hook(model, self._on_model_forward)
+            self._root_handle = attach_step_hook(
+                model, StepHook(self._on_model_forward, self._on_compiled_forward, model))
+            if self._logs(0):
+                eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
         register(model, self)
 
     # -- public ------------------------------------------------------------------------------
@@ -148,6 +152,8 @@ class Watcher:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         self._next_step = step
+        if self._logs(step) and step != self._last_started_step:
+            eager_ahead()  # for a model compiled after watch(): see actviz.compiled
 
     def flush(self) -> None:
         """Write the pending step, if any, and wait until everything is in the writer."""
@@ -166,6 +172,7 @@ class Watcher:
         try:
             if self._root_handle is not None:
                 self._root_handle.remove()
+            take_eager_ahead().exit()
             self._end_capture()
         finally:
             unregister(self.model, self)
@@ -187,13 +194,47 @@ class Watcher:
 
     # -- the root hook -----------------------------------------------------------------------
 
+    def _logs(self, step: int) -> bool:
+        return self._root_handle is not None and (
+            self._stats_schedule(step) or (self._image_schedule(step) and self._delivery is not None))
+
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
-        if not (model.training and torch.is_grad_enabled()):
+        if self._closed or not (model.training and torch.is_grad_enabled()):
             return  # eval and no-grad forwards are not steps
         try:
             self._start_step(model)
         except Exception as error:  # noqa: BLE001 - never stop training
             self._report("(watcher)", error)
+
+    def _on_compiled_forward(self, training: bool) -> None:
+        """A forward compiled with the root hook in it has run (replayed after its graph): count the step."""
+        if self._closed or not training:
+            return
+        try:
+            step = self._next_step
+            if not self.auto_step and step == self._last_started_step:
+                return
+            self._end_finished_steps()
+            if self.auto_step:
+                self._next_step += 1
+            self._last_started_step = step
+            if self._logs(step) and not self._warned_compiled:
+                self._warned_compiled = True
+                warn_safely(f"actviz could not log step {step}: the model ran compiled. It was compiled after "
+                            "watch() in a process that had not imported torch.compile yet; later logging steps run "
+                            "eagerly and log. Compile before watch() to log this step too.", RuntimeWarning)
+            if self.auto_step and self._logs(self._next_step):
+                eager_ahead()  # the next forward runs eagerly, through the root hook
+        except Exception as error:  # noqa: BLE001 - never stop training
+            self._report("(watcher)", error)
+
+    def _end_finished_steps(self) -> None:
+        for capture in self._captures:
+            capture.next_forward()  # ends unless it still waits for its backward pass
+        waiting = [capture for capture in self._captures if not capture.done]
+        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward never comes
+            capture.finish(missed_backward=True)
+        self._captures = waiting[-MAX_WAITING:]
 
     def _start_step(self, model: nn.Module) -> None:
         if any(capture.in_forward for capture in self._captures):
@@ -203,12 +244,7 @@ class Watcher:
             # A later micro-batch, a second forward before one backward (siamese models) or a
             # nested call: same step, and its pending gradients are still to come.
             return
-        for capture in self._captures:
-            capture.next_forward()  # ends unless it still waits for its backward pass
-        waiting = [capture for capture in self._captures if not capture.done]
-        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward never comes
-            capture.finish(missed_backward=True)
-        self._captures = waiting[-MAX_WAITING:]
+        self._end_finished_steps()
         if self.auto_step:
             self._next_step += 1
         self._last_started_step = step
@@ -216,6 +252,7 @@ class Watcher:
         writes = self._delivery is not None  # rank 0, or the only process
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
+            take_eager_ahead().exit()
             return
         pictures = []
         if want_images and self._probe is not None:  # the probe's pictures instead of the batch's
@@ -239,6 +276,7 @@ class Watcher:
             grad_scaler=self.grad_scaler,
             describe_layers=want_stats and writes and not self._layers_described,
             pictures=pictures,
+            stance=take_eager_ahead(),
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 
@@ -251,7 +289,7 @@ class Watcher:
         if self._warned_no_backward:
             return
         self._warned_no_backward = True
-        warnings.warn(
+        warn_safely(
             f"actviz logs no gradients for step {capture.step}: its forward got no backward pass (another "
             "backward updated the watched parameters first, or more forwards ran). If your loop calls the model "
             "more than once per optimizer step, call it under torch.no_grad() where its output is not "
@@ -259,7 +297,6 @@ class Watcher:
             "with actviz.watch(..., auto_step=False) and viz.set_step(step) before the forward you want logged. "
             "Warned once per run.",
             RuntimeWarning,
-            stacklevel=2,
         )
 
     def _report(self, name: str, error: BaseException) -> None:
@@ -269,11 +306,8 @@ class Watcher:
         if name in self._skipped:
             return
         self._skipped.add(name)
-        warnings.warn(
-            f"actviz skips {name!r} from now on: its hook raised {type(error).__name__}: {error}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warn_safely(f"actviz skips {name!r} from now on: its hook raised {type(error).__name__}: {error}",
+                    RuntimeWarning)
 
 
 def _parameters_of(model: nn.Module, modules: Iterable[nn.Module]) -> list[tuple[str, nn.Parameter]]:
