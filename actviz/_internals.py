@@ -24,7 +24,6 @@ function                               private API
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
 :func:`swap_stance`                    ``torch._dynamo.eval_frame._stance`` (set)
 :func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
-:func:`reorder_after_graph`            ``torch._dynamo.config.reorderable_logging_functions``
 :func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
@@ -53,7 +52,6 @@ __all__ = [
     "compiler_stance",
     "functorch_wrapped",
     "mark_trace_time_constant",
-    "reorder_after_graph",
     "swap_stance",
     "inductor_backend",
     "inductor_compiles_for",
@@ -282,17 +280,6 @@ def mark_trace_time_constant(function: Callable[[], Any]) -> None:
     ``torch._dynamo`` costs seconds, and a process that never compiles should not pay it.
     """
     function._dynamo_marked_constant = True  # type: ignore[attr-defined]
-
-
-def reorder_after_graph(function: Callable[..., None]) -> None:
-    """Have Dynamo replay calls of ``function`` eagerly after the graph, instead of breaking it.
-
-    Why private: ``torch._dynamo.config`` is the only place to say so; ``print`` works this way
-    once added. ``function`` must take only constants and tensors, positionally.
-    """
-    import torch._dynamo.config
-
-    torch._dynamo.config.reorderable_logging_functions.add(function)
 
 
 def functorch_wrapped(tensor: torch.Tensor) -> bool:

@@ -225,8 +225,7 @@ class StepCapture:
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
-        self.in_forward = False
-        self._end_eager()
+        self.in_forward = False  # force_eager holds until finish(): fullgraph=True checks it as the call returns
         if output is None:  # the forward raised
             self.finish()
             return

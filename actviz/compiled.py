@@ -8,9 +8,9 @@ Two ways a model meets the compiler, both handled by the one root hook, :class:`
   ``model.compile()`` compiles its own ``__call__``, so actviz wraps that call instead.
 * **Compiled after** ``watch``: the compiler traces the hook with the model. It reads
   ``torch.compiler.is_compiling()`` first (a constant there: no graph break, so
-  ``fullgraph=True`` holds) and leaves only a call of :func:`compiled_forward`, which
-  Dynamo replays eagerly after the graph (``reorderable_logging_functions``). That call
-  counts the step and, when the next step logs, sets the stance ``force_eager`` ahead,
+  ``fullgraph=True`` holds) and leaves in the graph one op, ``actviz::forward_step``, a
+  custom op whose Python body runs each time the graph runs (:func:`compiled_forward`).
+  It counts the step and, when the next step logs, sets the stance ``force_eager`` ahead,
   so that the next forward runs eagerly through the hook, as when compiled first.
 
 On a logging step the capture holds ``force_eager`` for its forward (:class:`EagerStance`),
@@ -23,8 +23,11 @@ are read and set through :mod:`actviz._internals`.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
+import linecache
 import sys
+import typing
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,9 +36,8 @@ import torch
 from torch import nn
 
 from ._internals import (
-    compiled_call, compiled_original, mark_trace_time_constant, reorder_after_graph, set_compiled_call, swap_stance,
+    compiled_call, compiled_original, mark_trace_time_constant, set_compiled_call, swap_stance,
 )
-from .hooks import InertHook
 
 __all__ = [
     "EagerStance", "StepHook", "StepHookHandle", "attach_step_hook", "compiled_forward", "eager", "eager_ahead",
@@ -115,70 +117,138 @@ _counted: dict[int, weakref.WeakMethod[Callable[[bool], None]]] = {}  # StepHook
 _keys = itertools.count()
 
 
-def compiled_forward(key: int, training: bool) -> None:
-    """Replayed by Dynamo after the graph of a forward compiled with actviz's root hook in it."""
+def compiled_forward(token: torch.Tensor, key: int, training: bool) -> None:
+    """The body of ``actviz::forward_step``: a compiled forward with actviz's root hook in it runs."""
     found = _counted.get(key)
     count = None if found is None else found()
     if count is not None:
         count(training)
 
 
-def _registered_for_replay() -> bool:
-    """Called by Dynamo while it traces (a trace-time constant): make it replay :func:`compiled_forward`."""
-    reorder_after_graph(compiled_forward)
+_token = torch.zeros(())  # what the op says it mutates, so that no compiler drops it
+_op_defined = False
+
+
+def _op_ready() -> bool:
+    """Define ``actviz::forward_step`` once; Dynamo calls this while it traces the hook (a trace-time constant)."""
+    global _op_defined
+    if not _op_defined:
+        op = torch.library.custom_op("actviz::forward_step", compiled_forward, mutates_args=("token",))
+        op.register_fake(lambda token, key, training: None)
+        _op_defined = True
     return True
 
 
-mark_trace_time_constant(_registered_for_replay)
+mark_trace_time_constant(_op_ready)
 
 
-def _scripted_noop(module: nn.Module, args: Any) -> None:
+def inert_step_hook(module: nn.Module, args: Any) -> None:
+    """What a root hook unpickles as in a process where it is not live: nothing."""
     return None
 
 
-class StepHook:
-    """The root forward pre-hook: ``on_forward(model, args)`` on every eager forward of its model only.
+_hook_functions: dict[str, Callable[[nn.Module, Any], None]] = {}  # kept: a copy may pickle it after close
 
-    A copy or pickle of the model gets an :class:`~actviz.hooks.InertHook` instead. Traced by
-    ``torch.compile`` it becomes a replayed :func:`compiled_forward` call; under ``torch.jit.trace``,
-    ``torch.export`` or ONNX export it does nothing; ``torch.jit.script`` compiles :func:`_scripted_noop`.
+
+def __getattr__(name: str) -> Any:
+    """A root hook pickled by name (``torch.save(model)``), unpickled where it is not live, is a no-op."""
+    if name.startswith("actviz_step_hook_"):
+        return _hook_functions.get(name, inert_step_hook)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _type_name(hint: Any) -> str:
+    return f"{hint.__module__}.{hint.__qualname__}" if isinstance(hint, type) else repr(hint)
+
+
+def _forward_input_type(model: nn.Module) -> str:
+    """``Tuple[...]`` of ``model.forward``'s positional argument types: what ``torch.jit.script`` wants a pre-hook to take.
+
+    Example:
+        >>> _forward_input_type(nn.Linear(2, 2))
+        'typing.Tuple[torch.Tensor]'
     """
+    try:
+        hints = typing.get_type_hints(model.forward)
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [p.name for p in inspect.signature(model.forward).parameters.values() if p.kind in kinds]
+        types = [_type_name(hints.get(name, torch.Tensor)) for name in names] or ["torch.Tensor"]
+    except Exception:  # noqa: BLE001 - only scripting reads it
+        types = ["torch.Tensor"]
+    return f"typing.Tuple[{', '.join(types)}]"
 
-    __name__ = "actviz_step_hook"
-    __wrapped__ = staticmethod(_scripted_noop)  # what torch.jit.script reads the source of
-    __globals__ = _scripted_noop.__globals__
-    __code__ = _scripted_noop.__code__
-    __closure__ = None
+
+# The root hook's source. TorchScript compiles a model's hooks from their source, and wants the
+# pre-hook's input typed as the forward's: so the function is made from this text, with that type.
+_HOOK_SOURCE = """
+def make(state, key, forward_step, is_exporting, op_ready, token):
+    def {name}(module, args):
+        # type: ({args}) -> None
+        if torch.jit.is_scripting():
+            return None
+        if torch.compiler.is_compiling():
+            if not is_exporting() and op_ready():
+                forward_step(token, key, module.training and torch.is_grad_enabled())
+            return None
+        if torch.jit.is_tracing() or is_exporting():
+            return None
+        target = state.get("target")
+        if target is not None and module is target():
+            state["on_forward"](module, args)
+        return None
+    return {name}
+"""
+
+
+def _make_hook(name: str, args_type: str, state: dict[str, Any], key: int) -> Callable[[nn.Module, Any], None]:
+    source = _HOOK_SOURCE.format(name=name, args=args_type)
+    filename = f"<actviz root hook {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for inspect.getsource
+    namespace: dict[str, Any] = {"torch": torch, "typing": typing, "__name__": __name__}
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own text, see above
+    forward_step = _ForwardStep()
+    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token)
+
+
+class _ForwardStep:
+    """``torch.ops.actviz.forward_step``, looked up when called (the op is defined while Dynamo traces)."""
+
+    def __call__(self, token: torch.Tensor, key: int, training: bool) -> None:
+        torch.ops.actviz.forward_step(token, key, training)
+
+
+class StepHook:
+    """The watcher's root forward pre-hook: a module-level function, live for its model only.
+
+    ``function(model, args)`` calls ``on_forward(model, args)`` on every eager forward of
+    ``target``. A copy of the model shares the function and gets nothing from it; a pickle
+    stores it by name, and unpickled where it is not live it is :func:`inert_step_hook`.
+    Traced by ``torch.compile`` it becomes one ``actviz::forward_step`` op; under
+    ``torch.jit.trace``, ``torch.export`` or ONNX export it does nothing; ``torch.jit.script``
+    compiles only its first lines (``is_scripting()`` is a constant there).
+    """
 
     def __init__(
         self, on_forward: Callable[[nn.Module, Any], None], on_compiled: Callable[[bool], None], target: nn.Module
     ) -> None:
-        self.key = next(_keys)
-        self._on_forward = on_forward
-        self._target = weakref.ref(target)
-        _counted[self.key] = weakref.WeakMethod(on_compiled)
+        key = next(_keys)
+        self.key = key
+        _counted[key] = weakref.WeakMethod(on_compiled)
+        self._state: dict[str, Any] = {"on_forward": on_forward, "target": weakref.ref(target)}
+        name = f"actviz_step_hook_{key}"
+        hook = _make_hook(name, _forward_input_type(target), self._state, key)
+        hook.__module__ = __name__
+        hook.__qualname__ = name
+        _hook_functions[name] = hook
+        self.function = hook
 
     def __call__(self, module: nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            if not torch.compiler.is_exporting() and _registered_for_replay():
-                compiled_forward(self.key, module.training and torch.is_grad_enabled())
-            return None
-        if torch.jit.is_tracing() or torch.compiler.is_exporting() or module is not self._target():
-            return None
-        self._on_forward(module, args)
-        return None
+        self.function(module, args)
 
     def forget(self) -> None:
+        """Make the function a no-op for good (copies may still hold it) and let the watcher go."""
         _counted.pop(self.key, None)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (InertHook, ())
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
-        return InertHook()
-
-    def __copy__(self) -> InertHook:
-        return InertHook()
+        self._state.clear()
 
 
 class StepHookHandle:
@@ -201,7 +271,7 @@ def attach_step_hook(model: nn.Module, hook: StepHook) -> StepHookHandle:
     """
     compiled = compiled_call(model)
     if compiled is None:
-        handle = model.register_forward_pre_hook(hook)
+        handle = model.register_forward_pre_hook(hook.function)
 
         def unhook() -> None:
             handle.remove()

@@ -252,7 +252,6 @@ class Watcher:
         writes = self._delivery is not None  # rank 0, or the only process
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
-            take_eager_ahead().exit()
             return
         pictures = []
         if want_images and self._probe is not None:  # the probe's pictures instead of the batch's
