@@ -25,6 +25,7 @@ function                               private API
 :func:`swap_stance`                    ``torch._dynamo.eval_frame._stance`` (set)
 :func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
 :func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
+:func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
 
@@ -51,6 +52,7 @@ __all__ = [
     "grad_scaler_unscaled",
     "compiler_stance",
     "functorch_wrapped",
+    "inside_functorch_transform",
     "mark_trace_time_constant",
     "swap_stance",
     "inductor_backend",
@@ -289,3 +291,12 @@ def functorch_wrapped(tensor: torch.Tensor) -> bool:
     hooks that reduce such a tensor would fail or log one slice of a transformed call.
     """
     return bool(torch._C._functorch.is_functorch_wrapped_tensor(tensor))
+
+
+def inside_functorch_transform() -> bool:
+    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``...) is running now.
+
+    Why private: functorch keeps its stack of transforms in C++; only this tells a call made
+    by a transform (per-sample gradients) from a training forward.
+    """
+    return torch._C._functorch.maybe_current_level() is not None

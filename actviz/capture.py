@@ -36,10 +36,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._internals import queue_end_of_backward
+from ._internals import functorch_wrapped, queue_end_of_backward
 from .compiled import EagerStance
 from .hooks import HookHandles, OwnedHook
-from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, output_tensors, reduce_output
+from .layer_outputs import (
+    DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output, shape_of as _shape_of,
+)
 from .merge import merge_across_ranks
 from .options import CaptureOptions
 from .step_parameters import StepParameters
@@ -171,11 +173,12 @@ class StepCapture:
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
+        first = next(iter(output_tensors(output)), None)
+        if first is not None and functorch_wrapped(first[1]):  # a torch.func transform's call: skip the call only
+            return
         self._seen.add(name)
-        if self._shapes is not None:
-            first = next(iter(output_tensors(output)), None)
-            if first is not None:
-                self._shapes[name] = tuple(first[1].shape)
+        if self._shapes is not None and first is not None:
+            self._shapes[name] = _shape_of(first[1])
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
         redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
@@ -183,15 +186,18 @@ class StepCapture:
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
-            tag = name + suffix
+            tag, nested = name + suffix, tensor.is_nested
+            if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
+                tensor = nested_values(tensor)
             # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats, draw=self.want_images and draw and position == 0,
-                batch_dim=batch_dim,
+                tensor, self.options, stats=self.want_stats,
+                draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
-                self._hook_gradient(name, tag, tensor)
+                if not nested:
+                    self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
                 self._drawn.add(tensor)

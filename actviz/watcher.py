@@ -11,18 +11,20 @@ deliver → sink; the watcher is never called back for it. :func:`actviz.watch` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ._internals import inside_functorch_transform
 from .capture import StepCapture
 from .compiled import StepHook, StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .options import CaptureOptions
 from .results import StepResults
 from .schedule import Schedule
-from .selection import layer_display_name
+from .layer_slots import LayerSlots, parameters_of
 from .delivery import Delivery
 from .open_watchers import register, unregister
 from .probe import Probe, unwrap_for_probe
@@ -62,8 +64,9 @@ class Watcher:
         self.model = model
         self.grad_scaler = grad_scaler
         self._probe = probe
-        self._layers = [(layer_display_name(name), module) for name, module in layers]
-        self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
+        self._slots = LayerSlots(unwrap_compiled(model), layers)
+        self._layers = self._slots.layers
+        self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._delivery = None if sink is None else Delivery(sink, strict, on_step)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
@@ -75,9 +78,11 @@ class Watcher:
         self._captures: list[StepCapture] = []  # open steps: in their forward, or waiting to end
         self._warned_no_backward = False
         self._warned_compiled = False
+        self._warned_forked = False
         self._layers_described = False
         self._skipped: set[str] = set()
         self._closed = False
+        self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
             self._root_handle = attach_step_hook(
@@ -156,28 +161,42 @@ class Watcher:
             eager_ahead()  # for a model compiled after watch(): see actviz.compiled
 
     def flush(self) -> None:
-        """Write the pending step, if any, and wait until everything is in the writer."""
-        self._end_capture()
+        """Write the pending step, if any, and wait until everything is in the writer. Never raises a write error."""
+        if not self._on_writer_thread():  # from on_step: the training thread owns the open steps
+            self._end_capture()
         if self._delivery is not None:
             self._delivery.flush()
 
     def close(self) -> None:
         """Remove every hook, write what is pending, flush, and close the writer if :func:`watch` made it.
 
-        Safe to call more than once.
+        Safe to call more than once; called again after an interrupted close (Ctrl-C), it
+        still writes what was queued. Never raises a write error (it warns).
         """
-        if self._closed:
+        if os.getpid() != self._pid:  # a forked child: nothing of the parent's to end, no thread to wait on
+            self._closed, self._captures = True, []
             return
-        self._closed = True
-        try:
-            if self._root_handle is not None:
-                self._root_handle.remove()
+        if not self._closed:
+            self._closed = True
+            if self._on_writer_thread():  # from on_step: the hooks go at the next forward, on the training thread
+                self._delivery.close()  # type: ignore[union-attr]
+                return
+            try:
+                self._remove_root_hook()
+                self._end_capture()
+            finally:
+                unregister(self.model, self)
+        if self._delivery is not None:
+            self._delivery.close()
+
+    def _remove_root_hook(self) -> None:
+        handle, self._root_handle = self._root_handle, None
+        if handle is not None:
+            handle.remove()
             take_eager_ahead().exit()
-            self._end_capture()
-        finally:
-            unregister(self.model, self)
-            if self._delivery is not None:
-                self._delivery.close()
+
+    def _on_writer_thread(self) -> bool:
+        return self._delivery is not None and self._delivery.on_writer_thread()
 
     def __enter__(self) -> Watcher:
         return self
@@ -199,8 +218,16 @@ class Watcher:
             self._stats_schedule(step) or (self._image_schedule(step) and self._delivery is not None))
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
-        if self._closed or not (model.training and torch.is_grad_enabled()):
-            return  # eval and no-grad forwards are not steps
+        if self._closed:  # by on_step, on the writer thread: finish closing here, on the training thread
+            self._remove_root_hook()
+            self._end_capture()
+            unregister(self.model, self)
+            return
+        if not (model.training and torch.is_grad_enabled()) or inside_functorch_transform():
+            return  # eval and no-grad forwards are not steps, nor a torch.func transform's calls
+        if os.getpid() != self._pid:
+            self._warn_forked()
+            return
         try:
             self._start_step(model)
         except Exception as error:  # noqa: BLE001 - never stop training
@@ -253,6 +280,8 @@ class Watcher:
         want_images = want_images and writes  # only rank 0 draws: its own sample 0
         if not (want_stats or want_images):
             return
+        if self._slots.follow():  # a layer replaced since watch(): hook the new one, log its parameters
+            self._parameters = parameters_of(self._slots.root, [module for _, module in self._layers])
         pictures = []
         if want_images and self._probe is not None:  # the probe's pictures instead of the batch's
             want_images = False
@@ -284,6 +313,13 @@ class Watcher:
         for capture in captures:
             capture.finish()
 
+    def _warn_forked(self) -> None:
+        if not self._warned_forked:
+            self._warned_forked = True
+            warn_safely("actviz logs nothing in this process: it was forked from the process that called watch() "
+                        "(Hogwild, os.fork()). Call actviz.watch() in each process that should log, with its own "
+                        "log_dir. Warned once.", RuntimeWarning)
+
     def _warn_no_backward(self, capture: StepCapture) -> None:
         if self._warned_no_backward:
             return
@@ -308,10 +344,3 @@ class Watcher:
         warn_safely(f"actviz skips {name!r} from now on: its hook raised {type(error).__name__}: {error}",
                     RuntimeWarning)
 
-
-def _parameters_of(model: nn.Module, modules: Iterable[nn.Module]) -> list[tuple[str, nn.Parameter]]:
-    """The parameters of ``modules`` (with their children's), named as ``model.named_parameters()`` names them."""
-    wanted: set[int] = set()
-    for module in modules:
-        wanted.update(id(param) for param in module.parameters())
-    return [(name, param) for name, param in model.named_parameters() if id(param) in wanted]
