@@ -143,8 +143,14 @@ mark_trace_time_constant(_op_ready)
 
 
 def inert_step_hook(module: nn.Module, args: Any) -> None:
-    """What a root hook unpickles as in a process where it is not live: nothing."""
-    return None
+    """What a root hook unpickles as in a process where it is not live: it takes itself off and does nothing."""
+    _drop_hook(module, inert_step_hook)
+
+
+def _drop_hook(module: nn.Module, hook: Any) -> None:
+    """Take ``hook`` off a copy of a watched model (torch iterates over a snapshot of the hooks: safe here)."""
+    for key in [key for key, value in module._forward_pre_hooks.items() if value is hook]:
+        del module._forward_pre_hooks[key]
 
 
 _hook_functions: dict[str, Callable[[nn.Module, Any], None]] = {}  # kept: a copy may pickle it after close
@@ -181,7 +187,7 @@ def _forward_input_type(model: nn.Module) -> str:
 # The root hook's source. TorchScript compiles a model's hooks from their source, and wants the
 # pre-hook's input typed as the forward's: so the function is made from this text, with that type.
 _HOOK_SOURCE = """
-def make(state, key, forward_step, is_exporting, op_ready, token):
+def make(state, key, forward_step, is_exporting, op_ready, token, drop):
     def {name}(module, args):
         # type: ({args}) -> None
         if torch.jit.is_scripting():
@@ -195,6 +201,8 @@ def make(state, key, forward_step, is_exporting, op_ready, token):
         target = state.get("target")
         if target is not None and module is target():
             state["on_forward"](module, args)
+        else:
+            drop(module, {name})
         return None
     return {name}
 """
@@ -207,7 +215,7 @@ def _make_hook(name: str, args_type: str, state: dict[str, Any], key: int) -> Ca
     namespace: dict[str, Any] = {"torch": torch, "typing": typing, "__name__": __name__}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own text, see above
     forward_step = _ForwardStep()
-    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token)
+    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token, _drop_hook)
 
 
 class _ForwardStep:
@@ -221,8 +229,9 @@ class StepHook:
     """The watcher's root forward pre-hook: a module-level function, live for its model only.
 
     ``function(model, args)`` calls ``on_forward(model, args)`` on every eager forward of
-    ``target``. A copy of the model shares the function and gets nothing from it; a pickle
-    stores it by name, and unpickled where it is not live it is :func:`inert_step_hook`.
+    ``target``. A copy of the model shares the function, which takes itself off the copy at
+    its first forward; a pickle stores it by name, and unpickled where it is not live it is
+    :func:`inert_step_hook`. After ``close()`` it is a no-op everywhere.
     Traced by ``torch.compile`` it becomes one ``actviz::forward_step`` op; under
     ``torch.jit.trace``, ``torch.export`` or ONNX export it does nothing; ``torch.jit.script``
     compiles only its first lines (``is_scripting()`` is a constant there).

@@ -25,7 +25,7 @@ class Removable(Protocol):
 
 
 class InertHook:
-    """What an actviz hook becomes in a copy or an unpickled model: called, it does nothing.
+    """What an actviz hook becomes in a copy or an unpickled model: called, it takes itself off and does nothing.
 
     Example:
         >>> InertHook()(object(), (1,)) is None
@@ -35,6 +35,10 @@ class InertHook:
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
+        hooks = getattr(args[0], "_forward_hooks", None) if args else None  # a module hook: torch iterates a snapshot
+        if isinstance(hooks, dict):
+            for key in [key for key, value in hooks.items() if isinstance(value, InertHook)]:
+                del hooks[key]
         return None
 
     def __repr__(self) -> str:
