@@ -44,7 +44,7 @@ from .layer_outputs import (
 )
 from .merge import merge_across_ranks
 from .options import CaptureOptions
-from .step_parameters import StepParameters
+from .step_parameters import LoopHistory, StepParameters
 from .summaries import reduce_tensor
 from .transfer import PendingStep
 
@@ -109,6 +109,7 @@ class StepCapture:
         describe_layers: bool = False,
         pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
         stance: EagerStance | None = None,
+        history: LoopHistory | None = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -118,6 +119,10 @@ class StepCapture:
         self.in_forward = True
         self.expects_backward = False  # some watched output requires grad
         self.backward_seen = False  # a backward pass has reached a watched output
+        self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
+        self.dropped_gradients = False  # zeroed before an optimizer applied them
+        self._stepped = False
+        self._history = history or LoopHistory()
         self._deliver = deliver
         self._on_error = on_error
         self._on_no_backward = on_no_backward
@@ -226,8 +231,12 @@ class StepCapture:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
     def _on_param_grad(self, param: torch.Tensor) -> None:
-        if not self.done:
-            self._queue_backward_callback()  # a backward pass is under way: see how it ends
+        if self.done:
+            return
+        if self.awaiting_optimizer and self._parameters.dropped(param):  # zero_grad() came before any step
+            self.finish(dropped=True)
+            return
+        self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
@@ -259,32 +268,61 @@ class StepCapture:
         if self.done:
             return
         self.backward_seen = self.backward_seen or reached
-        if self.backward_seen:  # the gradients as this pass left them, until an optimizer takes them
-            self._parameters.take_gradients()
+        if self.backward_seen and self.want_stats:
+            self._parameters.note_gradients()
+            if not self._history.optimizer_steps:  # as this pass left them, until an optimizer takes them
+                self._parameters.take_gradients()
         elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
             self.finish(missed_backward=True)
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
-        if not self.done and self.backward_seen:
-            self._parameters.take_gradients(optimizer)
-            if not self.options.update_ratio:  # else wait until the update is done: the next forward
-                self.finish()
+        if self.done or not self.backward_seen:
+            return
+        self._history.optimizer_steps = True
+        if self._parameters.dropped():  # zeroed since this step's backward: the optimizer applies others
+            self.finish(dropped=True)
+            return
+        self._parameters.take_gradients(optimizer)
+        self._stepped = True
+        if not self.options.update_ratio:  # else wait until the update is done: the next forward
+            self.finish()
 
     # -- the end -----------------------------------------------------------------------------
 
     def next_forward(self) -> None:
-        """A new training forward starts: end this step unless it still waits for its backward pass."""
-        if self.backward_seen or not self.expects_backward:
+        """A new training forward starts: end this step unless it waits for its backward pass or optimizer step.
+
+        After its backward, a step waits for an optimizer step (a GAN discriminator's fake batch
+        runs a forward and a backward first), unless the loop is known to step none.
+        """
+        if self.backward_seen:
+            waits = self._history.optimizer_steps is not False and self._parameters.trainable and self.want_stats
+            if self._stepped or not waits:
+                self.finish()
+            else:
+                self.awaiting_optimizer = True
+        elif not self.expects_backward:
             self.finish()
 
-    def finish(self, missed_backward: bool = False) -> None:
+    def give_up(self) -> None:
+        """End a step that waited too long: for its backward pass (said once), or for an optimizer step."""
+        if self.awaiting_optimizer and self._history.optimizer_steps is None:
+            self._history.optimizer_steps = False  # a loop without optimizer: later steps end at the next forward
+        self.finish(missed_backward=not self.backward_seen)
+
+    def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
         """Remove every hook, start the copy to the host and deliver the step; once, however often called.
 
-        ``missed_backward`` says the backward pass the outputs waited for never came.
+        ``missed_backward`` says the backward pass the outputs waited for never came; ``dropped``
+        that the parameter gradients were zeroed before an optimizer applied them.
         """
         if self.done:
             return
+        if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
+            if dropped or self._parameters.dropped() or self._history.optimizer_steps:
+                self._parameters.discard_gradients()  # zeroed, or no optimizer step came in a loop that has one
+                self.dropped_gradients = True
         self.done = True
         self.in_forward = False
         self._end_eager()
@@ -293,7 +331,7 @@ class StepCapture:
         self._parameters.hand_over()
         if self._shapes is not None:
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
-        if missed_backward and self._on_no_backward is not None:
+        if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable,
                                              self.options.bins):

@@ -20,6 +20,7 @@ from torch import nn
 
 from ._internals import inside_functorch_transform
 from .capture import StepCapture
+from .step_parameters import LoopHistory
 from .compiled import StepHook, StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .options import CaptureOptions
 from .results import StepResults
@@ -79,6 +80,9 @@ class Watcher:
         self._warned_no_backward = False
         self._warned_compiled = False
         self._warned_forked = False
+        self._warned_dropped = False
+        self._history = LoopHistory()
+        self._ready: list[Any] = []  # finished steps waiting for an earlier one to finish
         self._layers_described = False
         self._skipped: set[str] = set()
         self._closed = False
@@ -259,9 +263,10 @@ class Watcher:
         for capture in self._captures:
             capture.next_forward()  # ends unless it still waits for its backward pass
         waiting = [capture for capture in self._captures if not capture.done]
-        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward never comes
-            capture.finish(missed_backward=True)
+        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward, or optimizer step, never comes
+            capture.give_up()
         self._captures = waiting[-MAX_WAITING:]
+        self._release_ready()
 
     def _start_step(self, model: nn.Module) -> None:
         if any(capture.in_forward for capture in self._captures):
@@ -298,13 +303,14 @@ class Watcher:
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,
-            deliver=self._delivery.deliver if writes else None,
+            deliver=self._deliver_in_order if writes else None,
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
             grad_scaler=self.grad_scaler,
             describe_layers=want_stats and writes and not self._layers_described,
             pictures=pictures,
             stance=take_eager_ahead(),
+            history=self._history,
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 
@@ -312,6 +318,19 @@ class Watcher:
         captures, self._captures = self._captures, []
         for capture in captures:
             capture.finish()
+        self._release_ready()
+
+    def _deliver_in_order(self, pending: Any) -> None:
+        """Deliver a finished step once every earlier step has been (a step may wait for its optimizer step)."""
+        self._ready.append(pending)
+        self._release_ready()
+
+    def _release_ready(self) -> None:
+        first_open = min((capture.step for capture in self._captures if not capture.done), default=None)
+        ready = sorted(self._ready, key=lambda pending: pending.step)
+        self._ready = [pending for pending in ready if first_open is not None and pending.step >= first_open]
+        for pending in ready[:len(ready) - len(self._ready)]:
+            self._delivery.deliver(pending)  # type: ignore[union-attr]
 
     def _warn_forked(self) -> None:
         if not self._warned_forked:
@@ -321,6 +340,13 @@ class Watcher:
                         "log_dir. Warned once.", RuntimeWarning)
 
     def _warn_no_backward(self, capture: StepCapture) -> None:
+        if capture.dropped_gradients:
+            if not self._warned_dropped:
+                self._warned_dropped = True
+                warn_safely(f"actviz logs no weight_grads for step {capture.step}: no optimizer that holds them applied "
+                            "the gradients its backward made (they were zeroed by zero_grad() first, as in a GAN "
+                            "generator's update through the discriminator, or the run ended). Warned once per run.")
+            return
         if self._warned_no_backward:
             return
         self._warned_no_backward = True
