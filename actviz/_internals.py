@@ -26,6 +26,7 @@ function                               private API
 :func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
 :func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
 :func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
+:func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
 
@@ -48,21 +49,22 @@ __all__ = [
     "batch_and_instance_norm_types",
     "compiled_call",
     "compiled_original",
+    "compiler_stance",
+    "event_file_writer",
+    "forward_hooks",
+    "functorch_wrapped",
     "grad_scaler_scale",
     "grad_scaler_unscaled",
-    "compiler_stance",
-    "functorch_wrapped",
-    "inside_functorch_transform",
-    "mark_trace_time_constant",
-    "swap_stance",
+    "image_classification",
     "inductor_backend",
     "inductor_compiles_for",
+    "inside_functorch_transform",
     "mark_size_unbacked",
-    "set_compiled_call",
-    "event_file_writer",
-    "image_classification",
+    "mark_trace_time_constant",
     "queue_end_of_backward",
     "replace_record_checksum",
+    "set_compiled_call",
+    "swap_stance",
     "tensor_version",
 ]
 
@@ -252,7 +254,10 @@ def inductor_compiles_for(device_type: str) -> bool:
     Why private: there is no public list of the devices ``torch.compile`` supports.
     """
     try:
-        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+        from torch._inductor.codegen.common import (
+            get_scheduling_for_device,
+            init_backend_registration,
+        )
 
         init_backend_registration()
         return get_scheduling_for_device(device_type) is not None
@@ -261,12 +266,9 @@ def inductor_compiles_for(device_type: str) -> bool:
 
 
 def swap_stance(stance: Any) -> Any:
-    """Set torch.compile's stance (a name such as ``"force_eager"``, or what this returned) and return the prior.
+    """Set torch.compile's stance (a name, or what this returned) and return the prior one.
 
-    Why private: ``torch.compiler.set_stance`` refuses to run inside a compiled region, and
-    actviz sets it from one: from its root hook in a ``force_eager`` frame, and ahead of the
-    next call from code Dynamo replays after a graph. Setting it there affects only the
-    calls that start afterwards, which is what actviz wants.
+    Why private: ``torch.compiler.set_stance`` refuses to run in a compiled region; actviz sets it from there.
     """
     from torch._dynamo import eval_frame
 
@@ -276,27 +278,23 @@ def swap_stance(stance: Any) -> Any:
 
 
 def mark_trace_time_constant(function: Callable[[], Any]) -> None:
-    """Make Dynamo call ``function`` while it traces and use its result as a constant (no graph op, no break).
+    """Make Dynamo call ``function`` while it traces and use its result as a constant.
 
-    Why private: ``torch._dynamo.assume_constant_result`` sets this attribute, but importing
-    ``torch._dynamo`` costs seconds, and a process that never compiles should not pay it.
+    Why private: it is what ``torch._dynamo.assume_constant_result`` sets, without importing Dynamo (seconds).
     """
     function._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def functorch_wrapped(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a ``torch.func`` transform's wrapper (inside ``vmap``, ``grad``, ``jvp``).
-
-    Why private: no public API tells a batched or grad-tracking wrapper from a plain tensor;
-    hooks that reduce such a tensor would fail or log one slice of a transformed call.
-    """
+    """Whether ``tensor`` is a ``torch.func`` transform's wrapper (inside ``vmap``, ``grad``): no public test."""
     return bool(torch._C._functorch.is_functorch_wrapped_tensor(tensor))
 
 
 def inside_functorch_transform() -> bool:
-    """Whether a ``torch.func`` transform (``vmap``, ``grad``, ``jacrev``...) is running now.
-
-    Why private: functorch keeps its stack of transforms in C++; only this tells a call made
-    by a transform (per-sample gradients) from a training forward.
-    """
+    """Whether a ``torch.func`` transform runs now: only functorch's C++ stack knows."""
     return torch._C._functorch.maybe_current_level() is not None
+
+
+def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:
+    """``module``'s forward (or pre-) hooks by id: a copy of a watched model has no handles, only this dict."""
+    return module._forward_pre_hooks if pre else module._forward_hooks

@@ -1,30 +1,22 @@
 """The hooks of one logging step, and the small results they leave.
 
 A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers and
-their parameters, reduces every tensor inside its hook, on the tensor's device, decides
-itself when the step is over, and hands it on with one call of ``deliver``. The path of
-one activation, from hook to event file:
+their parameters, reduces every tensor inside its hook, on the tensor's device (layer outputs
+through :func:`~actviz.layer_outputs.reduce_output`, into a :class:`~actviz.transfer.PendingStep`),
+decides itself when the step is over, and hands it on with one call of ``deliver``; the
+writer thread resolves it and the sink writes it.
 
-1. :meth:`StepCapture._on_layer_output` (a forward hook) calls
-   :func:`~actviz.layer_outputs.reduce_output`; the small tensors it returns stay on
-   the device in a :class:`~actviz.transfer.PendingStep`;
-2. when the step is over, :meth:`~actviz.transfer.PendingStep.send` starts one copy to
-   the host and ``deliver(pending)`` hands the step to the watcher's sink;
-3. on the writer thread, :meth:`~actviz.transfer.PendingStep.resolve` finishes the
-   summaries and pictures and :class:`~actviz.sinks.TensorBoardSink` writes them.
-
-When a step is over: at the next ``optimizer.step()`` of an optimizer holding a watched
-parameter (parameter gradients are logged as the optimizer applies them, see
-:mod:`actviz.step_parameters`); without one, when the next training forward starts or at
-``flush()``/``close()``. A step whose outputs require grad waits for its backward pass even
-if other forwards come first (a siamese pair); if a backward pass updates the watched
-parameters without reaching its outputs, none is coming: it ends without gradients and
+When a step is over: when an optimizer holding a watched parameter steps after its backward
+pass, however many forwards and backwards come between (a GAN discriminator's real and fake
+batches; see :mod:`actviz.step_parameters`); in a loop without optimizer, at the next
+training forward; at ``flush()``/``close()``. A step whose outputs require grad waits for its
+backward pass even if other forwards come first (a siamese pair, an RL episode); if a backward
+updates the watched parameters without reaching its outputs, it ends without gradients and
 says so once. A step with nothing to wait for ends with its forward.
 
-No hook holds a batch: activations are reduced before the next layer runs, so a later
-in-place op cannot change what was logged. Output gradients come from ``output.register_hook``
-(module backward hooks raise on AlexNet's and VGG's in-place ReLUs, pytorch#61519). Layers
-run without grad (``checkpoint(use_reentrant=True)``) get it when backward recomputes them.
+No hook holds a batch: a later in-place op cannot change what was logged. Output gradients
+come from ``output.register_hook`` (module backward hooks raise on in-place ReLUs,
+pytorch#61519). Layers run without grad (``checkpoint``) get it when backward recomputes them.
 """
 
 from __future__ import annotations
@@ -36,14 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._internals import functorch_wrapped, queue_end_of_backward
+from ._internals import functorch_wrapped
 from .compiled import EagerStance
 from .hooks import HookHandles, OwnedHook
-from .layer_outputs import (
-    DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output, shape_of as _shape_of,
-)
+from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output
+from .layer_outputs import shape_of as _shape_of
 from .merge import merge_across_ranks
 from .options import CaptureOptions
+from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries import reduce_tensor
 from .transfer import PendingStep
@@ -56,7 +48,7 @@ logger = logging.getLogger(__name__)
 ErrorHandler = Callable[[str, BaseException], None]
 
 
-class StepCapture:
+class StepCapture(StepEnd):
     """Hooks and results for one logging step.
 
     Args:
@@ -78,7 +70,8 @@ class StepCapture:
 
     With ``options.merge_ranks`` every rank runs a capture for the same steps and ``deliver``
     may be ``None``; with ``options.update_ratio`` a step ends at the next forward, once the
-    update is done.
+    update is done. ``stance`` holds ``force_eager`` until the step ends; ``history`` is what
+    the watcher knows of its loop (:class:`~actviz.step_parameters.LoopHistory`).
 
     Example:
         >>> from actviz.options import CaptureOptions
@@ -86,7 +79,7 @@ class StepCapture:
         >>> capture = StepCapture(0, model, [("0", model[0])], list(model.named_parameters()), want_stats=True,
         ...                       want_images=False, options=CaptureOptions(), deliver=delivered.append, on_error=print)
         >>> model(torch.randn(4, 3)).sum().backward()
-        >>> capture.next_forward()  # no optimizer: the step ends when the next training forward starts
+        >>> capture.finish()  # at an optimizer step, the next forward of a loop without one, or flush()
         >>> results = delivered[0].resolve()
         >>> sorted(results.gradients), sorted(results.weight_grads)
         (['0'], ['0.bias', '0.weight'])
@@ -122,6 +115,7 @@ class StepCapture:
         self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
         self.dropped_gradients = False  # zeroed before an optimizer applied them
         self._stepped = False
+        self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
         self._history = history or LoopHistory()
         self._deliver = deliver
         self._on_error = on_error
@@ -251,65 +245,6 @@ class StepCapture:
             self.expects_backward = True
         if not self.expects_backward:
             self.finish()
-
-    def _queue_backward_callback(self) -> None:
-        """Ask autograd to call :meth:`_on_backward_end` when this backward pass ends (as DDP does)."""
-        if self._callback_queued:
-            return
-        self._callback_queued = True
-        self._parameters.take_loss_scale()
-        try:
-            queue_end_of_backward(self._on_backward_end)
-        except Exception:  # noqa: BLE001 - without it, the step ends at the next step or close()
-            logger.debug("could not queue an end-of-backward callback", exc_info=True)
-
-    def _on_backward_end(self) -> None:
-        reached, self._pass_reached, self._callback_queued = self._pass_reached, False, False
-        if self.done:
-            return
-        self.backward_seen = self.backward_seen or reached
-        if self.backward_seen and self.want_stats:
-            self._parameters.note_gradients()
-            if not self._history.optimizer_steps:  # as this pass left them, until an optimizer takes them
-                self._parameters.take_gradients()
-        elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
-            self.finish(missed_backward=True)
-
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
-        if self.done or not self.backward_seen:
-            return
-        self._history.optimizer_steps = True
-        if self._parameters.dropped():  # zeroed since this step's backward: the optimizer applies others
-            self.finish(dropped=True)
-            return
-        self._parameters.take_gradients(optimizer)
-        self._stepped = True
-        if not self.options.update_ratio:  # else wait until the update is done: the next forward
-            self.finish()
-
-    # -- the end -----------------------------------------------------------------------------
-
-    def next_forward(self) -> None:
-        """A new training forward starts: end this step unless it waits for its backward pass or optimizer step.
-
-        After its backward, a step waits for an optimizer step (a GAN discriminator's fake batch
-        runs a forward and a backward first), unless the loop is known to step none.
-        """
-        if self.backward_seen:
-            waits = self._history.optimizer_steps is not False and self._parameters.trainable and self.want_stats
-            if self._stepped or not waits:
-                self.finish()
-            else:
-                self.awaiting_optimizer = True
-        elif not self.expects_backward:
-            self.finish()
-
-    def give_up(self) -> None:
-        """End a step that waited too long: for its backward pass (said once), or for an optimizer step."""
-        if self.awaiting_optimizer and self._history.optimizer_steps is None:
-            self._history.optimizer_steps = False  # a loop without optimizer: later steps end at the next forward
-        self.finish(missed_backward=not self.backward_seen)
 
     def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
         """Remove every hook, start the copy to the host and deliver the step; once, however often called.

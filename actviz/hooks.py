@@ -15,6 +15,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from torch import nn
+
+from ._internals import forward_hooks
+
 __all__ = ["HookHandles", "InertHook", "OwnedHook", "Removable"]
 
 
@@ -35,11 +39,10 @@ class InertHook:
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> None:
-        hooks = getattr(args[0], "_forward_hooks", None) if args else None  # a module hook: torch iterates a snapshot
-        if isinstance(hooks, dict):
+        hooks = forward_hooks(args[0]) if args and isinstance(args[0], nn.Module) else None  # torch iterates a copy
+        if hooks is not None:
             for key in [key for key, value in hooks.items() if isinstance(value, InertHook)]:
                 del hooks[key]
-        return None
 
     def __repr__(self) -> str:
         return "actviz.InertHook()"
@@ -70,7 +73,7 @@ class OwnedHook:
         True
     """
 
-    __slots__ = ("_method", "_target", "_bound", "__weakref__")
+    __slots__ = ("__weakref__", "_bound", "_method", "_target")
 
     def __init__(self, method: Callable[..., Any], target: Any = None, *bound: Any, keep_alive: bool = False) -> None:
         self._method: Callable[[], Any] = (lambda: method) if keep_alive else weakref.WeakMethod(method)

@@ -21,8 +21,14 @@ from .summaries import Reduction, reduce_tensor
 from .transfer import Draw
 
 __all__ = [
-    "DrawnTensors", "PER_CHANNEL_AFFINE", "batch_dim_of", "layer_table", "nested_values", "output_tensors",
-    "reduce_output", "shape_of",
+    "PER_CHANNEL_AFFINE",
+    "DrawnTensors",
+    "batch_dim_of",
+    "layer_table",
+    "nested_values",
+    "output_tensors",
+    "reduce_output",
+    "shape_of",
 ]
 
 

@@ -52,8 +52,8 @@ class LayerSlots:
             if slot is None:
                 continue
             name, module = self.layers[index]
-            current = slot[0]._modules.get(slot[1])
-            if current is module or current is None:
+            current = getattr(slot[0], slot[1], None)
+            if current is module or not isinstance(current, nn.Module):
                 continue
             changed = True
             self.layers[index] = (name, current)

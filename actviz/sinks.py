@@ -45,7 +45,7 @@ DASHBOARD_LAYOUT = {
     },
 }
 
-__all__ = ["DASHBOARD_LAYOUT", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
+__all__ = ["DASHBOARD_LAYOUT", "BackgroundSink", "TensorBoardSink", "use_fast_crc"]
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,10 @@ tells. All of them are reduced together (:func:`~actviz.batch_summaries.reduce_t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
-
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,8 +24,8 @@ from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
 from .hooks import OwnedHook
 from .merge import is_sharded
-from .options import CaptureOptions
 from .optimizer_steps import subscribe
+from .options import CaptureOptions
 from .summaries import Reduction, local_shard, reduce_tensor
 from .transfer import PendingStep
 
