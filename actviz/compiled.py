@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -43,24 +44,44 @@ def _dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
 
 
+_holders = 0  # EagerStance objects holding force_eager now: steps of several watchers overlap
+_prior: Any = None  # the stance before the first of them
+_lock = threading.Lock()
+
+
 class EagerStance:
     """Holds ``force_eager`` from :meth:`enter` to :meth:`exit`, inside a compiled region too; else nothing.
+
+    Holders are counted: the stance before the first comes back when the last one exits,
+    in whatever order they exit (steps of two watched models end in any order).
 
     Example:
         >>> stance = EagerStance(); stance.enter(); stance.exit(); stance.exit()
     """
 
-    def __init__(self, prior: Any = None) -> None:
-        self._prior = prior  # a stance taken over from eager_ahead(), restored at exit
+    def __init__(self) -> None:
+        self._held = False
 
     def enter(self) -> None:
-        if self._prior is None and _dynamo_loaded():
-            self._prior = swap_stance("force_eager")
+        global _holders, _prior
+        if self._held or not _dynamo_loaded():
+            return
+        with _lock:
+            if _holders == 0:
+                _prior = swap_stance("force_eager")
+            _holders += 1
+            self._held = True
 
     def exit(self) -> None:
-        prior, self._prior = self._prior, None
-        if prior is not None:
-            swap_stance(prior)
+        global _holders, _prior
+        if not self._held:
+            return
+        with _lock:
+            self._held = False
+            _holders -= 1
+            if _holders == 0:
+                prior, _prior = _prior, None
+                swap_stance(prior)
 
 
 @contextlib.contextmanager

@@ -167,16 +167,15 @@ class Watcher:
         if os.getpid() != self._pid:  # a forked child: nothing of the parent's to end, no thread to wait on
             self._closed = self._open.forget() or True
             return
-        if not self._closed:
-            self._closed = True
-            if self._on_writer_thread():  # from on_step: the hooks go at the next forward, on the training thread
-                self._delivery.close()  # type: ignore[union-attr]
-                return
-            try:
-                self._remove_root_hook()
-                self._open.finish_all()
-            finally:
-                unregister(self.model, self)
+        self._closed = True
+        if self._on_writer_thread():  # from on_step: the hooks go at the next forward, or close(), on the training thread
+            self._delivery.close()  # type: ignore[union-attr]
+            return
+        try:  # each part idempotent: a second close() finishes what an interrupted one left
+            self._remove_root_hook()
+            self._open.finish_all()
+        finally:
+            unregister(self.model, self)
         if self._delivery is not None:
             self._delivery.close()
 

@@ -289,7 +289,10 @@ def test_a_second_close_after_an_interrupted_one_writes_what_was_queued(tmp_path
         original(results)
 
     background.sink.write = slow_write
-    train(model, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        train(model)
+        optimizer.step()  # each step ends here, and is queued
     joins = []
     thread_join = background._thread.join
 
