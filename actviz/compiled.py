@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ._internals import compiled_call, compiled_original, set_compiled_call, swap_stance
+
 if TYPE_CHECKING:
     from .root_hook import StepHook
-
-from ._internals import compiled_call, compiled_original, set_compiled_call, swap_stance
 
 __all__ = ["EagerStance", "StepHookHandle", "attach_step_hook", "eager", "eager_ahead", "take_eager_ahead",
            "unwrap_compiled"]
@@ -117,7 +117,7 @@ def unwrap_compiled(model: nn.Module) -> nn.Module:
     """The module ``torch.compile(model)`` wraps (``_orig_mod``), or ``model`` itself.
 
     Example:
-        >>> layer = torch.nn.Linear(2, 2)
+        >>> layer = nn.Linear(2, 2)
         >>> unwrap_compiled(layer) is layer
         True
     """
