@@ -156,7 +156,8 @@ class StepCapture(StepEnd):
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step)
+            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step,
+                                    self._on_optimizer_done)
 
     def _add_backward_hook(self, handle: Any) -> None:
         self._hooks.add("backward", handle)

@@ -80,6 +80,17 @@ class StepEnd:
         if not self.options.update_ratio:  # else wait until the update is done: the next forward
             self.finish()
 
+    def _on_optimizer_done(self, optimizer: torch.optim.Optimizer) -> None:
+        """An optimizer step is over: if a closure ran this step's backward inside it (LBFGS, Lightning),
+        it applied these gradients, which it leaves in ``.grad``."""
+        if self.done or not self.backward_seen or self._stepped:
+            return
+        self._history.optimizer_steps = True
+        self._parameters.take_gradients(optimizer)
+        self._stepped = True
+        if not self.options.update_ratio:
+            self.finish()
+
     def next_forward(self) -> None:
         """A new training forward starts: end this step unless it waits for its backward pass or optimizer step.
 

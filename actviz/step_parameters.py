@@ -92,22 +92,31 @@ class StepParameters:
         add_handle: Callable[[Any], None],
         on_gradient: Callable[[torch.Tensor], None],
         on_optimizer_step: Callable[[torch.optim.Optimizer], None],
+        on_optimizer_done: Callable[[torch.optim.Optimizer], None],
     ) -> None:
         """Hook the trainable parameters and the optimizers; the handles go to ``add_handle``.
 
         ``on_gradient(param)`` runs when a backward pass accumulates into one of them,
-        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps.
+        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps,
+        ``on_optimizer_done(optimizer)`` after it (a closure may have run the backward inside).
         """
         watched = {id(param) for _, param in self.trainable}
 
+        def holds(optimizer: torch.optim.Optimizer) -> bool:
+            return any(id(param) in watched for group in optimizer.param_groups for param in group["params"])
+
         def optimizer_hook(optimizer: torch.optim.Optimizer) -> None:
-            if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
+            if holds(optimizer):
                 on_optimizer_step(optimizer)
+
+        def optimizer_done(optimizer: torch.optim.Optimizer) -> None:
+            if holds(optimizer):
+                on_optimizer_done(optimizer)
 
         for _, param in self.trainable:
             add_handle(param.register_post_accumulate_grad_hook(OwnedHook(on_gradient, param)))
         if self.trainable:
-            add_handle(subscribe(optimizer_hook))
+            add_handle(subscribe(optimizer_hook, after=optimizer_done))
 
     def take_loss_scale(self) -> None:
         """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""
@@ -125,7 +134,7 @@ class StepParameters:
         params = [param] if param is not None else [param for _, param in self.trainable]
         for each in params:
             ref = self._grad_refs.get(id(each))
-            if ref is not None and ref() is not each.grad:
+            if ref is not None and (ref() is None or ref() is not each.grad):
                 return True
         return False
 

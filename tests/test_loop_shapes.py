@@ -396,3 +396,34 @@ def test_mnist_hogwild_workers_run_the_watched_model(method, tmp_path):
     done = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "[0, 0] 2"
+
+
+def test_parameter_gradients_are_reduced_once_per_step_once_an_optimizer_is_known(tmp_path, read_run, monkeypatch):
+    import actviz.step_parameters as step_parameters
+
+    calls: list[int] = []
+    original = step_parameters.reduce_tensors
+
+    def counting(tensors, *args, **kwargs):
+        calls.append(len(tensors))
+        return original(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(step_parameters, "reduce_tensors", counting)
+    model, twin = small_cnn(), small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    per_step = []
+    with actviz.watch(model, tmp_path, every=1):
+        for batch in batches(3):
+            before = len(calls)
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+            per_step.append(len(calls) - before)
+    # values once per step; gradients at the end of backward and at the step for the first step only,
+    # then only in the optimizer's pre-hook
+    assert per_step == [3, 2, 2]
+    run = read_run(tmp_path)
+    for step, batch in enumerate(batches(3)):
+        twin.zero_grad()
+        twin(batch).square().mean().backward()
+        assert_logged(run.histogram("weight_grads/0.weight", step), twin[0].weight.grad)
