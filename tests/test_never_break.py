@@ -293,20 +293,21 @@ def test_a_second_close_after_an_interrupted_one_writes_what_was_queued(tmp_path
     for _ in range(3):
         train(model)
         optimizer.step()  # each step ends here, and is queued
-    joins = []
-    thread_join = background._thread.join
+    queue_put = background._queue.put
+    interrupted = []
 
-    def interrupted_join(timeout=None):
-        joins.append(timeout)
-        if len(joins) == 1:
-            raise KeyboardInterrupt  # Ctrl-C while close() waits for the writer
-        thread_join(timeout)
+    def interrupted_put(item, *args, **kwargs):
+        if not interrupted:
+            interrupted.append(item)
+            raise KeyboardInterrupt  # Ctrl-C while close() waits for room in the writer's queue
+        queue_put(item, *args, **kwargs)
 
-    background._thread.join = interrupted_join
+    background._queue.put = interrupted_put
     with pytest.raises(KeyboardInterrupt):
         viz.close()
     release.set()
     viz.close()
+    assert interrupted == [None]
     assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1, 2]
 
 
