@@ -53,7 +53,7 @@ class OptimizerStepSubscription:
 
 
 def subscribe(listener: Listener, after: Listener | None = None) -> OptimizerStepSubscription:
-    """Call ``listener(optimizer)`` before every ``optimizer.step()`` of any optimizer, ``after`` after it, until removed.
+    """Call ``listener(optimizer)`` before every ``optimizer.step()``, and ``after(optimizer)`` after it, until removed.
 
     Listeners catch their own errors (actviz's report them, or re-raise with ``strict=True``):
     one that raises anyway is re-raised after every other listener has run. Listeners added

@@ -168,7 +168,7 @@ class Watcher:
             self._closed = self._open.forget() or True
             return
         self._closed = True
-        if self._on_writer_thread():  # from on_step: the hooks go at the next forward, or close(), on the training thread
+        if self._on_writer_thread():  # from on_step: the hooks go later, on the training thread
             self._delivery.close()  # type: ignore[union-attr]
             return
         try:  # each part idempotent: a second close() finishes what an interrupted one left
