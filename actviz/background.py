@@ -208,7 +208,7 @@ class BackgroundSink:
                 self.sink.write(results)
                 if self._after_write is not None:
                     self._after_write(results)
-        except BaseException as error:  # noqa: BLE001 - SystemExit would end the thread; the next put would wait forever
+        except BaseException as error:  # noqa: BLE001 - SystemExit would end the thread, hanging the next put
             try:
                 self._on_error(pending, error)
             except BaseException:  # noqa: BLE001 - e.g. its warning turned into an error by a filter

@@ -88,7 +88,7 @@ def _type_name(hint: Any) -> str:
 
 
 def _forward_input_type(model: nn.Module) -> str:
-    """``Tuple[...]`` of ``model.forward``'s positional argument types, as ``torch.jit.script`` wants a pre-hook's input.
+    """``Tuple[...]`` of ``model.forward``'s positional argument types, as ``torch.jit.script`` types a pre-hook.
 
     Example:
         >>> _forward_input_type(nn.Linear(2, 2))
