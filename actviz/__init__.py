@@ -10,6 +10,7 @@ gradient histograms, parameter histograms and per-layer statistics.
 """
 
 from ._version import __version__
+from .alerts import Alert
 from .api import watch
 from .gradcam import grad_cam
 from .options import CaptureOptions
@@ -24,6 +25,7 @@ from .watcher import Watcher
 
 __all__ = [
     "watch",
+    "Alert",
     "grad_cam",
     "load_images",
     "report",

@@ -15,11 +15,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .alerts import Alert, check_alerts
 from .amp import check_grad_scaler
 from .compiled import unwrap_compiled
+from .diagnosis import make_diagnosis
 from .probe import Probe, check_probe, gradcam_layers
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .results import StepResults
+from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
 from .sinks import TensorBoardSink, use_fast_crc
@@ -72,10 +75,14 @@ def watch(
     strict: bool = False,
     grad_scaler: Any = None,
     merge_ranks: bool = False,
+    transformer_stats: bool | None = None,
     on_step: Callable[[StepResults], None] | None = None,
     probe: Any = None,
     gradcam: bool | str | list[str] | None = None,
     update_ratio: bool = False,
+    alerts: bool | dict[str, float] = True,
+    on_alert: Callable[[Alert], None] | None = None,
+    spikes: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -127,6 +134,8 @@ def watch(
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
             last one.
+        transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
+            (the default) for models with an attention module, ``True`` always, ``False`` never.
         probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample
@@ -137,6 +146,13 @@ def watch(
             the optimizer step that follows each stats step, under that step's number: the
             per-layer learning-rate check (around 1e-3 is healthy). It holds a copy of the
             watched parameters for one step, which is why it is off by default.
+        alerts: Health alerts per layer (non-finite values, vanishing and exploding gradients, dead
+            units, saturation, update ratio; see docs/diagnosis.md): ``True``, ``False``, or a dict
+            that overrides thresholds of :data:`actviz.alerts.DEFAULT_THRESHOLDS`. Each alert is a
+            ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.
+        on_alert: Called with each :class:`~actviz.alerts.Alert`, on the writer thread.
+        spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
+            spike, name the layers, write their last 16 gradient norms and log the next 3 steps in full.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -161,7 +177,8 @@ def watch(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
-        update_ratio=update_ratio, merge_ranks=merge_ranks,
+        update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
+        transformer_stats=transformer_stats,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge
@@ -169,6 +186,13 @@ def watch(
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be True or False, got {flag!r}")
     check_grad_scaler(grad_scaler)
+    check_alerts(alerts)
+    if on_alert is not None and not callable(on_alert):
+        raise TypeError(f"on_alert must be a function alert -> None, got {type(on_alert).__name__}: {on_alert!r}")
+    if not isinstance(spikes, bool):
+        raise TypeError(f"spikes must be True or False, got {spikes!r}")
+    if spikes and options.merge_ranks:  # rank 0 alone would log the steps after a spike: the ranks would wait
+        raise ValueError("spikes=True cannot be combined with merge_ranks=True; use one or the other")
     stats_schedule = Schedule.parse(every, "every")
     image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
     if stats_schedule.never and image_schedule.never:
@@ -199,14 +223,21 @@ def watch(
         if writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            if log_dir is not None:
+                warn_if_reused(log_dir)  # before the new writer adds its own file
             owned = SummaryWriter(_prepare_log_dir(log_dir) if log_dir is not None else None)
             sink = TensorBoardSink(owned, owns_writer=True, layout=True)
         else:
             sink = TensorBoardSink(writer, owns_writer=False, layout=True)
-    return Watcher(
+    viz = Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
-        grad_scaler=grad_scaler, on_step=on_step,
+        grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
+            sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, on_alert, spikes,
+            update_ratio, image_schedule),
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),
     )
+    if sink is not None:
+        warn_if_shared(sink.writer.get_logdir(), viz, type(unwrap_compiled(model)).__name__)
+    return viz

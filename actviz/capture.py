@@ -39,6 +39,7 @@ from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries import reduce_tensor
 from .transfer import PendingStep
+from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
 
@@ -146,8 +147,6 @@ class StepCapture(StepEnd):
         if stance is not None:
             stance.exit()
 
-    # -- hooks -------------------------------------------------------------------------------
-
     def _attach(self, model: nn.Module) -> None:
         for name, module in self._layers.items():
             hook = OwnedHook(self._on_layer_output, module, name, batch_dim_of(module))
@@ -158,6 +157,7 @@ class StepCapture(StepEnd):
             self._parameters.reduce_values()
             self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step,
                                     self._on_optimizer_done)
+            TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _add_backward_hook(self, handle: Any) -> None:
         self._hooks.add("backward", handle)
@@ -196,6 +196,7 @@ class StepCapture(StepEnd):
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
+                self.options.count_units(self._layers[name], tag, tensor, self._pending)  # for health alerts
                 if not nested:
                     self._hook_gradient(name, tag, tensor)
             if picture is not None:
@@ -269,8 +270,7 @@ class StepCapture(StepEnd):
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
         if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
             self._on_no_backward(self)
-        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable,
-                                             self.options.bins):
+        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):
             return
         if self._pending.empty or self._deliver is None:
             return

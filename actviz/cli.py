@@ -1,9 +1,9 @@
-"""The ``actviz`` command line: a thin wrapper over :func:`actviz.report`.
+"""The ``actviz`` command line: thin wrappers over :func:`actviz.report` and :mod:`actviz.doctor`.
 
-Exit codes: 0 when every image was processed, 1 when at least one image
-failed (the others are still reported), 2 when the report could not start
-(bad option, unknown model, weights that cannot be downloaded or loaded),
-130 on Ctrl-C.
+``actviz report`` exit codes: 0 when every image was processed, 1 when at least one image
+failed (the others are still reported), 2 when the report could not start (bad option,
+unknown model, weights that cannot be downloaded or loaded), 130 on Ctrl-C.
+``actviz doctor`` exit codes: 0 no alert, 1 at least one alert, 2 no actviz run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
+from .doctor import add_doctor_parser, doctor
 from .options import CaptureOptions
 
 __all__ = ["main", "build_parser"]
@@ -78,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="actviz",
-        description="See inside PyTorch networks. 'actviz report' shows what every layer of a CNN sees in images.",
-        epilog="Run 'actviz report --help' for the report's options and examples.",
+        description="See inside PyTorch networks. 'actviz report' shows what every layer of a CNN sees in images; "
+        "'actviz doctor RUN_DIR' says what is wrong in a training run.",
+        epilog="Run 'actviz report --help' or 'actviz doctor --help' for options and examples.",
     )
     parser.add_argument("--version", action="version", version=f"actviz {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--device", default="cpu", help="cpu or cuda")
     report.add_argument("--quiet", action="store_true", help="no progress bar and no summary lines")
+    add_doctor_parser(commands, _Formatter)
     return parser
 
 
@@ -218,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "doctor":
+        status, text = doctor(args.run_dir, as_json=args.json)
+        print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
+        return status
     try:
         CaptureOptions(max_channels=args.max_channels)  # the watcher's check and message
     except ValueError as error:

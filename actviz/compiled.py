@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ._internals import compiled_call, compiled_original, set_compiled_call, swap_stance
@@ -35,8 +36,8 @@ from ._internals import compiled_call, compiled_original, set_compiled_call, swa
 if TYPE_CHECKING:
     from .root_hook import StepHook
 
-__all__ = ["EagerStance", "StepHookHandle", "attach_step_hook", "eager", "eager_ahead", "take_eager_ahead",
-           "unwrap_compiled"]
+__all__ = ["EagerStance", "StepHookHandle", "attach_step_hook", "eager", "eager_ahead", "outside_graphs",
+           "take_eager_ahead", "unwrap_compiled"]
 
 
 def _dynamo_loaded() -> bool:
@@ -82,6 +83,11 @@ class EagerStance:
             if _holders == 0:
                 prior, _prior = _prior, None
                 swap_stance(prior)
+
+
+def outside_graphs(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, never traced by torch.compile (``torch.compiler.disable``) once torch.compile is loaded."""
+    return torch.compiler.disable(function) if _dynamo_loaded() else function
 
 
 @contextlib.contextmanager

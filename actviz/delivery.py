@@ -31,16 +31,19 @@ class Delivery:
         sink: The TensorBoard sink.
         strict: Write on the training thread and let errors raise.
         on_step: Called with each step's results once written.
+        diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.Diagnosis`).
     """
 
     def __init__(
-        self, sink: TensorBoardSink, strict: bool, on_step: Callable[[StepResults], None] | None = None
+        self, sink: TensorBoardSink, strict: bool, on_step: Callable[[StepResults], None] | None = None,
+        diagnose: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.sink = sink
         self.strict = strict
         self.latest: StepResults | None = None
         self.layer_table: str | None = None
         self._on_step = on_step
+        self._diagnose = diagnose  # actviz.diagnosis.Diagnosis: alerts (the first NaN/Inf among them), flow, spikes
         self._warned: set[str] = set()
         self._alerted = False
         self._background = None if strict else BackgroundSink(
@@ -86,11 +89,13 @@ class Delivery:
     def _resolve(self, pending: PendingStep) -> StepResults:
         """Finish a step's results, and name where NaN or Inf first showed, once per run."""
         results = pending.resolve()
-        if not self._alerted:
+        if self._diagnose is not None:
+            self._diagnose(results)
+        elif not self._alerted:
             message = first_nonfinite(results)
             if message is not None:
                 self._alerted = True
-                results.texts["alerts"] = message
+                results.texts["alerts"] = "\n\n".join(filter(None, [message, results.texts.get("alerts")]))
                 warn_safely(message, RuntimeWarning)
         return results
 

@@ -70,6 +70,9 @@ class CaptureOptions:
             layer's name; ``"all"`` logs each with its position as a suffix.
         update_ratio: Log each parameter's relative change across the update after a stats step.
         merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.merge`).
+        unit_counts: Count dead ReLU channels and saturated Tanh/Sigmoid outputs (:mod:`actviz.unit_counts`).
+        transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.transformer_step`):
+            ``None`` for models with an attention module, ``True`` always, ``False`` never.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -90,6 +93,8 @@ class CaptureOptions:
     outputs: Literal["first", "all"] = "first"
     update_ratio: bool = False
     merge_ranks: bool = False
+    unit_counts: bool = False  # set by watch(alerts=...): the device counts of actviz.unit_counts
+    transformer_stats: bool | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS)
@@ -98,9 +103,18 @@ class CaptureOptions:
             check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
         if self.outputs not in ("first", "all"):
             raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
-        for name in ("update_ratio", "merge_ranks"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.transformer_stats not in (None, True, False):
+            raise TypeError(f"transformer_stats must be None (auto), True or False, got {self.transformer_stats!r}")
+
+    def count_units(self, module: Any, tag: str, tensor: Any, pending: Any) -> None:
+        """With ``unit_counts``, add a layer output's device counts to ``pending`` (see :mod:`actviz.unit_counts`)."""
+        if self.unit_counts:
+            from .unit_counts import unit_counts
+
+            unit_counts(module, tag, tensor, pending)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -8,7 +8,9 @@ The probe forward is not a step: it changes no parameter, gradient or BatchNorm 
 puts every module's training flag back, and runs through the unwrapped module (not DDP's
 wrapper, which would run a collective on rank 0 alone). With ``gradcam=`` it also draws
 Grad-CAM of the probe's top class over probe sample 0, computed with
-``torch.autograd.grad`` so that training's gradients are untouched.
+``torch.autograd.grad`` so that training's gradients are untouched. A model with attention
+also gets its probe's attention maps and, for a ViT, attention rollout
+(:mod:`actviz.attention_maps`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .attention_maps import attention_pictures, record_attention
 from .compiled import eager, unwrap_compiled
 from .gradcam import call_model, grad_cam, gradcam_overlay, last_conv_name
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
@@ -141,10 +144,11 @@ class Probe:
         handles = [module.register_forward_hook(lambda *a, name=name, dim=batch_dim_of(module): hook(name, dim, *a))
                    for name, module in self._layers]
         try:
-            with eager(), torch.no_grad():
+            with eager(), torch.no_grad(), record_attention(model) as maps:
                 model.eval()
                 call_model(model, self.inputs)
             image = probe_image(self.inputs)
+            found += attention_pictures(maps, image)
             if image is not None:
                 found.append(("probe/input", draw_probe_input, (image,), True))
                 for name, layer in self.gradcam:

@@ -119,11 +119,12 @@ class StepResults:
     pictures: dict[str, torch.Tensor] = field(default_factory=dict)  # full tags: probe/input, gradcam/{layer}
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
+    histograms: dict[str, Summary] = field(default_factory=dict)  # full tags: attention/{layer}/head_max_logit
 
     def is_empty(self) -> bool:
         return not (
             self.activations or self.gradients or self.weights or self.weight_grads or self.images or self.pictures
-            or self.scalars or self.texts
+            or self.scalars or self.texts or self.histograms
         )
 
     def statistics(self) -> dict[str, dict[str, float]]:

@@ -13,6 +13,7 @@ import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 from typing import Union
 
+import torch
 from torch import nn
 
 __all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "layer_display_name"]
@@ -56,6 +57,56 @@ def default_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
         ['0', '3']
     """
     return [(name, module) for name, module in model.named_modules() if owns_parameters(module)]
+
+
+#: What ``nn.Module.__init__`` keeps in every module's ``__dict__`` (``_modules`` and the like).
+_MODULE_STATE = frozenset(vars(nn.Module()))
+
+
+def _unregistered(model: nn.Module) -> tuple[list[str], list[str]]:
+    """Attributes of ``model`` that PyTorch does not register: containers of modules, and tensors that require grad."""
+    containers, tensors = [], []
+    for attribute, value in vars(model).items():
+        if attribute in _MODULE_STATE:
+            continue
+        items = list(value.values()) if isinstance(value, dict) else value
+        if isinstance(value, (list, tuple, dict)) and any(isinstance(item, nn.Module) for item in items):
+            kinds = sorted({type(item).__name__ for item in items if isinstance(item, nn.Module)})
+            fix = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+            containers.append(f"self.{attribute} is a plain Python {type(value).__name__} of {len(items)} "
+                              f"({', '.join(kinds)}): write self.{attribute} = {fix}(...)")
+        elif isinstance(value, torch.Tensor) and value.requires_grad and not isinstance(value, nn.Parameter):
+            tensors.append(f"self.{attribute} is a tensor that requires grad: wrap it in nn.Parameter(...)")
+    return containers, tensors
+
+
+def no_default_layers_message(model: nn.Module) -> str:
+    """Why ``model`` has no layer to watch by default, and a fix that works for it.
+
+    Example:
+        >>> class Net(nn.Module):  # pytorch/examples' forward-forward network keeps its layers like this
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.layers = [nn.Linear(4, 4), nn.Linear(4, 2)]
+        >>> print(no_default_layers_message(Net()))  # doctest: +NORMALIZE_WHITESPACE
+        Net has no parameters that PyTorch can see, so no layer to watch by default: self.layers is a plain
+        Python list of 2 (Linear): write self.layers = nn.ModuleList(...). Modules kept in a plain list,
+        tuple or dict are not registered: model.parameters(), model.to(), state_dict() and actviz all miss them.
+    """
+    name = type(model).__name__
+    containers, tensors = _unregistered(model)
+    if containers or tensors:
+        return (f"{name} has no parameters that PyTorch can see, so no layer to watch by default: "
+                + "; ".join(containers + tensors) + ". "
+                + ("Modules kept in a plain list, tuple or dict are not registered: model.parameters(), "
+                   "model.to(), state_dict() and actviz all miss them." if containers else
+                   "A plain tensor is not a parameter: model.parameters() and optimizers miss it."))
+    has_relu = any(isinstance(module, nn.ReLU) for module in model.modules())
+    if next(model.children(), None) is None:
+        choice = "layers='all' to watch the model's own output"
+    else:
+        choice = "layers='all' (every module without children)" + (" or layers='relu'" if has_relu else "")
+    return f"{name} has no module with parameters to watch by default; pass {choice}, or name the layers to watch"
 
 
 def _closest(word: str, candidates: Sequence[str], n: int = 3) -> list[str]:
@@ -173,10 +224,7 @@ def select_layers(
     if layers is None:
         chosen = default_layers(model)
         if not chosen:
-            raise ValueError(
-                f"{type(model).__name__} has no module with parameters to watch by default; "
-                "pass layers=[...] to choose them, for example layers=[nn.ReLU]"
-            )
+            raise ValueError(no_default_layers_message(model))
         return chosen
     if isinstance(layers, (str, type, nn.Module)) or (callable(layers) and not isinstance(layers, Iterable)):
         specs: list[LayerSpec] = [layers]  # a single spec

@@ -8,14 +8,19 @@ Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``)
 ``gradients/{layer}``                      histogram of the gradient w.r.t. that output
 ``weights/{param}``                        histogram of the parameter
 ``weight_grads/{param}``                   histogram of the parameter's gradient
-``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction``, ``/nonfinite``
-``gradient_stats/{layer}/norm``            also ``/nonfinite``
+``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction`` (a), ``/nonfinite`` (a)
+``gradient_stats/{layer}/norm``            also ``/nonfinite`` (a)
 ``amp/grad_scale``                         scalar: the AMP loss scale (with ``grad_scaler=``)
 ``layers``                                 text: the watched layers, at the first stats step
-``alerts``                                 text: where NaN or Inf first showed (once per run)
+``alerts``                                 text: health alerts at their step (actviz.alerts)
+``flow/{statistic}``                       image: every layer over time (actviz.flow)
 ``probe/input``, ``gradcam/{layer}``       images: the probe's sample 0, Grad-CAM over it
 ``update_ratio/{param}``                   scalar: ||w_after - w_before|| / ||w_before|| (opt-in)
+``spikes/...``                             scalars: gradient norms around a spike (opt-in)
 =========================================  ==============================================
+
+(a) Written from the first step where they are not zero on: a healthy run never shows a
+card that stays at zero (``nonfinite``; ``zero_fraction`` of a layer that is not a ReLU).
 """
 
 from __future__ import annotations
@@ -25,14 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
-from torch.utils.tensorboard.summary import text as text_summary
 
 from ._internals import event_file_writer, replace_record_checksum
-from .png import encode_png
-from .results import StepResults, Summary
+from .results import StepResults
+from .step_values import _image_value, _scalar_values, _step_values, _text_value
 
 #: Custom Scalars charts (anchored regexes on the tags above): each statistic across all layers.
 DASHBOARD_LAYOUT = {
@@ -45,7 +48,7 @@ DASHBOARD_LAYOUT = {
     },
 }
 
-__all__ = ["DASHBOARD_LAYOUT", "BackgroundSink", "TensorBoardSink", "use_fast_crc"]
+__all__ = ["DASHBOARD_LAYOUT", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ class TensorBoardSink:
         self.layout = layout
         self._layout_written = False
         self._closed = False
+        self._shown: set[str] = set()  # tags written only once they are not zero: those that were
 
     def write(self, results: StepResults) -> None:
         """Write every histogram, scalar and image of one step, as one TensorBoard event.
@@ -118,7 +122,7 @@ class TensorBoardSink:
         every TensorBoard loader reads it; it saves an event, a checksum and a queue
         hand-off per value.
         """
-        values = _step_values(results)
+        values = _step_values(results, self._shown)
         values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
         values += [_image_value(tag, image) for tag, image in results.pictures.items()]
         if self.layout and not self._layout_written:  # with the first step, as TensorBoard keeps one per run
@@ -134,6 +138,11 @@ class TensorBoardSink:
         """
         event_file_writer(self.writer).add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
 
+    def write_values(self, step: int, scalars: dict[str, float], texts: dict[str, str] | None = None) -> None:
+        """Write scalars and texts (markdown) at ``step``, as one event."""
+        values = _scalar_values(scalars) + [_text_value(tag, text) for tag, text in (texts or {}).items()]
+        event_file_writer(self.writer).add_summary(SummaryProto(value=values), step)
+
     def flush(self) -> None:
         if not self._closed:
             self.writer.flush()
@@ -146,61 +155,6 @@ class TensorBoardSink:
         if self.owns_writer:
             self.writer.close()
         self._closed = True
-
-
-def _step_values(results: StepResults) -> list[SummaryProto.Value]:
-    """The histogram and scalar ``Summary.Value`` protos of one step, tagged as in the module docstring."""
-    values: list[SummaryProto.Value] = []
-    for layer, summary in results.activations.items():
-        values += _histogram_values(f"activations/{layer}", summary)
-        values += _scalar_values({
-            f"activation_stats/{layer}/mean": summary.mean,
-            f"activation_stats/{layer}/std": summary.std,
-            f"activation_stats/{layer}/zero_fraction": summary.zero_fraction,
-            f"activation_stats/{layer}/nonfinite": summary.nonfinite,
-        })
-    for layer, summary in results.gradients.items():
-        values += _histogram_values(f"gradients/{layer}", summary)
-        values += _scalar_values({
-            f"gradient_stats/{layer}/norm": summary.norm,
-            f"gradient_stats/{layer}/nonfinite": summary.nonfinite,
-        })
-    for param, summary in results.weights.items():
-        values += _histogram_values(f"weights/{param}", summary)
-    for param, summary in results.weight_grads.items():
-        values += _histogram_values(f"weight_grads/{param}", summary)
-    values += _scalar_values(results.scalars)
-    values += [_text_value(tag, text) for tag, text in results.texts.items()]
-    return values
-
-
-def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:
-    if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
-        return []
-    limits, counts = summary.histogram()
-    histo = HistogramProto(
-        min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
-        sum_squares=summary.sum_squares, bucket_limit=limits, bucket=counts,
-    )
-    return [SummaryProto.Value(tag=tag, histo=histo)]
-
-
-def _scalar_values(scalars: dict[str, float]) -> list[SummaryProto.Value]:
-    # simple_value, as SummaryWriter.add_scalar writes by default
-    return [SummaryProto.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
-
-
-def _text_value(tag: str, text: str) -> SummaryProto.Value:
-    """A markdown text summary under ``tag`` itself (``SummaryWriter.add_text`` would add ``/text_summary``)."""
-    value = text_summary(tag, text).value[0]
-    value.tag = tag
-    return value
-
-
-def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
-    channels, height, width = image.shape
-    proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=encode_png(image))
-    return SummaryProto.Value(tag=tag, image=proto)
 
 
 from .background import BackgroundSink  # noqa: E402 - re-exported: it was defined here

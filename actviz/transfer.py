@@ -110,11 +110,12 @@ class PendingStep:
         self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
+        self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
 
     @property
     def empty(self) -> bool:
-        return not (self._summaries or self._pictures or self._scalars)
+        return not (self._summaries or self._pictures or self._scalars or self._host_work)
 
     def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False, mergeable: bool = False) -> None:
         """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
@@ -134,6 +135,10 @@ class PendingStep:
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
         self._scalars.append((tag, value))
+
+    def add_host_work(self, finish: Callable[[StepResults, list[torch.Tensor]], None], *tensors: torch.Tensor) -> None:
+        """Carry ``tensors`` to the host with the step; ``finish(results, host_tensors)`` runs on the writer thread."""
+        self._host_work.append((finish, tensors))
 
     def add_text(self, tag: str, text: str) -> None:
         """Keep a text summary (markdown), written under ``tag``."""
@@ -159,6 +164,7 @@ class PendingStep:
         tensors = [tensor for _, _, reduction, _ in self._summaries for tensor in reduction.device_tensors()]
         tensors += [source for _, _, sources, _ in self._pictures for source in sources]
         tensors += [value for _, value in self._scalars]
+        tensors += [tensor for _, carried in self._host_work for tensor in carried]
         self._copy = HostCopy(tensors)
 
     def resolve(self) -> StepResults:
@@ -175,6 +181,8 @@ class PendingStep:
             (results.pictures if full_tag else results.images)[tag] = picture
         for tag, _ in self._scalars:
             results.scalars[tag] = float(next(host))
+        for work, carried in self._host_work:
+            work(results, [next(host) for _ in carried])
         scale = results.scalars.get("amp/grad_scale", 1.0)
         for kind, tag, reduction, scaled in self._summaries:
             summary = finish(reduction, self.bins)

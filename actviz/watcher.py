@@ -20,6 +20,7 @@ from ._internals import inside_functorch_transform
 from .capture import StepCapture
 from .compiled import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .delivery import Delivery
+from .diagnosis import Alert, Diagnosis
 from .layer_slots import LayerSlots, parameters_of
 from .notices import Notices
 from .open_steps import OpenSteps
@@ -29,6 +30,7 @@ from .probe import Probe, unwrap_for_probe
 from .results import StepResults
 from .root_hook import StepHook
 from .schedule import Schedule
+from .silences import Silences
 from .sinks import TensorBoardSink
 from .step_parameters import LoopHistory
 
@@ -43,18 +45,10 @@ class Watcher:
     """
 
     def __init__(
-        self,
-        model: nn.Module,
-        layers: list[tuple[str, nn.Module]],
-        sink: TensorBoardSink | None,
-        stats_schedule: Schedule,
-        image_schedule: Schedule,
-        options: CaptureOptions,
-        auto_step: bool,
-        strict: bool,
-        grad_scaler: Any = None,
-        on_step: Callable[[StepResults], None] | None = None,
-        probe: Probe | None = None,
+        self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: TensorBoardSink | None,
+        stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
+        grad_scaler: Any = None, on_step: Callable[[StepResults], None] | None = None, probe: Probe | None = None,
+        diagnosis: Diagnosis | None = None,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
@@ -62,7 +56,10 @@ class Watcher:
         self._slots = LayerSlots(unwrap_compiled(model), layers)
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
-        self._delivery = None if sink is None else Delivery(sink, strict, on_step)
+        self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis
+        self._spikes = diagnosis and diagnosis.spike_recorder(
+            self._layers, self._parameters, lambda: self._last_started_step)
+        self._delivery = None if sink is None else Delivery(sink, strict, on_step, diagnose=diagnosis)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -83,6 +80,7 @@ class Watcher:
                 model, StepHook(self._on_model_forward, self._on_compiled_forward, model))
             if self._logs(0):
                 eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
+        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
 
     @property
@@ -111,6 +109,11 @@ class Watcher:
         return self._next_step
 
     @property
+    def alerts(self) -> list[Alert]:
+        """Every health alert so far, oldest first (:class:`~actviz.alerts.Alert`); call :meth:`flush` first."""
+        return [] if self._diagnosis is None else list(self._diagnosis.alerts)
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -134,10 +137,8 @@ class Watcher:
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
 
-        With ``auto_step=True`` (the default) the count goes on from there. With
-        ``auto_step=False`` forwards never advance it: call ``set_step`` with your
-        trainer's global step before each forward, and only the first training
-        forward of a scheduled step logs (the right thing for gradient accumulation).
+        With ``auto_step=True`` (the default) the count goes on from there. With ``auto_step=False``
+        call it before each forward; only the first training forward of a step logs (gradient accumulation).
 
         Example:
             >>> import actviz, tempfile, torch
@@ -156,6 +157,7 @@ class Watcher:
         """Write the pending step, if any, and wait until everything is in the writer. Never raises a write error."""
         if not self._on_writer_thread():  # from on_step: the training thread owns the open steps
             self._open.finish_all()
+            self._silences.check(closing=False)  # a run that logs nothing says why (actviz.silences)
         if self._delivery is not None:
             self._delivery.flush()
 
@@ -173,8 +175,12 @@ class Watcher:
             return
         try:  # each part idempotent: a second close() finishes what an interrupted one left
             self._remove_root_hook()
+            if self._spikes:
+                self._spikes.close()
             self._open.finish_all()
+            self._silences.check(closing=True)
         finally:
+            self._silences.close()
             unregister(self.model, self)
         if self._delivery is not None:
             self._delivery.close()
@@ -182,8 +188,7 @@ class Watcher:
     def _remove_root_hook(self) -> None:
         handle, self._root_handle = self._root_handle, None
         if handle is not None:
-            handle.remove()
-            take_eager_ahead().exit()
+            handle.remove(), take_eager_ahead().exit()
 
     def _on_writer_thread(self) -> bool:
         return self._delivery is not None and self._delivery.on_writer_thread()
@@ -195,11 +200,8 @@ class Watcher:
         self.close()  # errors from the with-block propagate
 
     def __repr__(self) -> str:
-        log_dir = getattr(self.writer, "log_dir", None)
-        return (
-            f"Watcher(model={type(self.model).__name__}, layers={len(self._layers)}, "
-            f"log_dir={log_dir!r}, step={self._next_step}, closed={self._closed})"
-        )
+        return (f"Watcher(model={type(self.model).__name__}, layers={len(self._layers)}, log_dir="
+                f"{getattr(self.writer, 'log_dir', None)!r}, step={self._next_step}, closed={self._closed})")
 
     def _logs(self, step: int) -> bool:
         return self._root_handle is not None and (
@@ -211,6 +213,7 @@ class Watcher:
             self._open.finish_all()
             unregister(self.model, self)
             return
+        self._silences.saw_forward(model)
         if not (model.training and torch.is_grad_enabled()) or inside_functorch_transform():
             return  # eval and no-grad forwards are not steps, nor a torch.func transform's calls
         if os.getpid() != self._pid:
@@ -226,8 +229,7 @@ class Watcher:
         if self._closed or not training:
             return
         try:
-            step = self._count_step()
-            if step is not None and self._logs(step):
+            if (step := self._count_step()) is not None and self._logs(step):
                 self._notices.once("compiled", step=step)
             if self.auto_step and self._logs(self._next_step):
                 eager_ahead()  # the next forward runs eagerly, through the root hook
@@ -246,14 +248,14 @@ class Watcher:
         return step
 
     def _start_step(self, model: nn.Module) -> None:
-        if self._open.in_forward():
-            return  # the model called itself inside a logging forward: same step
-        step = self._count_step()
-        if step is None:
-            return
+        if self._open.in_forward() or (step := self._count_step()) is None:
+            return  # the model called itself inside a logging forward, or the step goes on: same step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
+        if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
+            want_stats = want_images = True
+        self._silences.saw_step(step, want_stats or want_images)
         writes = self._delivery is not None  # rank 0, or the only process
-        want_images = want_images and writes  # only rank 0 draws: its own sample 0
+        want_images = want_images and writes  # only rank 0 draws: its own sample 0 (stats alone from others)
         if not (want_stats or want_images):
             return
         if self._slots.follow():  # a layer replaced since watch(): hook the new one, log its parameters

@@ -90,7 +90,9 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
     loss_fn = nn.CrossEntropyLoss()
 
-    viz = actviz.watch(model, args.logdir, every=args.every, image_every=args.image_every)  # the one line
+    # The one line. probe=: a fixed test picture drawn at every image step, so the feature-map slider
+    # shows the same shape over training; alerts are on by default (see docs/diagnosis.md).
+    viz = actviz.watch(model, args.logdir, every=args.every, image_every=args.image_every, probe=test_x[:1])
     print(f"watching {len(viz.layer_names)} layers: {', '.join(viz.layer_names)}")
     start, step = time.monotonic(), 0
     with viz:
@@ -113,6 +115,8 @@ def main() -> None:
                 viz.writer.add_scalar("demo/test_accuracy", accuracy, viz.step)
                 print(f"step {step:5d}  loss {loss.item():.3f}  test accuracy {accuracy:.1%}")
     print(f"\ntrained {step} steps in {time.monotonic() - start:.0f} s; the run is in {args.logdir}")
+    print(f"health alerts: {len(viz.alerts)}" + "".join(f"\n  {alert.message}" for alert in viz.alerts))
+    print(f"check it without TensorBoard:\n\n    actviz doctor {args.logdir}\n")
     print("view it with:\n\n    tensorboard --logdir runs\n")
 
 

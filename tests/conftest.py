@@ -52,6 +52,34 @@ def read_run():
     return Run
 
 
+#: The summaries' code paths, as the environment picks them (read at every call): the CPU's NumPy shortcut,
+#: the accelerator path run on the CPU (the GPU's torch ops, packing and one copy), and the compiled one.
+CODE_PATHS = {
+    "shortcuts": {"ACTVIZ_CPU_SHORTCUTS": "1", "ACTVIZ_FUSED": "0"},
+    "device": {"ACTVIZ_CPU_SHORTCUTS": "0", "ACTVIZ_FUSED": "0"},
+    "fused": {"ACTVIZ_CPU_SHORTCUTS": "0", "ACTVIZ_FUSED": "1"},
+}
+
+
+def use_code_path(name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Set the environment that picks code path ``name`` of :data:`CODE_PATHS` for one test."""
+    for variable, value in CODE_PATHS[name].items():
+        monkeypatch.setenv(variable, value)  # spawned processes (test_distributed) inherit it
+    return name
+
+
+@pytest.fixture(params=["shortcuts", "device"])
+def both_paths(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a value test on the CPU shortcut and on the accelerator path: ``@pytest.mark.usefixtures("both_paths")``."""
+    return use_code_path(request.param, monkeypatch)
+
+
+@pytest.fixture(params=["shortcuts", "device", "fused"])
+def every_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The core value tests, on the compiled path too (compiling on the CPU takes seconds per graph: keep them few)."""
+    return use_code_path(request.param, monkeypatch)
+
+
 def small_cnn(inplace: bool = True) -> nn.Sequential:
     """Conv-ReLU(in place)-Conv-BN-ReLU-Linear, like the torchvision models in miniature."""
     torch.manual_seed(0)

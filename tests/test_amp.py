@@ -35,6 +35,7 @@ def batches(count):
     return [torch.randn(4, 3, 8, 8, generator=generator) for _ in range(count)]
 
 
+@pytest.mark.usefixtures("every_path")
 def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, read_run):
     model, twin = small_cnn(inplace=False), small_cnn(inplace=False)
     grads = capture_grads(twin)
@@ -69,6 +70,7 @@ def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, 
         assert logged.sum_squares == pytest.approx((grad.double() ** 2).sum().item(), rel=1e-4)
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_an_overflow_step_stays_readable(tmp_path, read_run):
     model = small_cnn(inplace=False)
     twin = small_cnn(inplace=False)
@@ -95,7 +97,7 @@ def test_an_overflow_step_stays_readable(tmp_path, read_run):
         true_activations = int((~torch.isfinite(outputs[name])).sum())
         true_gradients = int((~torch.isfinite(grads[0][name])).sum())
         assert true_activations > 0 and true_gradients > 0
-        assert run.scalar(f"activation_stats/{name}/nonfinite", 0) == true_activations
+        assert run.scalar(f"activation_stats/{name}/nonfinite", 0) == true_activations  # > 0: written
         assert run.scalar(f"gradient_stats/{name}/nonfinite", 0) == true_gradients
     for name, count in nonfinite.items():
         numel = model.get_parameter(name).numel()

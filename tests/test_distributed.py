@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import NO_HOOKS, Run, hooks_left, small_cnn, train_step
+from conftest import NO_HOOKS, Run, hooks_left, small_cnn, train_step, use_code_path
 from torch.nn.parallel import DistributedDataParallel
 
 import actviz
@@ -76,6 +76,7 @@ def _averaging_worker(rank: int, init_file: str, log_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_ddp_weight_gradients_are_the_averaged_ones_the_optimizer_applies(tmp_path):
     run_workers(_averaging_worker, str(tmp_path / "init"), str(tmp_path / "run"))
     twins = [small_cnn() for _ in range(WORLD_SIZE)]
@@ -156,8 +157,10 @@ def _twin_step(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.nn.Sequenti
     return outputs[0], torch.cat(outputs), twin
 
 
-@pytest.mark.parametrize("wrapper", ["fsdp1", "fsdp2"])
-def test_fsdp_without_merge_finishes_and_rank_zero_logs_its_share(wrapper, tmp_path):
+# FSDP1 logs activations only here, which other tests check on both paths: the device path for FSDP2 alone.
+@pytest.mark.parametrize(("path", "wrapper"), [("shortcuts", "fsdp1"), ("shortcuts", "fsdp2"), ("device", "fsdp2")])
+def test_fsdp_without_merge_finishes_and_rank_zero_logs_its_share(path, wrapper, tmp_path, monkeypatch):
+    use_code_path(path, monkeypatch)
     run_workers(_sharded_worker, str(tmp_path / "init"), str(tmp_path / "run"), wrapper, False)
     run = Run(tmp_path / "run")
     layer = "0" if wrapper == "fsdp2" else "_fsdp_wrapped_module.0"
@@ -168,6 +171,7 @@ def test_fsdp_without_merge_finishes_and_rank_zero_logs_its_share(wrapper, tmp_p
         _assert_histogram(run.histogram("weights/0.weight", 0), twin[0].weight[:8])
 
 
+@pytest.mark.usefixtures("both_paths")
 @pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
 def test_merged_ranks_give_the_whole_batch_and_the_whole_parameters(wrapper, tmp_path):
     run_workers(_sharded_worker, str(tmp_path / "init"), str(tmp_path / "run"), wrapper, True)

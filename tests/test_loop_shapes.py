@@ -20,6 +20,8 @@ from torch.utils.checkpoint import checkpoint
 
 import actviz
 
+pytestmark = pytest.mark.usefixtures("both_paths")  # every number here on the CPU shortcut and the accelerator path
+
 
 def assert_logged(histogram, tensor: torch.Tensor) -> None:
     values = tensor.detach().double().flatten()

@@ -4,9 +4,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 import pytest
+import torch
 import torchvision
 from torch import nn
 
+import actviz
 from actviz.schedule import Schedule
 from actviz.selection import ROOT_NAME, default_layers, select_layers
 
@@ -144,3 +146,66 @@ def test_watch_and_report_share_the_keywords(tmp_path):
         assert viz.layer_names == ["1", "3"]
     result = actviz.report(model, [DATA / "chelsea.jpg"], layers="relu", logdir=None, size=32, progress=False)
     assert result.layer_names == ["1", "3"]
+
+
+class _ForwardForwardNet(nn.Module):
+    """pytorch/examples' forward-forward network keeps its layers in a plain list (and has no forward of its own)."""
+
+    def __init__(self, plain: bool = True) -> None:
+        super().__init__()
+        layers = [nn.Linear(6, 5), nn.Linear(5, 4)]
+        self.layers = layers if plain else nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x).relu()
+        return x
+
+
+def test_a_model_with_layers_in_a_plain_list_is_told_so_and_the_fix_works(tmp_path, read_run):
+    with pytest.raises(ValueError) as raised:
+        select_layers(_ForwardForwardNet())
+    message = str(raised.value)
+    assert "self.layers is a plain Python list of 2 (Linear)" in message
+    assert "nn.ModuleList" in message and "nn.ReLU" not in message
+    fixed = _ForwardForwardNet(plain=False)  # what the message says to do
+    assert [name for name, _ in select_layers(fixed)] == ["layers.0", "layers.1"]
+    with actviz.watch(fixed, tmp_path) as viz:
+        x = torch.randn(3, 6)
+        fixed(x).sum().backward()
+    run = read_run(tmp_path)
+    expected = fixed.layers[0](x)
+    assert run.scalar("activation_stats/layers.0/mean", 0) == pytest.approx(expected.double().mean().item(), rel=1e-5)
+    assert viz.parameter_names == ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]
+
+
+class _PlainTensorNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.randn(3, 3, requires_grad=True)
+
+    def forward(self, x):
+        return x @ self.weight
+
+
+@pytest.mark.parametrize(
+    ("model", "says", "suggested"),
+    [
+        (nn.Sequential(nn.ReLU(), nn.Flatten()), "layers='all' (every module without children) or layers='relu'",
+         ["all", "relu"]),
+        (nn.Sequential(nn.Tanh(), nn.Flatten()), "layers='all' (every module without children), or", ["all"]),
+        (nn.ReLU(), "layers='all' to watch the model's own output", ["all"]),
+        (_PlainTensorNet(), "self.weight is a tensor that requires grad: wrap it in nn.Parameter", []),
+    ],
+)
+def test_no_default_layers_says_what_is_true_and_every_suggestion_works(model, says, suggested, tmp_path):
+    with pytest.raises(ValueError) as raised:
+        select_layers(model)
+    assert says in str(raised.value)
+    assert "nn.ReLU]" not in str(raised.value)
+    for spec in suggested:  # each suggestion selects layers, and a watcher made with it logs
+        assert select_layers(model, spec)
+        with actviz.watch(model, tmp_path / spec, layers=spec) as viz:
+            model(torch.randn(2, 3))
+            viz.flush()
+            assert viz.latest is not None and viz.latest.activations

@@ -11,6 +11,7 @@ from conftest import NO_HOOKS, hooks_left, small_cnn, train_step
 import actviz
 
 
+@pytest.mark.usefixtures("every_path")
 def test_on_step_hands_over_each_steps_statistics_and_latest_keeps_the_last(tmp_path, read_run):
     model = small_cnn(inplace=False)
     seen = []
@@ -99,6 +100,7 @@ def test_errors_name_the_argument_and_the_fix(kwargs, error, message, tmp_path):
     assert hooks_left(model) == NO_HOOKS and not (tmp_path / "run").exists()
 
 
+@pytest.mark.usefixtures("both_paths")
 def test_results_statistics_of_an_all_nan_tensor_are_nan_not_errors(tmp_path):
     model = small_cnn()
     seen = []

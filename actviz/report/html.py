@@ -6,7 +6,7 @@ and prints cleanly. Layout of the folder::
 
     index.html
     {run}/input.png          the image as the model saw it
-    {run}/{layer}.png        one feature-map grid per layer
+    {run}/{layer}.png        one feature-map grid per layer, each its own (see layer_file_names)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..png import encode_png
 from .models import RANDOM_WEIGHTS_NOTE, SEED
 from .results import ImageReport, LayerRecord, ReportResult
 
-__all__ = ["format_number", "format_percent", "write_html"]
+__all__ = ["format_number", "format_percent", "layer_file_names", "write_html"]
 
 _CSS = """
 :root { color-scheme: light; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; --soft: #f6f8fa; --accent: #0969da; }
@@ -110,6 +110,29 @@ def _file_name(layer: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", layer).strip("_") or "layer"
 
 
+def layer_file_names(layers: list[str]) -> dict[str, str]:
+    """One PNG file name per layer, each its own, in a run folder where ``input.png`` and ``gradcam.png`` are taken.
+
+    Names are made safe for any file system; two layers whose names become the same
+    (``blocks.a b`` and ``blocks.a_b``), or differ only in case, get a numbered second file.
+
+    Example:
+        >>> layer_file_names(["blocks.a b", "blocks.a_b", "input", "Conv"])
+        {'blocks.a b': 'blocks.a_b.png', 'blocks.a_b': 'blocks.a_b-2.png', 'input': 'input-2.png', 'Conv': 'Conv.png'}
+    """
+    taken = {"input.png", "gradcam.png"}  # the run folder's other files
+    names: dict[str, str] = {}
+    for layer in layers:
+        stem = _file_name(layer)
+        name, number = f"{stem}.png", 1
+        while name.lower() in taken:  # lower: a case-insensitive disk (macOS, Windows) would merge them too
+            number += 1
+            name = f"{stem}-{number}.png"
+        taken.add(name.lower())
+        names[layer] = name
+    return names
+
+
 def _anchor(*parts: str) -> str:
     return "-".join(re.sub(r"[^A-Za-z0-9_-]+", "_", part) for part in parts)
 
@@ -192,10 +215,11 @@ def _section(item: ImageReport, folder: Path) -> str:
         f"<tbody>{rows}</tbody></table>"
     )
     figures = []
+    file_names = layer_file_names([record.name for record in item.layers if record.grid is not None])
     for record in item.layers:
         if record.grid is None:
             continue
-        file_name = f"{item.run}/{_file_name(record.name)}.png"
+        file_name = f"{item.run}/{file_names[record.name]}"
         (folder / file_name).write_bytes(encode_png(record.grid))
         _, grid_h, grid_w = record.grid.shape
         caption = [f"{record.shown_channels} of {record.channels} channels"] if record.channels else []

@@ -1,0 +1,182 @@
+"""Flow pictures, decoded back from the event file: rows, columns, colours and the colour bar."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import actviz
+from actviz.flow import (
+    MISSING_COLOUR,
+    NAN_COLOUR,
+    PALETTE,
+    colour_bar_range,
+    draw_flow,
+    flow_layout,
+)
+
+FORWARD_ORDER = ["stem", "body", "head"]
+
+
+class Net(nn.Module):
+    """Registered head first, run stem first: model order is not forward order."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(16, 4)
+        self.body = nn.Linear(16, 16)
+        self.stem = nn.Linear(8, 16)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(torch.relu(self.stem(x) * self.scale))))
+
+
+def run(log_dir, model: nn.Module, steps: int = 11, nan_at: int | None = None, **watch_kwargs) -> None:
+    torch.manual_seed(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=1, image_every=5, **watch_kwargs):
+            for step in range(steps):
+                inputs = torch.randn(16, 8)
+                if step == nan_at:
+                    inputs[0, 0] = math.nan
+                loss = model(inputs).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                if step != nan_at:
+                    optimizer.step()
+
+
+def decode(image: np.ndarray, layout, low: int, high: int) -> np.ndarray:
+    """Each cell's log10 value, read through the colour bar's own pixels (NaN for magenta or grey cells)."""
+    bar_x = layout.bar_left + layout.bar_width // 2
+    bar = image[layout.top:layout.top + layout.rows * layout.cell_height, bar_x].astype(float)
+    values = np.full((layout.rows, layout.columns), np.nan)
+    for row in range(layout.rows):
+        for column in range(layout.columns):
+            y, x = layout.cell_centre(row, column)
+            colour = image[y, x].astype(float)
+            if tuple(image[y, x]) in (NAN_COLOUR, MISSING_COLOUR):
+                continue
+            nearest = int(np.argmin(((bar - colour) ** 2).sum(axis=1)))
+            values[row, column] = layout.bar_value(layout.top + nearest, low, high)
+    return values
+
+
+def test_gradient_norm_rows_are_forward_order_and_colours_read_back_as_the_logged_norms(tmp_path, read_run):
+    run(tmp_path, Net(scale=1e-6))
+    events = read_run(tmp_path)
+    assert events.image_steps("flow/gradient_norm") == [0, 5, 10]
+    image = events.image("flow/gradient_norm", 10)
+    layout = flow_layout(FORWARD_ORDER, 11)  # every logging step so far: 0..10
+    assert image.shape[:2] == (layout.height, layout.width)
+    logged = np.array([[events.scalar(f"gradient_stats/{layer}/norm", step) for step in range(11)]
+                       for layer in FORWARD_ORDER])
+    low, high = colour_bar_range(logged)
+    decoded = decode(image, layout, low, high)
+    resolution = (high - low) / (layout.rows * layout.cell_height - 1) + (high - low) / 255
+    np.testing.assert_allclose(decoded, np.log10(logged), atol=2 * resolution)
+    # the darkest row is the layer whose output was scaled by 1e-6
+    luminance = image[..., :3].astype(float) @ [0.299, 0.587, 0.114]
+    rows = [np.mean([luminance[layout.cell_centre(row, column)] for column in range(11)]) for row in range(3)]
+    assert FORWARD_ORDER[int(np.argmin(rows))] == "stem"
+
+
+def test_colour_bar_has_a_tick_at_every_decade_of_the_logged_range(tmp_path, read_run):
+    run(tmp_path, Net(scale=1e-6))
+    events = read_run(tmp_path)
+    image = events.image("flow/gradient_norm", 5)
+    layout = flow_layout(FORWARD_ORDER, 6)
+    logged = np.array([[events.scalar(f"gradient_stats/{layer}/norm", step) for step in range(6)]
+                       for layer in FORWARD_ORDER])
+    low, high = colour_bar_range(logged)
+    assert low == math.floor(math.log10(logged.min())) and high == math.ceil(math.log10(logged.max()))
+    height = layout.rows * layout.cell_height
+    every = max(1, math.ceil(12 * (high - low) / height))
+    for decade in range(high, low - 1, -every):
+        y = round(layout.top + (high - decade) / (high - low) * (height - 1))
+        assert tuple(image[y, layout.bar_left + layout.bar_width + 1][:3]) == (0, 0, 0), decade
+
+
+def test_each_write_carries_the_whole_history_and_nan_has_its_own_colour(tmp_path, read_run):
+    run(tmp_path, Net(), nan_at=3)
+    events = read_run(tmp_path)
+    for step, columns in ((0, 1), (5, 6), (10, 11)):
+        image = events.image("flow/activation_std", step)
+        layout = flow_layout(FORWARD_ORDER, columns)
+        assert image.shape[:2] == (layout.height, layout.width)
+    layout = flow_layout(FORWARD_ORDER, 11)
+    image = events.image("flow/activation_std", 10)
+    for row in range(3):  # NaN from the input on: every layer's output at step 3
+        assert tuple(image[layout.cell_centre(row, 3)][:3]) == NAN_COLOUR
+        assert tuple(image[layout.cell_centre(row, 2)][:3]) != NAN_COLOUR
+
+
+def test_flow_tags_by_default_and_update_ratio_when_asked(tmp_path, read_run):
+    run(tmp_path / "default", Net())
+    assert {tag for tag in read_run(tmp_path / "default").image_tags if tag.startswith("flow/")} == {
+        "flow/gradient_norm", "flow/activation_std", "flow/zero_fraction"}
+    run(tmp_path / "ratio", Net(), update_ratio=True)
+    events = read_run(tmp_path / "ratio")
+    assert "flow/update_ratio" in events.image_tags
+    params = ["head.weight", "head.bias", "body.weight", "body.bias", "stem.weight", "stem.bias"]
+    image = events.image("flow/update_ratio", 10)
+    assert image.shape[:2] == (flow_layout(params, 11).height, flow_layout(params, 11).width)
+
+
+def test_draw_flow_by_hand_values():
+    values = np.array([[1e-3, 1e-1], [np.nan, -np.inf], [0.0, 1.0]])
+    picture = draw_flow("x", ["a", "b", "c"], [0, 10], values).permute(1, 2, 0).numpy()
+    layout = flow_layout(["a", "b", "c"], 2)
+    assert colour_bar_range(values) == (-3, 0)
+    assert tuple(picture[layout.cell_centre(0, 0)]) == tuple(PALETTE[0])  # 1e-3: the bottom of the bar
+    assert tuple(picture[layout.cell_centre(0, 1)]) == tuple(PALETTE[170])  # 1e-1: two thirds up
+    assert tuple(picture[layout.cell_centre(2, 1)]) == tuple(PALETTE[255])  # 1: the top
+    assert tuple(picture[layout.cell_centre(2, 0)]) == tuple(PALETTE[0])  # zero: the darkest colour
+    assert tuple(picture[layout.cell_centre(1, 0)]) == NAN_COLOUR
+    assert tuple(picture[layout.cell_centre(1, 1)]) == MISSING_COLOUR
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 1), (60, 3), (4, 1024)])
+def test_layout_fits_every_size(rows, columns):
+    names = [f"layer{i}" for i in range(rows)]
+    picture = draw_flow("g", names, list(range(columns)), np.ones((rows, columns)))
+    layout = flow_layout(names, columns)
+    assert picture.shape == (3, layout.height, layout.width)
+    assert layout.bar_left + layout.bar_width < layout.width
+
+
+def test_history_keeps_at_most_max_columns_evenly_and_the_last():
+    from actviz.flow import MAX_COLUMNS, FlowHistory
+    from actviz.results import StepResults, Summary
+
+    flow = FlowHistory()
+    for step in range(MAX_COLUMNS + 1):
+        summary = Summary(4, 0, 0, -1.0, 1.0, 0.0, float(step + 1), [4.0])
+        flow.add(StepResults(step, activations={"fc": summary}, gradients={"fc": summary}))
+    assert flow.steps == list(range(0, MAX_COLUMNS, 2)) + [MAX_COLUMNS]  # every other old column, and the newest
+    assert [column["fc"] for column in flow.columns["gradient_norm"]] == [math.sqrt(s + 1) for s in flow.steps]
+    assert flow.last_pictures == {}  # no image step: nothing drawn
+
+
+def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run):
+    model = Net(scale=1e-6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, image_every=5, strict=True, alerts={"warmup_steps": 0}) as viz:
+            for _ in range(6):
+                loss = model(torch.randn(16, 8)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert [(alert.step, alert.rule, alert.layer) for alert in viz.alerts] == [(2, "vanishing_gradients", "stem")]
+    assert read_run(tmp_path).image_steps("flow/gradient_norm") == [0, 5]

@@ -1,0 +1,132 @@
+"""The spike recorder: a loss x1000 at step s is named at s, the layers ranked, and s+1..s+3 logged in full."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+
+import pytest
+import torch
+from conftest import small_cnn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import actviz
+from actviz.spikes import FOLLOW, RING
+
+SPIKE = 40
+LAYERS = {"0": 0, "2": 2, "3": 3, "6": 6}  # small_cnn's watched layers: conv, conv, batch norm, linear
+
+
+def train(log_dir, steps: int, spike_at: int | None = None, nan_at: int | None = None, **watch_kwargs):
+    """Train small_cnn; return the watcher and each step's per-layer gradient norms, by hand in float64."""
+    torch.manual_seed(0)
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    norms: dict[int, dict[str, float]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=1000, spikes=True, **watch_kwargs) as viz:
+            for step in range(steps):
+                loss = model(torch.randn(4, 3, 8, 8)).square().mean()
+                loss = loss * (1000.0 if step == spike_at else 1.0) * (math.nan if step == nan_at else 1.0)
+                optimizer.zero_grad()
+                loss.backward()
+                norms[step] = {name: math.sqrt(sum(float(p.grad.double().square().sum()) for p in model[i].parameters()))
+                               for name, i in LAYERS.items()}
+                optimizer.step()
+            viz.flush()
+    return viz, norms
+
+
+def test_a_loss_x1000_gives_a_spike_alert_at_that_step_and_full_logs_after(tmp_path, read_run):
+    viz, norms = train(tmp_path, 50, spike_at=SPIKE)
+    (alert,) = viz.alerts
+    assert (alert.rule, alert.step) == ("gradient_spike", SPIKE)
+    assert alert.value == pytest.approx(math.sqrt(sum(n * n for n in norms[SPIKE].values())), rel=1e-5)
+    run = read_run(tmp_path)
+    logged = list(range(SPIKE + 1, SPIKE + 1 + FOLLOW))
+    assert run.histogram_steps("activations/0") == [0, *logged]  # every=1000: step 0, then the steps after the spike
+    assert run.histogram_steps("weight_grads/6.weight") == [0, *logged]
+    assert run.image_steps("feature_maps/0") == [0, *logged]  # pictures included
+    # the ring buffer: per-layer gradient norms of the last 16 steps, as computed by hand
+    for step in range(SPIKE - RING + 1, SPIKE + 1):
+        for layer in LAYERS:
+            assert run.scalar(f"spikes/gradient_norm/{layer}", step) == pytest.approx(
+                norms[step][layer], rel=1e-5)
+    assert [e.step for e in run.events.Scalars("spikes/gradient_norm/0")] == list(range(SPIKE - RING + 1, SPIKE + 1))
+    # the layers, ranked by their own z-scores over the ring's earlier steps
+    z = {}
+    for layer in LAYERS:
+        before = [norms[step][layer] for step in range(SPIKE - RING + 1, SPIKE)]
+        z[layer] = (norms[SPIKE][layer] - statistics.fmean(before)) / statistics.pstdev(before)
+    ranked = sorted(z, key=lambda layer: -z[layer])
+    assert alert.layer == ranked[0]
+    named = alert.message.split("layers by z-score")[1]
+    assert [named.index(f" {layer} (z=") for layer in ranked] == sorted(named.index(f" {layer} (z=") for layer in ranked)
+    (text,) = run.events.Tensors("alerts")
+    assert text.step == SPIKE and "gradient_spike" in text.tensor_proto.string_val[0].decode()
+
+
+def test_a_healthy_run_has_no_spike(tmp_path, read_run):
+    viz, _ = train(tmp_path, 60)
+    assert viz.alerts == []
+    assert not any(tag.startswith("spikes/") for tag in read_run(tmp_path).scalar_tags)
+
+
+def test_a_nan_loss_is_a_spike_named_once(tmp_path):
+    viz, _ = train(tmp_path, 30, nan_at=20, alerts=False)
+    assert [(alert.rule, alert.step) for alert in viz.alerts] == [("gradient_spike", 20)]
+    assert "not finite" in viz.alerts[0].message
+
+
+def test_spikes_subscribe_once_and_unsubscribe_at_close_and_are_off_by_default(tmp_path):
+    from actviz import optimizer_steps
+
+    before = len(optimizer_steps._listeners)
+    with actviz.watch(small_cnn(), tmp_path, every=1000, spikes=True):
+        assert len(optimizer_steps._listeners) == before + 1
+    assert len(optimizer_steps._listeners) == before
+    with actviz.watch(small_cnn(), tmp_path / "off", every=1000):
+        assert len(optimizer_steps._listeners) == before
+
+
+class CountOps(TorchDispatchMode):
+    """Kernel-launching ops (views left out) and host-syncing ops, as tests/test_device_path.py counts them."""
+
+    SYNCING = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in self.SYNCING:
+            self.syncs.append(str(func))
+        if not func.is_view:
+            self.kernels.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the accelerator path: the copy to the host included
+    counts = {}
+    for spikes in (False, True):
+        torch.manual_seed(0)
+        model = small_cnn()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+        with actviz.watch(model, tmp_path / str(spikes), every=1000, spikes=spikes):
+            for step in range(4):  # step 0 logs; steps 1-3 do not
+                with CountOps() as count:
+                    loss = model(torch.randn(4, 3, 8, 8)).square().mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+        counts[spikes] = count
+    extra = list(counts[True].kernels)
+    for op in counts[False].kernels:
+        extra.remove(op)
+    assert sorted(extra) == sorted(["aten._foreach_norm.Scalar", "aten.stack.out", "aten.linalg_vector_norm.default",
+                                    "aten.copy_.default"]), extra
+    assert counts[True].syncs == counts[False].syncs == []
