@@ -116,6 +116,7 @@ class StepCapture(StepEnd):
         self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
         self.dropped_gradients = False  # zeroed before an optimizer applied them
         self._stepped = False
+        self._in_closure = False  # its backward ran inside an optimizer step's closure (LBFGS, Lightning)
         self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
         self._history = history or LoopHistory()
         self._deliver = deliver
@@ -257,7 +258,9 @@ class StepCapture(StepEnd):
         if self.done:
             return
         if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
-            if dropped or self._parameters.dropped() or self._history.optimizer_steps:
+            if self._in_closure:
+                pass  # the step that ran the closure used them as its backward left them (taken then)
+            elif dropped or self._parameters.dropped() or self._history.optimizer_steps:
                 self._parameters.discard_gradients()  # zeroed, or no optimizer step came in a loop that has one
                 self.dropped_gradients = True
         self.done = True

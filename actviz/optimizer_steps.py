@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["OptimizerStepSubscription", "subscribe"]
+__all__ = ["OptimizerStepSubscription", "stepping", "subscribe"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,12 @@ _after: dict[int, Listener] = {}  # called after the step: a closure (LBFGS, Lig
 _lock = threading.Lock()
 _ids = itertools.count()
 _registered = False
+_stepping = threading.local()  # optimizer steps under way on this thread (a closure runs inside one)
+
+
+def stepping() -> bool:
+    """Whether an ``optimizer.step()`` is under way on this thread (LBFGS or Lightning run the closure inside it)."""
+    return getattr(_stepping, "depth", 0) > 0
 
 
 class OptimizerStepSubscription:
@@ -84,9 +90,11 @@ def subscribe(listener: Listener, after: Listener | None = None) -> OptimizerSte
 
 def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     _call(_listeners, optimizer)
+    _stepping.depth = 1  # not counted up: a step that raised never reaches its post-hook
 
 
 def _on_step_done(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    _stepping.depth = 0
     _call(_after, optimizer)
 
 

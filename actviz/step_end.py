@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ._internals import queue_end_of_backward
+from .optimizer_steps import stepping
 
 __all__ = ["MAX_FORWARDS_UNSTEPPED", "StepEnd"]
 
@@ -40,6 +41,7 @@ class StepEnd:
     _forwards_since: int
     _pass_reached: bool
     _callback_queued: bool
+    _in_closure: bool
 
     def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
         raise NotImplementedError
@@ -62,7 +64,8 @@ class StepEnd:
         self.backward_seen = self.backward_seen or reached
         if self.backward_seen and self.want_stats:
             self._parameters.note_gradients()
-            if not self._history.optimizer_steps:  # as this pass left them, until an optimizer takes them
+            self._in_closure = self._in_closure or stepping()  # LBFGS: the step uses, then zeroes, them
+            if not self._history.optimizer_steps or self._in_closure:  # as this pass left them, until a step
                 self._parameters.take_gradients()
         elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
             self.finish(missed_backward=True)
