@@ -104,6 +104,7 @@ class StepCapture(StepEnd):
         pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
         stance: EagerStance | None = None,
         history: LoopHistory | None = None,
+        hold_stance: bool = True,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -116,6 +117,7 @@ class StepCapture(StepEnd):
         self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
         self.dropped_gradients = False  # zeroed before an optimizer applied them
         self._stepped = False
+        self._hold_stance = hold_stance  # a model compiled after watch(): until the step ends (fullgraph checks it)
         self._in_closure = False  # its backward ran inside an optimizer step's closure (LBFGS, Lightning)
         self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
         self._history = history or LoopHistory()
@@ -237,7 +239,9 @@ class StepCapture(StepEnd):
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
-        self.in_forward = False  # force_eager holds until finish(): fullgraph=True checks it as the call returns
+        self.in_forward = False
+        if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
+            self._end_eager()
         if output is None:  # the forward raised
             self.finish()
             return
