@@ -145,6 +145,9 @@ class StepCapture(StepEnd):
             self._end_eager()
             raise
 
+    def release_stance(self) -> None:
+        self._end_eager()
+
     def _end_eager(self) -> None:
         stance, self._eager = self._eager, None
         if stance is not None:

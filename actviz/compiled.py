@@ -161,7 +161,10 @@ def attach_step_hook(model: nn.Module, hook: StepHook) -> StepHookHandle:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         hook(model, args)
-        return compiled(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            hook.after_call()  # outside the compiled call: a logging step's force_eager may end now
 
     set_compiled_call(model, call)
 

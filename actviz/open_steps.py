@@ -54,6 +54,12 @@ class OpenSteps:
             capture.finish()
         self._release()
 
+    def release_stances(self) -> None:
+        """Outside a compiled call: the steps past their forward need not keep later forwards eager."""
+        for capture in self.captures:
+            if not capture.in_forward:
+                capture.release_stance()
+
     def forget(self) -> None:
         """Drop every open step without ending it (a forked child: they are the parent's)."""
         self.captures, self._ready = [], []

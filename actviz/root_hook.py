@@ -158,12 +158,14 @@ class StepHook:
     """
 
     def __init__(
-        self, on_forward: Callable[[nn.Module, Any], None], on_compiled: Callable[[bool], None], target: nn.Module
+        self, on_forward: Callable[[nn.Module, Any], None], on_compiled: Callable[[bool], None], target: nn.Module,
+        after_call: Callable[[], None] | None = None,
     ) -> None:
         key = next(_keys)
         self.key = key
         _counted[key] = weakref.WeakMethod(on_compiled)
-        self._state: dict[str, Any] = {"on_forward": on_forward, "target": weakref.ref(target)}
+        self._state: dict[str, Any] = {
+            "on_forward": on_forward, "target": weakref.ref(target), "after_call": after_call}
         name = f"actviz_step_hook_{key}"
         hook = _make_hook(name, _forward_input_type(target), self._state, key)
         hook.__module__ = __name__
@@ -173,6 +175,12 @@ class StepHook:
 
     def __call__(self, module: nn.Module, args: Any) -> None:
         self.function(module, args)
+
+    def after_call(self) -> None:
+        """The model's compiled call (``model.compile()``, wrapped by actviz) has returned."""
+        after = self._state.get("after_call")
+        if after is not None:
+            after()
 
     def forget(self) -> None:
         """Make the function a no-op for good (copies may still hold it) and let the watcher go."""

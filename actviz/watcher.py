@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._internals import compiled_call, inside_functorch_transform
+from ._internals import inside_functorch_transform
 from .capture import StepCapture
 from .compiled import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .delivery import Delivery
@@ -75,10 +75,9 @@ class Watcher:
         self._closed = False
         self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
-        self._wraps_call = compiled_call(model) is not None  # model.compile() before watch(): its call is wrapped
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
             self._root_handle = attach_step_hook(
-                model, StepHook(self._on_model_forward, self._on_compiled_forward, model))
+                model, StepHook(self._on_model_forward, self._on_compiled_forward, model, self._open.release_stances))
             if self._logs(0):
                 eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
         self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
@@ -284,7 +283,7 @@ class Watcher:
             describe_layers=want_stats and writes and not self._layers_described,
             pictures=pictures,
             stance=take_eager_ahead(),
-            history=self._history, hold_stance=unwrap_compiled(self.model) is self.model and not self._wraps_call,
+            history=self._history, hold_stance=unwrap_compiled(self.model) is self.model,
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 
