@@ -22,6 +22,11 @@ function                               private API
 :func:`inductor_backend`               ``torch._dynamo.lookup_backend``
 :func:`mark_size_unbacked`             ``torch._dynamo.decorators.mark_unbacked``
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
+:func:`swap_stance`                    ``torch._dynamo.eval_frame._stance`` (set)
+:func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
+:func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
+:func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
+:func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 =====================================  ===========================================
 
@@ -44,17 +49,22 @@ __all__ = [
     "batch_and_instance_norm_types",
     "compiled_call",
     "compiled_original",
+    "compiler_stance",
+    "event_file_writer",
+    "forward_hooks",
+    "functorch_wrapped",
     "grad_scaler_scale",
     "grad_scaler_unscaled",
-    "compiler_stance",
+    "image_classification",
     "inductor_backend",
     "inductor_compiles_for",
+    "inside_functorch_transform",
     "mark_size_unbacked",
-    "set_compiled_call",
-    "event_file_writer",
-    "image_classification",
+    "mark_trace_time_constant",
     "queue_end_of_backward",
     "replace_record_checksum",
+    "set_compiled_call",
+    "swap_stance",
     "tensor_version",
 ]
 
@@ -244,9 +254,47 @@ def inductor_compiles_for(device_type: str) -> bool:
     Why private: there is no public list of the devices ``torch.compile`` supports.
     """
     try:
-        from torch._inductor.codegen.common import get_scheduling_for_device, init_backend_registration
+        from torch._inductor.codegen.common import (
+            get_scheduling_for_device,
+            init_backend_registration,
+        )
 
         init_backend_registration()
         return get_scheduling_for_device(device_type) is not None
     except Exception:  # noqa: BLE001 - an Inductor without this API: say no, and stay eager
         return False
+
+
+def swap_stance(stance: Any) -> Any:
+    """Set torch.compile's stance (a name, or what this returned) and return the prior one.
+
+    Why private: ``torch.compiler.set_stance`` refuses to run in a compiled region; actviz sets it from there.
+    """
+    from torch._dynamo import eval_frame
+
+    prior = eval_frame._stance
+    eval_frame._stance = stance if isinstance(stance, eval_frame.DynamoStance) else eval_frame.DynamoStance(stance)
+    return prior
+
+
+def mark_trace_time_constant(function: Callable[[], Any]) -> None:
+    """Make Dynamo call ``function`` while it traces and use its result as a constant.
+
+    Why private: it is what ``torch._dynamo.assume_constant_result`` sets, without importing Dynamo (seconds).
+    """
+    function._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def functorch_wrapped(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a ``torch.func`` transform's wrapper (inside ``vmap``, ``grad``): no public test."""
+    return bool(torch._C._functorch.is_functorch_wrapped_tensor(tensor))
+
+
+def inside_functorch_transform() -> bool:
+    """Whether a ``torch.func`` transform runs now: only functorch's C++ stack knows."""
+    return torch._C._functorch.maybe_current_level() is not None
+
+
+def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:
+    """``module``'s forward (or pre-) hooks by id: a copy of a watched model has no handles, only this dict."""
+    return module._forward_pre_hooks if pre else module._forward_hooks

@@ -1,49 +1,42 @@
 """The hooks of one logging step, and the small results they leave.
 
 A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers and
-their parameters, reduces every tensor inside its hook, on the tensor's device, decides
-itself when the step is over, and hands it on with one call of ``deliver``. The path of
-one activation, from hook to event file:
+their parameters, reduces every tensor inside its hook, on the tensor's device (layer outputs
+through :func:`~actviz.layer_outputs.reduce_output`, into a :class:`~actviz.transfer.PendingStep`),
+decides itself when the step is over, and hands it on with one call of ``deliver``; the
+writer thread resolves it and the sink writes it.
 
-1. :meth:`StepCapture._on_layer_output` (a forward hook) calls
-   :func:`~actviz.layer_outputs.reduce_output`; the small tensors it returns stay on
-   the device in a :class:`~actviz.transfer.PendingStep`;
-2. when the step is over, :meth:`~actviz.transfer.PendingStep.send` starts one copy to
-   the host and ``deliver(pending)`` hands the step to the watcher's sink;
-3. on the writer thread, :meth:`~actviz.transfer.PendingStep.resolve` finishes the
-   summaries and pictures and :class:`~actviz.sinks.TensorBoardSink` writes them.
-
-When a step is over: at the next ``optimizer.step()`` of an optimizer holding a watched
-parameter (parameter gradients are logged as the optimizer applies them, see
-:mod:`actviz.step_parameters`); without one, when the next training forward starts or at
-``flush()``/``close()``. A step whose outputs require grad waits for its backward pass even
-if other forwards come first (a siamese pair); if a backward pass updates the watched
-parameters without reaching its outputs, none is coming: it ends without gradients and
+When a step is over: when an optimizer holding a watched parameter steps after its backward
+pass, however many forwards and backwards come between (a GAN discriminator's real and fake
+batches; see :mod:`actviz.step_parameters`); in a loop without optimizer, at the next
+training forward; at ``flush()``/``close()``. A step whose outputs require grad waits for its
+backward pass even if other forwards come first (a siamese pair, an RL episode); if a backward
+updates the watched parameters without reaching its outputs, it ends without gradients and
 says so once. A step with nothing to wait for ends with its forward.
 
-No hook holds a batch: activations are reduced before the next layer runs, so a later
-in-place op cannot change what was logged. Output gradients come from ``output.register_hook``
-(module backward hooks raise on AlexNet's and VGG's in-place ReLUs, pytorch#61519). Layers
-run without grad (``checkpoint(use_reentrant=True)``) get it when backward recomputes them.
+No hook holds a batch: a later in-place op cannot change what was logged. Output gradients
+come from ``output.register_hook`` (module backward hooks raise on in-place ReLUs,
+pytorch#61519). Layers run without grad (``checkpoint``) get it when backward recomputes them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from ._internals import queue_end_of_backward
-from .compiled import eager, outside_graphs
-from .hooks import HookHandles
-from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, output_tensors, reduce_output
+from ._internals import functorch_wrapped
+from .compiled import EagerStance
+from .hooks import HookHandles, OwnedHook
+from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output
+from .layer_outputs import shape_of as _shape_of
 from .merge import merge_across_ranks
 from .options import CaptureOptions
-from .step_parameters import StepParameters
+from .step_end import StepEnd
+from .step_parameters import LoopHistory, StepParameters
 from .summaries import reduce_tensor
 from .transfer import PendingStep
 from .transformer_step import TransformerStep
@@ -56,7 +49,7 @@ logger = logging.getLogger(__name__)
 ErrorHandler = Callable[[str, BaseException], None]
 
 
-class StepCapture:
+class StepCapture(StepEnd):
     """Hooks and results for one logging step.
 
     Args:
@@ -78,7 +71,8 @@ class StepCapture:
 
     With ``options.merge_ranks`` every rank runs a capture for the same steps and ``deliver``
     may be ``None``; with ``options.update_ratio`` a step ends at the next forward, once the
-    update is done.
+    update is done. ``stance`` holds ``force_eager`` until the step ends; ``history`` is what
+    the watcher knows of its loop (:class:`~actviz.step_parameters.LoopHistory`).
 
     Example:
         >>> from actviz.options import CaptureOptions
@@ -86,7 +80,7 @@ class StepCapture:
         >>> capture = StepCapture(0, model, [("0", model[0])], list(model.named_parameters()), want_stats=True,
         ...                       want_images=False, options=CaptureOptions(), deliver=delivered.append, on_error=print)
         >>> model(torch.randn(4, 3)).sum().backward()
-        >>> capture.next_forward()  # no optimizer: the step ends when the next training forward starts
+        >>> capture.finish()  # at an optimizer step, the next forward of a loop without one, or flush()
         >>> results = delivered[0].resolve()
         >>> sorted(results.gradients), sorted(results.weight_grads)
         (['0'], ['0.bias', '0.weight'])
@@ -108,6 +102,9 @@ class StepCapture:
         grad_scaler: Any = None,
         describe_layers: bool = False,
         pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
+        stance: EagerStance | None = None,
+        history: LoopHistory | None = None,
+        hold_stance: bool = True,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -117,6 +114,13 @@ class StepCapture:
         self.in_forward = True
         self.expects_backward = False  # some watched output requires grad
         self.backward_seen = False  # a backward pass has reached a watched output
+        self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
+        self.dropped_gradients = False  # zeroed before an optimizer applied them
+        self._stepped = False
+        self._hold_stance = hold_stance  # a model compiled after watch(): until the step ends (fullgraph checks it)
+        self._in_closure = False  # its backward ran inside an optimizer step's closure (LBFGS, Lightning)
+        self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
+        self._history = history or LoopHistory()
         self._deliver = deliver
         self._on_error = on_error
         self._on_no_backward = on_no_backward
@@ -133,29 +137,36 @@ class StepCapture:
         self._drawn = DrawnTensors()
         self._callback_queued = False
         self._pass_reached = False  # the backward pass under way has reached a watched output
-        self._eager: Any = eager()  # so that torch.compile never traces actviz's hooks (actviz.compiled)
-        self._eager.__enter__()
+        self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
+        self._eager.enter()
         try:
             self._attach(model)
         except BaseException:
             self._end_eager()
             raise
 
+    def release_stance(self) -> None:
+        self._end_eager()
+
     def _end_eager(self) -> None:
         stance, self._eager = self._eager, None
         if stance is not None:
-            stance.__exit__(None, None, None)
+            stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
         for name, module in self._layers.items():
-            hook = partial(self._on_layer_output, name, batch_dim_of(module))
+            hook = OwnedHook(self._on_layer_output, module, name, batch_dim_of(module))
             self._hooks.add("forward", module.register_forward_hook(hook))
-        done = outside_graphs(self._on_forward_done)  # as the watcher's root hook
+        done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad, self._on_optimizer_step)
+            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step,
+                                    self._on_optimizer_done)
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
+
+    def _add_backward_hook(self, handle: Any) -> None:
+        self._hooks.add("backward", handle)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
@@ -168,11 +179,12 @@ class StepCapture:
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
+        first = next(iter(output_tensors(output)), None)
+        if first is not None and functorch_wrapped(first[1]):  # a torch.func transform's call: skip the call only
+            return
         self._seen.add(name)
-        if self._shapes is not None:
-            first = next(iter(output_tensors(output)), None)
-            if first is not None:
-                self._shapes[name] = tuple(first[1].shape)
+        if self._shapes is not None and first is not None:
+            self._shapes[name] = _shape_of(first[1])
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
         redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
@@ -180,23 +192,26 @@ class StepCapture:
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
-            tag = name + suffix
+            tag, nested = name + suffix, tensor.is_nested
+            if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
+                tensor = nested_values(tensor)
             # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats, draw=self.want_images and draw and position == 0,
-                batch_dim=batch_dim,
+                tensor, self.options, stats=self.want_stats,
+                draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
                 self.options.count_units(self._layers[name], tag, tensor, self._pending)  # for health alerts
-                self._hook_gradient(name, tag, tensor)
+                if not nested:
+                    self._hook_gradient(name, tag, tensor)
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
                 self._drawn.add(tensor)
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
-            self._hooks.add("backward", tensor.register_hook(partial(self._on_output_grad, name, tag)))
+            self._hooks.add("backward", tensor.register_hook(OwnedHook(self._on_output_grad, None, name, tag)))
             self.expects_backward = True
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -217,67 +232,44 @@ class StepCapture:
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
-    def _on_param_grad(self) -> None:
-        if not self.done:
-            self._queue_backward_callback()  # a backward pass is under way: see how it ends
+    def _on_param_grad(self, param: torch.Tensor) -> None:
+        if self.done:
+            return
+        if self.awaiting_optimizer and self._parameters.dropped(param):  # zero_grad() came before any step
+            self.finish(dropped=True)
+            return
+        self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
         self.in_forward = False
-        self._end_eager()
+        if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
+            self._end_eager()
         if output is None:  # the forward raised
             self.finish()
             return
         for name in self._recompute:
-            hook = partial(self._on_recomputed, name)
+            hook = OwnedHook(self._on_recomputed, self._layers[name], name)
             self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
         if self._recompute and self._parameters.trainable:
             self.expects_backward = True
         if not self.expects_backward:
             self.finish()
 
-    def _queue_backward_callback(self) -> None:
-        """Ask autograd to call :meth:`_on_backward_end` when this backward pass ends (as DDP does)."""
-        if self._callback_queued:
-            return
-        self._callback_queued = True
-        self._parameters.take_loss_scale()
-        try:
-            queue_end_of_backward(self._on_backward_end)
-        except Exception:  # without it, the step ends at the next step or close()
-            logger.debug("could not queue an end-of-backward callback", exc_info=True)
-
-    def _on_backward_end(self) -> None:
-        reached, self._pass_reached, self._callback_queued = self._pass_reached, False, False
-        if self.done:
-            return
-        self.backward_seen = self.backward_seen or reached
-        if self.backward_seen:  # the gradients as this pass left them, until an optimizer takes them
-            self._parameters.take_gradients()
-        elif self.expects_backward and not self.in_forward:  # it updated the parameters, not through us
-            self.finish(missed_backward=True)
-
-    def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
-        if not self.done and self.backward_seen:
-            self._parameters.take_gradients(optimizer)
-            if not self.options.update_ratio:  # else wait until the update is done: the next forward
-                self.finish()
-
-    # -- the end -----------------------------------------------------------------------------
-
-    def next_forward(self) -> None:
-        """A new training forward starts: end this step unless it still waits for its backward pass."""
-        if self.backward_seen or not self.expects_backward:
-            self.finish()
-
-    def finish(self, missed_backward: bool = False) -> None:
+    def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
         """Remove every hook, start the copy to the host and deliver the step; once, however often called.
 
-        ``missed_backward`` says the backward pass the outputs waited for never came.
+        ``missed_backward`` says the backward pass the outputs waited for never came; ``dropped``
+        that the parameter gradients were zeroed before an optimizer applied them.
         """
         if self.done:
             return
+        if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
+            if self._in_closure:
+                pass  # the step that ran the closure used them as its backward left them (taken then)
+            elif dropped or self._parameters.dropped() or self._history.optimizer_steps:
+                self._parameters.discard_gradients()  # zeroed, or no optimizer step came in a loop that has one
+                self.dropped_gradients = True
         self.done = True
         self.in_forward = False
         self._end_eager()
@@ -286,7 +278,7 @@ class StepCapture:
         self._parameters.hand_over()
         if self._shapes is not None:
             self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
-        if missed_backward and self._on_no_backward is not None:
+        if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):
             return

@@ -9,14 +9,14 @@ write or callback warns once and training goes on.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .background import BackgroundSink
 from .results import StepResults
-from .sinks import BackgroundSink, TensorBoardSink
+from .safe_warnings import warn_safely
+from .sinks import TensorBoardSink
 from .transfer import PendingStep
 
 __all__ = ["Delivery"]
@@ -68,6 +68,10 @@ class Delivery:
                 raise
             self._on_write_error(pending, error)
 
+    def on_writer_thread(self) -> bool:
+        """Whether this runs on the writer thread (in ``on_step``)."""
+        return self._background is not None and self._background.on_thread()
+
     def flush(self) -> None:
         """Wait until every step handed on is written, then flush the writer."""
         if self._background is not None:
@@ -92,8 +96,7 @@ class Delivery:
             if message is not None:
                 self._alerted = True
                 results.texts["alerts"] = "\n\n".join(filter(None, [message, results.texts.get("alerts")]))
-                with contextlib.suppress(Exception):  # a filter that makes warnings errors must not lose the step
-                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                warn_safely(message, RuntimeWarning)
         return results
 
     def _written(self, results: StepResults) -> None:
@@ -104,8 +107,8 @@ class Delivery:
             return
         try:
             self._on_step(results)
-        except Exception as error:  # the user's callback must not stop training
-            if self.strict:
+        except BaseException as error:
+            if self.strict:  # on the training thread
                 raise
             self._warn_once("on_step", f"actviz's on_step callback raised {type(error).__name__}: {error} "
                                        f"(step {results.step})", error)
@@ -116,8 +119,7 @@ class Delivery:
     def _warn_once(self, kind: str, message: str, error: BaseException) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
-            warnings.warn(f"{message}. Training goes on; later failures are logged at DEBUG level.",
-                          RuntimeWarning, stacklevel=3)
+            warn_safely(f"{message}. Training goes on; later failures are logged at DEBUG level.", RuntimeWarning)
         logger.debug("%s failed", kind, exc_info=error)
 
 

@@ -97,7 +97,7 @@ class Diagnosis:
             return
         try:
             function(*args)
-        except Exception as error:  # noqa: BLE001 - a diagnosis must never lose the step or stop training
+        except Exception as error:
             if what not in self._failed:
                 self._failed.add(what)
                 warn_safely(f"actviz's {what} failed and are skipped from now on: {type(error).__name__}: {error}")

@@ -1,6 +1,7 @@
 """Heat maps' colours and sizes, and their sources bounded on the device.
 
-:func:`heatmap_source` is what :func:`actviz.rendering.picture_source` keeps of a 2-D matrix. A matrix within ``MAX_HEATMAP_SIDE`` on both sides is kept as its 256 colour levels, one
+:func:`heatmap_source` is what :func:`actviz.rendering.picture_source` keeps of a 2-D matrix.
+A matrix within ``MAX_HEATMAP_SIDE`` on both sides is kept as its 256 colour levels, one
 byte per value, computed on the device exactly as :func:`~actviz.rendering.heatmap` computes
 them on the host (the pictures are pixel-identical). A larger one (a language model's
 vocabulary-sized logits) is area-averaged on the device to the size the picture has,

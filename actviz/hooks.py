@@ -1,16 +1,101 @@
-"""The one holder of a capture's hook handles, so that taking every hook off is one idempotent call."""
+"""Every hook actviz puts on a model, and the one holder of a capture's handles.
+
+A watched model belongs to the user: it is deep-copied (EMA teachers, ``AveragedModel``),
+pickled (``torch.save(model)``, spawned workers) and compiled while watched. So every
+hook actviz registers is an :class:`OwnedHook`: a small object that holds its owner only
+by weak reference, does nothing when called on another module than the one it was
+attached to (``copy.deepcopy`` may share the hook dicts by reference), and copies or
+pickles to an :class:`InertHook`, a no-op. A copy never runs, and never keeps alive,
+anything of the watcher's.
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
 
-__all__ = ["HookHandles", "Removable"]
+from torch import nn
+
+from ._internals import forward_hooks
+
+__all__ = ["HookHandles", "InertHook", "OwnedHook", "Removable"]
 
 
 class Removable(Protocol):
     """A ``torch.utils.hooks.RemovableHandle``, or anything else with an idempotent ``remove()``."""
 
     def remove(self) -> None: ...
+
+
+class InertHook:
+    """What an actviz hook becomes in a copy or an unpickled model: called, it takes itself off and does nothing.
+
+    Example:
+        >>> InertHook()(object(), (1,)) is None
+        True
+    """
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        hooks = forward_hooks(args[0]) if args and isinstance(args[0], nn.Module) else None  # torch iterates a copy
+        if hooks is not None:
+            for key in [key for key, value in hooks.items() if isinstance(value, InertHook)]:
+                del hooks[key]
+
+    def __repr__(self) -> str:
+        return "actviz.InertHook()"
+
+
+class OwnedHook:
+    """``method(*bound, *call_args)`` while ``method``'s object lives, when called on ``target`` only.
+
+    Args:
+        method: A bound method of the hook's owner (a watcher or a capture), held weakly.
+        target: The module or tensor the hook is registered on, passed first by torch to
+            module and parameter hooks; ``None`` for tensor gradient hooks (called with the gradient).
+        bound: Arguments put before torch's.
+        keep_alive: Hold ``method``'s object strongly: the watcher's root hook keeps the
+            watcher alive as long as the model, as a bound method would (only copies lose it).
+
+    Example:
+        >>> import copy, pickle, torch
+        >>> class Owner:
+        ...     def seen(self, tag, module, args): return tag
+        >>> owner, layer = Owner(), torch.nn.Linear(2, 2)
+        >>> hook = OwnedHook(owner.seen, layer, "a")
+        >>> hook(layer, ()), hook(torch.nn.Linear(2, 2), ())
+        ('a', None)
+        >>> copy.deepcopy(hook), pickle.loads(pickle.dumps(hook))
+        (actviz.InertHook(), actviz.InertHook())
+        >>> del owner; hook(layer, ()) is None
+        True
+    """
+
+    __slots__ = ("__weakref__", "_bound", "_method", "_target")
+
+    def __init__(self, method: Callable[..., Any], target: Any = None, *bound: Any, keep_alive: bool = False) -> None:
+        self._method: Callable[[], Any] = (lambda: method) if keep_alive else weakref.WeakMethod(method)
+        self._target = None if target is None else weakref.ref(target)
+        self._bound = bound
+
+    def __call__(self, *args: Any) -> Any:
+        if self._target is not None and (not args or args[0] is not self._target()):
+            return None  # a copy's module, sharing this hook through a shallow-copied dict
+        method = self._method()
+        if method is None:
+            return None
+        return method(*self._bound, *args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InertHook, ())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> InertHook:
+        return InertHook()
+
+    def __copy__(self) -> InertHook:
+        return InertHook()
 
 
 class HookHandles:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -19,14 +20,23 @@ from .rendering import picture_source
 from .summaries import Reduction, reduce_tensor
 from .transfer import Draw
 
-__all__ = ["DrawnTensors", "PER_CHANNEL_AFFINE", "batch_dim_of", "layer_table", "output_tensors", "reduce_output"]
+__all__ = [
+    "PER_CHANNEL_AFFINE",
+    "DrawnTensors",
+    "batch_dim_of",
+    "layer_table",
+    "nested_values",
+    "output_tensors",
+    "reduce_output",
+    "shape_of",
+]
 
 
 def output_tensors(output: Any, mode: Literal["first", "all"] = "first") -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(suffix, tensor)`` for the tensors in a module's output.
 
-    A plain tensor yields ``("", tensor)``. Tuples, lists and dicts are searched depth
-    first: ``mode="first"`` yields only the first tensor, with suffix ``""``;
+    A plain tensor yields ``("", tensor)``. Tuples, lists, dicts and dataclasses (by field
+    name) are searched depth first: ``mode="first"`` yields only the first tensor, with suffix ``""``;
     ``mode="all"`` yields each one with its path as suffix, such as ``"/0"``,
     ``"/1.0"`` or ``"/attn"``.
 
@@ -59,6 +69,37 @@ def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], 
     elif isinstance(value, dict):
         for key, item in value.items():
             yield from _walk(item, (*path, str(key)))
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from _walk(getattr(value, field.name, None), (*path, field.name))
+
+
+def nested_values(tensor: torch.Tensor) -> torch.Tensor:
+    """Every element of a nested (ragged) tensor, as one flat tensor: what its statistics are taken over.
+
+    Example:
+        >>> nt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+        >>> nested_values(nt).shape
+        torch.Size([18])
+    """
+    if tensor.layout == torch.jagged:
+        return tensor.values().reshape(-1)
+    return torch.cat([part.reshape(-1) for part in tensor.unbind()])
+
+
+def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """``tuple(tensor.shape)``; a ragged dimension of a nested tensor shows as ``"*"``.
+
+    Example:
+        >>> shape_of(torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged))
+        (2, '*', 3)
+    """
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    try:
+        return tuple(size if isinstance(size, int) else "*" for size in tensor.shape)
+    except Exception:  # noqa: BLE001 - a strided nested tensor has no shape
+        return (tensor.size(0), "*")
 
 
 def reduce_output(

@@ -1,4 +1,4 @@
-"""One optimizer step pre-hook for the whole process, registered once and never removed.
+"""One optimizer step pre-hook (and one post-hook) for the whole process, registered once and never removed.
 
 PyTorch calls its global optimizer step pre-hooks by iterating over an ``OrderedDict``.
 A hook added or removed while that loop runs (one logging step ending inside another's
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-__all__ = ["OptimizerStepSubscription", "subscribe"]
+__all__ = ["OptimizerStepSubscription", "stepping", "subscribe"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,16 @@ logger = logging.getLogger(__name__)
 Listener = Callable[[torch.optim.Optimizer], None]
 
 _listeners: dict[int, Listener] = {}
+_after: dict[int, Listener] = {}  # called after the step: a closure (LBFGS, Lightning) ran forward and backward inside
 _lock = threading.Lock()
 _ids = itertools.count()
 _registered = False
+_stepping = threading.local()  # optimizer steps under way on this thread (a closure runs inside one)
+
+
+def stepping() -> bool:
+    """Whether an ``optimizer.step()`` is under way on this thread (LBFGS or Lightning run the closure inside it)."""
+    return getattr(_stepping, "depth", 0) > 0
 
 
 class OptimizerStepSubscription:
@@ -48,10 +55,11 @@ class OptimizerStepSubscription:
         if key is not None:
             with _lock:
                 _listeners.pop(key, None)
+                _after.pop(key, None)
 
 
-def subscribe(listener: Listener) -> OptimizerStepSubscription:
-    """Call ``listener(optimizer)`` before every ``optimizer.step()`` of any optimizer, until removed.
+def subscribe(listener: Listener, after: Listener | None = None) -> OptimizerStepSubscription:
+    """Call ``listener(optimizer)`` before every ``optimizer.step()``, and ``after(optimizer)`` after it, until removed.
 
     Listeners catch their own errors (actviz's report them, or re-raise with ``strict=True``):
     one that raises anyway is re-raised after every other listener has run. Listeners added
@@ -71,17 +79,30 @@ def subscribe(listener: Listener) -> OptimizerStepSubscription:
     with _lock:
         if not _registered:
             register_optimizer_step_pre_hook(_on_step)
+            register_optimizer_step_post_hook(_on_step_done)
             _registered = True
         key = next(_ids)
         _listeners[key] = listener
+        if after is not None:
+            _after[key] = after
     return OptimizerStepSubscription(key)
 
 
 def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if not _listeners:
+    _call(_listeners, optimizer)
+    _stepping.depth = 1  # not counted up: a step that raised never reaches its post-hook
+
+
+def _on_step_done(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    _stepping.depth = 0
+    _call(_after, optimizer)
+
+
+def _call(table: dict[int, Listener], optimizer: torch.optim.Optimizer) -> None:
+    if not table:
         return
     with _lock:
-        listeners = list(_listeners.values())  # a snapshot: listeners may subscribe or remove themselves
+        listeners = list(table.values())  # a snapshot: listeners may subscribe or remove themselves
     failed: BaseException | None = None
     for listener in listeners:
         try:

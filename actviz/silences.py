@@ -158,7 +158,7 @@ class Silences:
                 # What ran between these two steps says why (a validation before training does not count).
                 kind = "eval" if self.eval > evals else "no_grad" if self.no_grad > no_grads else "no_forward"
                 self._say_blind(kind, type(optimizer).__name__, blind_run + 1, *self._since)
-        except Exception:  # noqa: BLE001 - a diagnosis must never stop training
+        except Exception:
             logger.debug("could not check an optimizer step for silences", exc_info=True)
 
     def _optimizer_holds_ours(self, optimizer: torch.optim.Optimizer) -> bool:

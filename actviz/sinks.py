@@ -25,12 +25,9 @@ card that stays at zero (``nonfinite``; ``zero_fraction`` of a layer that is not
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
-import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
@@ -160,89 +157,4 @@ class TensorBoardSink:
         self._closed = True
 
 
-class PendingResults(Protocol):
-    """A step on its way to the host (:class:`actviz.transfer.PendingStep`)."""
-
-    step: int
-
-    def resolve(self) -> StepResults: ...
-
-
-class BackgroundSink:
-    """Finishes steps and runs another sink's writes on one worker thread, in order.
-
-    Waiting for a step's copy from the device, counting its buckets, drawing and
-    PNG-encoding its pictures and building protobufs then overlap the next training
-    steps instead of lengthening the logging step; on a GPU machine the CPU is mostly
-    idle while the device computes, so they come almost for free. At most
-    ``max_pending`` steps wait; a further :meth:`write` blocks until one is written, so
-    memory stays bounded.
-
-    Args:
-        sink: The sink doing the writing, e.g. a :class:`TensorBoardSink`.
-        on_error: Called on the worker thread with the pending step and the exception
-            when finishing or writing it fails. The thread goes on with the next step.
-        max_pending: Most steps queued at once.
-        resolve: Turns a pending step into its results on the worker thread; by default
-            ``pending.resolve()``.
-        after_write: Called on the worker thread with each step's results once written.
-    """
-
-    def __init__(
-        self,
-        sink: TensorBoardSink,
-        on_error: Callable[[Any, BaseException], None],
-        max_pending: int = 2,
-        resolve: Callable[[Any], StepResults] | None = None,
-        after_write: Callable[[StepResults], None] | None = None,
-    ) -> None:
-        self.sink = sink
-        self._on_error = on_error
-        self._resolve = resolve or (lambda pending: pending.resolve())
-        self._after_write = after_write
-        self._queue: queue.Queue[PendingResults | None] = queue.Queue(maxsize=max_pending)
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    @property
-    def writer(self) -> Any:
-        return self.sink.writer
-
-    def write(self, pending: PendingResults) -> None:
-        """Queue one step for finishing and writing."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="actviz-writer", daemon=True)
-            self._thread.start()
-        self._queue.put(pending)
-
-    def _run(self) -> None:
-        while True:
-            pending = self._queue.get()
-            try:
-                if pending is None:
-                    return
-                results = self._resolve(pending)
-                if not results.is_empty():
-                    self.sink.write(results)
-                    if self._after_write is not None:
-                        self._after_write(results)
-            except Exception as error:  # noqa: BLE001 - the thread must outlive a failed write
-                with contextlib.suppress(Exception):  # e.g. its warning turned into an error by a filter
-                    self._on_error(pending, error)
-            finally:
-                self._queue.task_done()
-
-    def flush(self) -> None:
-        """Wait until every queued step is written, then flush the writer."""
-        self._queue.join()
-        self.sink.flush()
-
-    def close(self) -> None:
-        """Write what is queued, stop the thread and close the sink. Safe to call more than once."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-        self.sink.close()
+from .background import BackgroundSink  # noqa: E402 - re-exported: it was defined here

@@ -1,15 +1,20 @@
 """The watched parameters of one logging step: their values, and their gradients as the optimizer applies them.
 
-Values are reduced when the step starts. Gradients are reduced at the end of each
-backward pass (as that pass left them), and again, for good, in a global optimizer step
-pre-hook when an optimizer that holds a watched parameter steps: after DDP's all-reduce,
-every micro-batch of accumulation, clipping and ``GradScaler.unscale_``. All of them are
-reduced together (:func:`~actviz.batch_summaries.reduce_tensors`).
+Values are reduced when the step starts. Gradients are reduced once, when an optimizer
+that holds a watched parameter steps (actviz's one optimizer step pre-hook): after DDP's
+all-reduce, every micro-batch of accumulation, every further backward pass (a GAN
+discriminator's real and fake batches), clipping and ``GradScaler.unscale_``. A loop not
+yet known to step an optimizer (:class:`LoopHistory`) also has them reduced at the end of
+each backward pass, as that pass left them. Gradients zeroed (``zero_grad()`` sets them to
+``None``) before any optimizer applied them are not logged: :meth:`StepParameters.dropped`
+tells. All of them are reduced together (:func:`~actviz.batch_summaries.reduce_tensors`).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,13 +22,25 @@ from torch import nn
 
 from .amp import loss_scale_of, unscaled_by
 from .batch_summaries import reduce_tensors
+from .hooks import OwnedHook
 from .merge import is_sharded
-from .options import CaptureOptions
 from .optimizer_steps import subscribe
+from .options import CaptureOptions
 from .summaries import Reduction, local_shard, reduce_tensor
 from .transfer import PendingStep
 
-__all__ = ["StepParameters"]
+__all__ = ["LoopHistory", "StepParameters"]
+
+
+@dataclass
+class LoopHistory:
+    """What a watcher learned about its training loop, shared by its steps.
+
+    ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
+    logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
+    """
+
+    optimizer_steps: bool | None = None
 
 
 class StepParameters:
@@ -75,6 +92,8 @@ class StepParameters:
         self._sharded = {name for name, param in self.named if is_sharded(param)}
         self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
         self._grads_scaled = False
+        self._grad_refs: dict[int, weakref.ref[torch.Tensor]] = {}  # each .grad as the step's backward left it
+        self.taken_at_step = False  # reduced as an optimizer applied them
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
 
     def reduce_values(self) -> None:
@@ -85,24 +104,33 @@ class StepParameters:
     def attach(
         self,
         add_handle: Callable[[Any], None],
-        on_gradient: Callable[[], None],
+        on_gradient: Callable[[torch.Tensor], None],
         on_optimizer_step: Callable[[torch.optim.Optimizer], None],
+        on_optimizer_done: Callable[[torch.optim.Optimizer], None],
     ) -> None:
         """Hook the trainable parameters and the optimizers; the handles go to ``add_handle``.
 
-        ``on_gradient()`` runs when a backward pass accumulates into one of them,
-        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps.
+        ``on_gradient(param)`` runs when a backward pass accumulates into one of them,
+        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps,
+        ``on_optimizer_done(optimizer)`` after it (a closure may have run the backward inside).
         """
         watched = {id(param) for _, param in self.trainable}
 
+        def holds(optimizer: torch.optim.Optimizer) -> bool:
+            return any(id(param) in watched for group in optimizer.param_groups for param in group["params"])
+
         def optimizer_hook(optimizer: torch.optim.Optimizer) -> None:
-            if any(id(param) in watched for group in optimizer.param_groups for param in group["params"]):
+            if holds(optimizer):
                 on_optimizer_step(optimizer)
 
+        def optimizer_done(optimizer: torch.optim.Optimizer) -> None:
+            if holds(optimizer):
+                on_optimizer_done(optimizer)
+
         for _, param in self.trainable:
-            add_handle(param.register_post_accumulate_grad_hook(lambda param: on_gradient()))
+            add_handle(param.register_post_accumulate_grad_hook(OwnedHook(on_gradient, param)))
         if self.trainable:
-            add_handle(subscribe(optimizer_hook))
+            add_handle(subscribe(optimizer_hook, after=optimizer_done))
 
     def take_loss_scale(self) -> None:
         """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""
@@ -111,8 +139,26 @@ class StepParameters:
             self.scale_taken = True
             self._pending.set_loss_scale(scale.detach().clone().reshape(()))
 
+    def note_gradients(self) -> None:
+        """Remember which tensors the step's backward left in ``.grad``: later passes accumulate into them."""
+        self._grad_refs = {id(param): weakref.ref(param.grad) for _, param in self.trainable if param.grad is not None}
+
+    def dropped(self, param: torch.Tensor | None = None) -> bool:
+        """Whether ``param``'s (or any watched) gradient was zeroed to ``None`` since :meth:`note_gradients`."""
+        params = [param] if param is not None else [param for _, param in self.trainable]
+        for each in params:
+            ref = self._grad_refs.get(id(each))
+            if ref is not None and (ref() is None or ref() is not each.grad):
+                return True
+        return False
+
+    def discard_gradients(self) -> None:
+        """Log no gradients for this step: no optimizer applied the ones its backward made."""
+        self._grads, self._grad_refs = {}, {}
+
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
+        self.taken_at_step = self.taken_at_step or optimizer is not None
         grads = {name: param.grad for name, param in self.trainable if param.grad is not None}
         if self.update_ratio and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)

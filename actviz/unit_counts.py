@@ -55,7 +55,7 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
         return
     try:
         _count(module, tag, tensor, pending)
-    except Exception:  # noqa: BLE001 - a count for the alerts must never cost the layer its summary
+    except Exception:
         logger.debug("no unit counts for %s", tag, exc_info=True)
 
 

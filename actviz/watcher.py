@@ -1,43 +1,40 @@
 """The watcher: the schedule, the step count and the one hook that stays on the model.
 
-Between logging steps the model carries one light forward pre-hook on its root and
-nothing else. On a step the schedule picks, that hook starts a
-:class:`~actviz.capture.StepCapture`, which hooks the watched layers, decides when
-the step is over and hands it to ``deliver``: the sink, on the writer thread (or on the
-training thread with ``strict=True``). Data flows one way, model → hook → capture →
-deliver → sink; the watcher is never called back for it. :func:`actviz.watch` makes one.
+Between logging steps the model carries one light forward pre-hook on its root
+(:mod:`actviz.root_hook`) and nothing else. On a step the schedule picks, that hook starts
+a :class:`~actviz.capture.StepCapture`, which hooks the watched layers, decides when the
+step is over and hands it to ``deliver`` (:mod:`actviz.open_steps`, then the sink on the
+writer thread). Data flows one way: model → hook → capture → deliver → sink.
 """
 
 from __future__ import annotations
 
-import logging
-import warnings
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ._internals import inside_functorch_transform
 from .capture import StepCapture
-from .compiled import StepHookHandle, attach_step_hook, unwrap_compiled
-from .options import CaptureOptions
-from .results import StepResults
-from .schedule import Schedule
-from .selection import layer_display_name
+from .compiled import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .delivery import Delivery
 from .diagnosis import Alert, Diagnosis
+from .layer_slots import LayerSlots, parameters_of
+from .notices import Notices
+from .open_steps import OpenSteps
 from .open_watchers import register, unregister
+from .options import CaptureOptions
 from .probe import Probe, unwrap_for_probe
+from .results import StepResults
+from .root_hook import StepHook
+from .schedule import Schedule
 from .silences import Silences
 from .sinks import TensorBoardSink
+from .step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
-
-logger = logging.getLogger(__name__)
-
-#: Most steps kept open while they wait for a backward pass that has not come yet.
-MAX_WAITING = 4
-
 
 
 class Watcher:
@@ -48,27 +45,20 @@ class Watcher:
     """
 
     def __init__(
-        self,
-        model: nn.Module,
-        layers: list[tuple[str, nn.Module]],
-        sink: TensorBoardSink | None,
-        stats_schedule: Schedule,
-        image_schedule: Schedule,
-        options: CaptureOptions,
-        auto_step: bool,
-        strict: bool,
-        grad_scaler: Any = None,
-        on_step: Callable[[StepResults], None] | None = None,
-        probe: Probe | None = None,
+        self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: TensorBoardSink | None,
+        stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
+        grad_scaler: Any = None, on_step: Callable[[StepResults], None] | None = None, probe: Probe | None = None,
         diagnosis: Diagnosis | None = None,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
         self._probe = probe
-        self._layers = [(layer_display_name(name), module) for name, module in layers]
-        self._parameters = _parameters_of(unwrap_compiled(model), [module for _, module in layers])
+        self._slots = LayerSlots(unwrap_compiled(model), layers)
+        self._layers = self._slots.layers
+        self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis
-        self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, lambda: self._last_started_step)
+        self._spikes = diagnosis and diagnosis.spike_recorder(
+            self._layers, self._parameters, lambda: self._last_started_step)
         self._delivery = None if sink is None else Delivery(sink, strict, on_step, diagnose=diagnosis)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
@@ -77,18 +67,21 @@ class Watcher:
         self.strict = strict
         self._next_step = 0
         self._last_started_step: int | None = None
-        self._captures: list[StepCapture] = []  # open steps: in their forward, or waiting to end
-        self._warned_no_backward = False
+        self._open = OpenSteps(None if self._delivery is None else self._delivery.deliver)
+        self._notices = Notices()
+        self._history = LoopHistory()
         self._layers_described = False
         self._skipped: set[str] = set()
         self._closed = False
+        self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
-            self._root_handle = attach_step_hook(model, self._on_model_forward)
+            self._root_handle = attach_step_hook(
+                model, StepHook(self._on_model_forward, self._on_compiled_forward, model, self._open.release_stances))
+            if self._logs(0):
+                eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
         self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
-
-    # -- public ------------------------------------------------------------------------------
 
     @property
     def layer_names(self) -> list[str]:
@@ -144,10 +137,8 @@ class Watcher:
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
 
-        With ``auto_step=True`` (the default) the count goes on from there. With
-        ``auto_step=False`` forwards never advance it: call ``set_step`` with your
-        trainer's global step before each forward, and only the first training
-        forward of a scheduled step logs (the right thing for gradient accumulation).
+        With ``auto_step=True`` (the default) the count goes on from there. With ``auto_step=False``
+        call it before each forward; only the first training forward of a step logs (gradient accumulation).
 
         Example:
             >>> import actviz, tempfile, torch
@@ -159,34 +150,48 @@ class Watcher:
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         self._next_step = step
+        if self._logs(step) and step != self._last_started_step:
+            eager_ahead()  # for a model compiled after watch(): see actviz.compiled
 
     def flush(self) -> None:
-        """Write the pending step, if any, and wait until everything is in the writer."""
-        self._end_capture()
-        self._silences.check(closing=False)  # a run that logs nothing says why (actviz.silences)
+        """Write the pending step, if any, and wait until everything is in the writer. Never raises a write error."""
+        if not self._on_writer_thread():  # from on_step: the training thread owns the open steps
+            self._open.finish_all()
+            self._silences.check(closing=False)  # a run that logs nothing says why (actviz.silences)
         if self._delivery is not None:
             self._delivery.flush()
 
     def close(self) -> None:
-        """Remove every hook, write what is pending, flush, and close the writer if :func:`watch` made it.
+        """Remove every hook, write what is pending and close the writer if :func:`watch` made it.
 
-        Safe to call more than once.
+        Safe to call again, also after an interrupted close (Ctrl-C). Never raises a write error (it warns).
         """
-        if self._closed:
+        if os.getpid() != self._pid:  # a forked child: nothing of the parent's to end, no thread to wait on
+            self._closed = self._open.forget() or True
             return
         self._closed = True
-        try:
-            if self._root_handle is not None:
-                self._root_handle.remove()
+        if self._on_writer_thread():  # from on_step: the hooks go later, on the training thread
+            self._delivery.close()  # type: ignore[union-attr]
+            return
+        try:  # each part idempotent: a second close() finishes what an interrupted one left
+            self._remove_root_hook()
             if self._spikes:
                 self._spikes.close()
-            self._end_capture()
+            self._open.finish_all()
             self._silences.check(closing=True)
         finally:
             self._silences.close()
             unregister(self.model, self)
-            if self._delivery is not None:
-                self._delivery.close()
+        if self._delivery is not None:
+            self._delivery.close()
+
+    def _remove_root_hook(self) -> None:
+        handle, self._root_handle = self._root_handle, None
+        if handle is not None:
+            handle.remove(), take_eager_ahead().exit()
+
+    def _on_writer_thread(self) -> bool:
+        return self._delivery is not None and self._delivery.on_writer_thread()
 
     def __enter__(self) -> Watcher:
         return self
@@ -195,48 +200,66 @@ class Watcher:
         self.close()  # errors from the with-block propagate
 
     def __repr__(self) -> str:
-        log_dir = getattr(self.writer, "log_dir", None)
-        return (
-            f"Watcher(model={type(self.model).__name__}, layers={len(self._layers)}, "
-            f"log_dir={log_dir!r}, step={self._next_step}, closed={self._closed})"
-        )
+        return (f"Watcher(model={type(self.model).__name__}, layers={len(self._layers)}, log_dir="
+                f"{getattr(self.writer, 'log_dir', None)!r}, step={self._next_step}, closed={self._closed})")
 
-    # -- the root hook -----------------------------------------------------------------------
+    def _logs(self, step: int) -> bool:
+        return self._root_handle is not None and (
+            self._stats_schedule(step) or (self._image_schedule(step) and self._delivery is not None))
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
+        if self._closed:  # by on_step, on the writer thread: finish closing here, on the training thread
+            self._remove_root_hook()
+            self._open.finish_all()
+            unregister(self.model, self)
+            return
         self._silences.saw_forward(model)
-        if not (model.training and torch.is_grad_enabled()):
-            return  # eval and no-grad forwards are not steps
+        if not (model.training and torch.is_grad_enabled()) or inside_functorch_transform():
+            return  # eval and no-grad forwards are not steps, nor a torch.func transform's calls
+        if os.getpid() != self._pid:
+            self._notices.once("forked")
+            return
         try:
             self._start_step(model)
         except Exception as error:  # noqa: BLE001 - never stop training
             self._report("(watcher)", error)
 
-    def _start_step(self, model: nn.Module) -> None:
-        if any(capture.in_forward for capture in self._captures):
-            return  # the model called itself inside a logging forward: same step
+    def _on_compiled_forward(self, training: bool) -> None:
+        """A forward compiled with the root hook in it has run (replayed after its graph): count the step."""
+        if self._closed or not training:
+            return
+        try:
+            if (step := self._count_step()) is not None and self._logs(step):
+                self._notices.once("compiled", step=step)
+            if self.auto_step and self._logs(self._next_step):
+                eager_ahead()  # the next forward runs eagerly, through the root hook
+        except Exception as error:  # noqa: BLE001 - never stop training
+            self._report("(watcher)", error)
+
+    def _count_step(self) -> int | None:
+        """The number of the training forward starting now, or ``None`` if it continues the last step."""
         step = self._next_step
         if not self.auto_step and step == self._last_started_step:
-            # A later micro-batch, a second forward before one backward (siamese models) or a
-            # nested call: same step, and its pending gradients are still to come.
-            return
-        for capture in self._captures:
-            capture.next_forward()  # ends unless it still waits for its backward pass
-        waiting = [capture for capture in self._captures if not capture.done]
-        for capture in waiting[:-MAX_WAITING]:  # forwards whose backward never comes
-            capture.finish(missed_backward=True)
-        self._captures = waiting[-MAX_WAITING:]
+            return None  # a later micro-batch, a siamese pair's second forward: same step, gradients to come
+        self._open.next_forward()
         if self.auto_step:
             self._next_step += 1
         self._last_started_step = step
+        return step
+
+    def _start_step(self, model: nn.Module) -> None:
+        if self._open.in_forward() or (step := self._count_step()) is None:
+            return  # the model called itself inside a logging forward, or the step goes on: same step
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
         if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
             want_stats = want_images = True
         self._silences.saw_step(step, want_stats or want_images)
         writes = self._delivery is not None  # rank 0, or the only process
-        want_images = want_images and writes  # only rank 0 draws: its own sample 0
+        want_images = want_images and writes  # only rank 0 draws: its own sample 0 (stats alone from others)
         if not (want_stats or want_images):
             return
+        if self._slots.follow():  # a layer replaced since watch(): hook the new one, log its parameters
+            self._parameters = parameters_of(self._slots.root, [module for _, module in self._layers])
         pictures = []
         if want_images and self._probe is not None:  # the probe's pictures instead of the batch's
             want_images = False
@@ -245,7 +268,7 @@ class Watcher:
             except Exception as error:  # noqa: BLE001 - never stop training
                 self._probe = None  # pictures come from the training batch from now on
                 self._report("(probe)", error)
-        self._captures.append(StepCapture(
+        self._open.add(StepCapture(
             step,
             model,
             [(name, module) for name, module in self._layers if name not in self._skipped],
@@ -253,52 +276,24 @@ class Watcher:
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,
-            deliver=self._delivery.deliver if writes else None,
+            deliver=self._open.deliver_in_order if writes else None,
             on_error=self._report,
             on_no_backward=self._warn_no_backward,
             grad_scaler=self.grad_scaler,
             describe_layers=want_stats and writes and not self._layers_described,
             pictures=pictures,
+            stance=take_eager_ahead(),
+            history=self._history, hold_stance=unwrap_compiled(self.model) is self.model,
         ))
         self._layers_described = self._layers_described or (want_stats and writes)
 
-    def _end_capture(self) -> None:
-        captures, self._captures = self._captures, []
-        for capture in captures:
-            capture.finish()
-
     def _warn_no_backward(self, capture: StepCapture) -> None:
-        if self._warned_no_backward:
-            return
-        self._warned_no_backward = True
-        warnings.warn(
-            f"actviz logs no gradients for step {capture.step}: its forward got no backward pass (another "
-            "backward updated the watched parameters first, or more forwards ran). If your loop calls the model "
-            "more than once per optimizer step, call it under torch.no_grad() where its output is not "
-            "backpropagated (a GAN generator's forward for the discriminator step), or number the steps yourself "
-            "with actviz.watch(..., auto_step=False) and viz.set_step(step) before the forward you want logged. "
-            "Warned once per run.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        self._notices.once("dropped" if capture.dropped_gradients else "no_backward", step=capture.step)
 
     def _report(self, name: str, error: BaseException) -> None:
         """A hook failed: re-raise if strict, else warn once and skip ``name`` from now on."""
         if self.strict:
             raise error
-        if name in self._skipped:
-            return
         self._skipped.add(name)
-        warnings.warn(
-            f"actviz skips {name!r} from now on: its hook raised {type(error).__name__}: {error}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        self._notices.skipped(name, error)
 
-
-def _parameters_of(model: nn.Module, modules: Iterable[nn.Module]) -> list[tuple[str, nn.Parameter]]:
-    """The parameters of ``modules`` (with their children's), named as ``model.named_parameters()`` names them."""
-    wanted: set[int] = set()
-    for module in modules:
-        wanted.update(id(param) for param in module.parameters())
-    return [(name, param) for name, param in model.named_parameters() if id(param) in wanted]

@@ -20,10 +20,10 @@ import time
 import warnings
 
 os.environ.setdefault("ACTVIZ_CPU_SHORTCUTS", "0")
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import actviz  # noqa: E402
+import actviz
 
 
 class Count(TorchDispatchMode):

@@ -43,7 +43,7 @@ def train(model: nn.Module, log_dir, steps: int = 8, lr: float = 0.01, optimizer
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with actviz.watch(model, log_dir, every=every, image_every=False, **watch_kwargs) as viz:
-            for step in range(steps):
+            for _step in range(steps):
                 batch = torch.randint(0, len(data), (16,))
                 loss = (model(data[batch]) - target[batch]).square().mean()
                 opt.zero_grad()

@@ -168,7 +168,8 @@ def test_compiler_internals_do_what_actviz_fused_relies_on() -> None:
 def test_no_other_module_touches_these_private_apis() -> None:
     private = {"_execution_engine", "_version", "_NormBase", "_get_file_writer", "masked_crc32c", "_presets",
                "_scale", "_per_optimizer_states", "_orig_mod", "_compiled_call_impl", "lookup_backend",
-               "mark_unbacked", "_stance", "common"}
+               "mark_unbacked", "_stance", "common", "_dynamo_marked_constant", "_functorch", "_forward_hooks",
+               "_forward_pre_hooks"}
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_internals.py":
             continue
@@ -178,3 +179,73 @@ def test_no_other_module_touches_these_private_apis() -> None:
         names |= {node.module.rsplit(".", 1)[-1] for node in ast.walk(tree)
                   if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
         assert not names & private, f"{path.relative_to(PACKAGE.parent)} uses {sorted(names & private)}"
+
+
+def test_swap_stance_sets_what_compiled_calls_read_even_inside_a_compiled_region() -> None:
+    import torch._dynamo
+
+    prior = _internals.swap_stance("force_eager")
+    try:
+        assert _internals.compiler_stance() == "force_eager"
+        calls = []
+
+        @torch.compile(backend="eager")
+        def double(x):
+            calls.append(torch.compiler.is_compiling())
+            return x * 2
+
+        double(torch.ones(2))
+        assert calls == [False]  # ran eagerly
+    finally:
+        _internals.swap_stance(prior)
+    assert _internals.compiler_stance() == "default"
+
+
+def test_a_trace_time_constant_runs_while_dynamo_traces_and_leaves_no_op() -> None:
+    import torch._dynamo
+
+    seen = []
+
+    def constant():
+        seen.append(torch.compiler.is_compiling())
+        return 3
+
+    _internals.mark_trace_time_constant(constant)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def scaled(x):
+        return x * constant()
+
+    assert torch.equal(scaled(torch.ones(2)), torch.full((2,), 3.0))
+    scaled(torch.ones(2))
+    assert len(seen) == 1  # called once, at trace time, not at each run
+
+
+def test_functorch_checks_tell_transformed_calls_from_plain_ones() -> None:
+    from torch.func import grad, vmap
+
+    seen = []
+
+    def f(x):
+        seen.append((_internals.functorch_wrapped(x), _internals.inside_functorch_transform()))
+        return x.sum()
+
+    f(torch.ones(3))
+    vmap(grad(f))(torch.ones(2, 3))
+    assert seen == [(False, False), (True, True)]
+
+
+def test_forward_hooks_are_the_dicts_module_hooks_live_in() -> None:
+    layer = torch.nn.Linear(2, 2)
+    handle = layer.register_forward_hook(lambda *args: None)
+    pre = layer.register_forward_pre_hook(lambda *args: None)
+    assert list(_internals.forward_hooks(layer)) == [handle.id]
+    assert list(_internals.forward_hooks(layer, pre=True)) == [pre.id]
+    del _internals.forward_hooks(layer)[handle.id]  # a hook taken off this way is off
+    calls = []
+    layer.register_forward_hook(lambda *args: calls.append(1))
+    layer(torch.ones(2))
+    assert calls == [1] and len(_internals.forward_hooks(layer)) == 1

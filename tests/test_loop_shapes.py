@@ -6,7 +6,11 @@ Each test compares the logged numbers with a twin model run without actviz.
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -189,3 +193,239 @@ def test_checkpointed_layers_log_their_output_gradients(use_reentrant, tmp_path,
     for name in ["2", "3"]:
         assert run.histogram_steps(f"gradients/net.{name}") == [0, 1]
         assert_logged(run.histogram(f"gradients/net.{name}", 0), grads[name][0].grad)
+
+
+# -- pytorch/examples loop shapes, condensed ---------------------------------------------------------------------
+
+
+def dcgan_nets() -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(3)
+    generator = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6), nn.Tanh())
+    discriminator = nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+    return generator, discriminator
+
+
+def dcgan(generator: nn.Module, discriminator: nn.Module, iterations: int) -> dict[str, list[dict[str, torch.Tensor]]]:
+    """pytorch/examples dcgan's loop; returns the gradients each optimizer applied, per iteration."""
+    criterion = nn.BCEWithLogitsLoss()
+    optimizer_d = torch.optim.Adam(discriminator.parameters(), lr=2e-3)
+    optimizer_g = torch.optim.Adam(generator.parameters(), lr=2e-3)
+    applied: dict[str, list[dict[str, torch.Tensor]]] = {"D": [], "G": []}
+    data = torch.Generator().manual_seed(0)
+    for _ in range(iterations):
+        real, noise = torch.randn(5, 6, generator=data), torch.randn(5, 4, generator=data)
+        discriminator.zero_grad()
+        criterion(discriminator(real), torch.ones(5, 1)).backward()
+        fake = generator(noise)
+        criterion(discriminator(fake.detach()), torch.zeros(5, 1)).backward()
+        applied["D"].append({name: p.grad.clone() for name, p in discriminator.named_parameters()})
+        optimizer_d.step()
+        generator.zero_grad()
+        criterion(discriminator(fake), torch.ones(5, 1)).backward()  # the generator's update, through D
+        applied["G"].append({name: p.grad.clone() for name, p in generator.named_parameters()})
+        optimizer_g.step()
+    return applied
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_dcgan_both_nets_watched_log_what_each_optimizer_applies(every, tmp_path, read_run):
+    expected = dcgan(*dcgan_nets(), iterations=4)
+    generator, discriminator = dcgan_nets()
+    with pytest.warns(RuntimeWarning, match="no weight_grads for step 2") as caught:
+        with actviz.watch(generator, tmp_path / "G", every=every), \
+                actviz.watch(discriminator, tmp_path / "D", every=every):
+            dcgan(generator, discriminator, iterations=4)
+    assert sum("no weight_grads" in str(w.message) for w in caught) == 1
+    run_d, run_g = read_run(tmp_path / "D"), read_run(tmp_path / "G")
+    # D takes three forwards per iteration: real (3i), fake (3i + 1), the generator's update (3i + 2).
+    logged = run_d.histogram_steps("weight_grads/0.weight")
+    assert logged == [step for step in range(12) if step % every == 0 and step % 3 != 2]
+    for step in logged:  # real and fake batches both: what optimizerD.step() applied
+        for name, grad in expected["D"][step // 3].items():
+            assert_logged(run_d.histogram(f"weight_grads/{name}", step), grad)
+    assert run_d.histogram_steps("activations/0") == list(range(0, 12, every))
+    assert run_g.histogram_steps("weight_grads/0.weight") == list(range(0, 4, every))
+    for step in run_g.histogram_steps("weight_grads/0.weight"):
+        for name, grad in expected["G"][step].items():
+            assert_logged(run_g.histogram(f"weight_grads/{name}", step), grad)
+
+
+class Policy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.affine1 = nn.Linear(4, 16)
+        self.affine2 = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return torch.softmax(self.affine2(torch.relu(self.affine1(x))), dim=1)
+
+
+def reinforce(policy: nn.Module, episodes: list[int]) -> list[dict[str, torch.Tensor]]:
+    """pytorch/examples reinforce.py's shape: one forward per action, one backward and step per episode."""
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(1)
+    applied = []
+    for length in episodes:
+        log_probs, rewards = [], []
+        for _ in range(length):
+            probs = policy(torch.randn(1, 4, generator=data))
+            action = torch.multinomial(probs, 1, generator=data).item()
+            log_probs.append(torch.log(probs[0, action]))
+            rewards.append(torch.rand((), generator=data).item())
+        returns = torch.tensor(rewards).flip(0).cumsum(0).flip(0)
+        loss = torch.stack([-lp * r for lp, r in zip(log_probs, returns)]).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        applied.append({name: p.grad.clone() for name, p in policy.named_parameters()})
+        optimizer.step()
+    return applied
+
+
+def test_reinforce_episode_spanning_two_multiples_of_the_default_every(tmp_path, read_run):
+    episodes = [90, 130]  # the second episode holds steps 100 and 200
+    expected = reinforce(Policy(), episodes)
+    policy = Policy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with actviz.watch(policy, tmp_path):  # default every=100
+            reinforce(policy, episodes)
+    run = read_run(tmp_path)
+    assert run.histogram_steps("weight_grads/affine1.weight") == [0, 100, 200]
+    for step, episode in [(0, 0), (100, 1), (200, 1)]:  # each step's gradient: its episode's, as Adam applied it
+        for name, grad in expected[episode].items():
+            assert_logged(run.histogram(f"weight_grads/{name}", step), grad)
+
+
+def test_a_two_forward_siamese_step_logs_the_applied_weight_gradients(tmp_path, read_run):
+    model = small_cnn(inplace=False)
+    twin = copy.deepcopy(model)
+    pairs = [batches(2, seed) for seed in range(3)]
+    expected = []
+    for left, right in pairs:
+        twin.zero_grad()
+        (twin(left) - twin(right)).square().mean().backward()
+        expected.append({name: p.grad.clone() for name, p in twin.named_parameters()})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    with actviz.watch(model, tmp_path, every=1):  # both halves are steps; both wait for the one backward
+        for left, right in pairs:
+            optimizer.zero_grad()
+            (model(left) - model(right)).square().mean().backward()
+            optimizer.step()
+    run = read_run(tmp_path)
+    assert run.histogram_steps("weight_grads/0.weight") == list(range(6))
+    for step in range(6):
+        for name, grad in expected[step // 2].items():
+            assert_logged(run.histogram(f"weight_grads/{name}", step), grad)
+
+
+def test_word_language_model_saves_the_whole_model_each_epoch(tmp_path, read_run):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(20, 8), nn.LSTM(8, 8, batch_first=True))
+    head = nn.Linear(8, 20)
+    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+    tokens = torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(0))
+    with actviz.watch(model, tmp_path / "run", every=2) as viz:
+        for _epoch in range(3):
+            for _ in range(2):
+                optimizer.zero_grad()
+                output, _ = model(tokens[:, :-1])
+                nn.functional.cross_entropy(head(output).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+                optimizer.step()
+            with open(tmp_path / "model.pt", "wb") as file:  # as the example does with the best model
+                torch.save(model, file)
+        loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+        loaded(tokens)[0].sum().backward()  # the saved model trains, unwatched
+        assert viz.step == 6
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    assert read_run(tmp_path / "run").histogram_steps("activations/0") == [0, 2, 4]
+
+
+def test_an_ema_teacher_from_averaged_model_is_not_watched(tmp_path, read_run):
+    student = small_cnn()
+    teacher = torch.optim.swa_utils.AveragedModel(
+        student, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    with actviz.watch(student, tmp_path, every=1) as viz:
+        for batch in batches(3):
+            optimizer.zero_grad()
+            with torch.no_grad():
+                target = teacher(batch)  # the teacher's forward, as in distillation
+            (student(batch) - target).square().mean().backward()
+            optimizer.step()
+            teacher.update_parameters(student)
+            teacher.train()
+            teacher(batch)  # even a training forward of the copy is no step of the student's
+        assert viz.step == 3
+    assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1, 2]
+
+
+HOGWILD = """
+import os, sys, tempfile, torch, torch.multiprocessing as mp
+import actviz
+
+def train(model, steps):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(torch.randn(4, 4)).square().mean().backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    method = sys.argv[1]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model.share_memory()
+    log_dir = tempfile.mkdtemp()
+    viz = actviz.watch(model, log_dir, every=1)
+    context = mp.get_context(method)
+    workers = [context.Process(target=train, args=(model, 5)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    train(model, 2)  # the parent trains too, and logs
+    viz.close()
+    print([worker.exitcode for worker in workers], viz.step)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_mnist_hogwild_workers_run_the_watched_model(method, tmp_path):
+    script = tmp_path / "hogwild.py"
+    script.write_text(HOGWILD)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[-2] == "[0, 0] 2"
+
+
+def test_parameter_gradients_are_reduced_once_per_step_once_an_optimizer_is_known(tmp_path, read_run, monkeypatch):
+    import actviz.step_parameters as step_parameters
+
+    calls: list[int] = []
+    original = step_parameters.reduce_tensors
+
+    def counting(tensors, *args, **kwargs):
+        calls.append(len(tensors))
+        return original(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(step_parameters, "reduce_tensors", counting)
+    model, twin = small_cnn(), small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    per_step = []
+    with actviz.watch(model, tmp_path, every=1):
+        for batch in batches(3):
+            before = len(calls)
+            optimizer.zero_grad()
+            model(batch).square().mean().backward()
+            optimizer.step()
+            per_step.append(len(calls) - before)
+    # values once per step; gradients at the end of backward and at the step for the first step only,
+    # then only in the optimizer's pre-hook
+    assert per_step == [3, 2, 2]
+    run = read_run(tmp_path)
+    for step, batch in enumerate(batches(3)):
+        twin.zero_grad()
+        twin(batch).square().mean().backward()
+        assert_logged(run.histogram("weight_grads/0.weight", step), twin[0].weight.grad)

@@ -288,5 +288,5 @@ def test_the_examples_of_docs_steps_run_and_warn_only_where_they_say(monkeypatch
     assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
     for block in blocks:
-        exec(compile(block, "docs/steps.md", "exec"), {})  # noqa: S102 - our own documentation
+        exec(compile(block, "docs/steps.md", "exec"), {})
     assert _actviz_warnings(caught) == []  # the reused folder's warning is caught (and checked) by its example

@@ -122,7 +122,7 @@ def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatc
         model = small_cnn()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         with actviz.watch(model, tmp_path / str(spikes), every=1000, spikes=spikes):
-            for step in range(4):  # step 0 logs; steps 1-3 do not
+            for _step in range(4):  # step 0 logs; steps 1-3 do not
                 with CountOps() as count:
                     loss = model(torch.randn(4, 3, 8, 8)).square().mean()
                     optimizer.zero_grad()

@@ -1,0 +1,188 @@
+"""The watcher's root hook: the one thing actviz leaves on a model between logging steps.
+
+It is a named module-level function, made from source text (:data:`_HOOK_SOURCE`) because
+``torch.jit.script`` compiles a model's hooks from their source and wants the pre-hook's
+input typed as the forward's. What it does, wherever the model goes:
+
+* eager forward of the watched model: calls the watcher (``on_forward``);
+* a copy (``copy.deepcopy``, ``AveragedModel``): shares the function, which takes itself off
+  the copy at its first forward; a pickle (``torch.save(model)``, spawn) stores it by name,
+  and where that name is not live it unpickles as :func:`inert_step_hook`;
+* ``torch.compile`` traces it: ``is_compiling()`` is a constant there, so no graph break; it
+  leaves one op, ``actviz::forward_step``, whose Python body counts the step each time the
+  graph runs (see :mod:`actviz.compiled`);
+* ``torch.jit.trace``, ``torch.export``, ONNX export: returns at once (no op, no step);
+* ``torch.jit.script``: only its first two lines compile (``is_scripting()`` is a constant).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import linecache
+import typing
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._internals import forward_hooks, mark_trace_time_constant
+
+__all__ = ["StepHook", "compiled_forward", "inert_step_hook"]
+
+_counted: dict[int, weakref.WeakMethod[Callable[[bool], None]]] = {}  # StepHook.key -> its owner's on_compiled_forward
+_keys = itertools.count()
+
+
+def compiled_forward(token: torch.Tensor, key: int, training: bool) -> None:
+    """The body of ``actviz::forward_step``: a compiled forward with actviz's root hook in it runs."""
+    found = _counted.get(key)
+    count = None if found is None else found()
+    if count is not None:
+        count(training)
+
+
+_token = torch.zeros(())  # what the op says it mutates, so that no compiler drops it
+_op_defined = False
+
+
+def _op_ready() -> bool:
+    """Define ``actviz::forward_step`` once; Dynamo calls this while it traces the hook (a trace-time constant)."""
+    global _op_defined
+    if not _op_defined:
+        op = torch.library.custom_op("actviz::forward_step", compiled_forward, mutates_args=("token",))
+        op.register_fake(lambda token, key, training: None)
+        _op_defined = True
+    return True
+
+
+mark_trace_time_constant(_op_ready)
+
+
+def inert_step_hook(module: nn.Module, args: Any) -> None:
+    """What a root hook unpickles as in a process where it is not live: it takes itself off and does nothing."""
+    _drop_hook(module, inert_step_hook)
+
+
+def _drop_hook(module: nn.Module, hook: Any) -> None:
+    """Take ``hook`` off a copy of a watched model (torch iterates over a snapshot of the hooks: safe here)."""
+    hooks = forward_hooks(module, pre=True)
+    for key in [key for key, value in hooks.items() if value is hook]:
+        del hooks[key]
+
+
+_hook_functions: dict[str, Callable[[nn.Module, Any], None]] = {}  # kept: a copy may pickle it after close
+
+
+def __getattr__(name: str) -> Any:
+    """A root hook pickled by name (``torch.save(model)``), unpickled where it is not live, is a no-op."""
+    if name.startswith("actviz_step_hook_"):
+        return _hook_functions.get(name, inert_step_hook)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _type_name(hint: Any) -> str:
+    return f"{hint.__module__}.{hint.__qualname__}" if isinstance(hint, type) else repr(hint)
+
+
+def _forward_input_type(model: nn.Module) -> str:
+    """``Tuple[...]`` of ``model.forward``'s positional argument types, as ``torch.jit.script`` types a pre-hook.
+
+    Example:
+        >>> _forward_input_type(nn.Linear(2, 2))
+        'typing.Tuple[torch.Tensor]'
+    """
+    try:
+        hints = typing.get_type_hints(model.forward)
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        names = [p.name for p in inspect.signature(model.forward).parameters.values() if p.kind in kinds]
+        types = [_type_name(hints.get(name, torch.Tensor)) for name in names] or ["torch.Tensor"]
+    except Exception:  # noqa: BLE001 - only scripting reads it
+        types = ["torch.Tensor"]
+    return f"typing.Tuple[{', '.join(types)}]"
+
+
+# The root hook's source. TorchScript compiles a model's hooks from their source, and wants the
+# pre-hook's input typed as the forward's: so the function is made from this text, with that type.
+_HOOK_SOURCE = """
+def make(state, key, forward_step, is_exporting, op_ready, token, drop):
+    def {name}(module, args):
+        # type: ({args}) -> None
+        if torch.jit.is_scripting():
+            return None
+        if torch.compiler.is_compiling():
+            if not is_exporting() and op_ready():
+                forward_step(token, key, module.training and torch.is_grad_enabled())
+            return None
+        if torch.jit.is_tracing() or is_exporting():
+            return None
+        target = state.get("target")
+        if target is not None and module is target():
+            state["on_forward"](module, args)
+        else:
+            drop(module, {name})
+        return None
+    return {name}
+"""
+
+
+def _make_hook(name: str, args_type: str, state: dict[str, Any], key: int) -> Callable[[nn.Module, Any], None]:
+    source = _HOOK_SOURCE.format(name=name, args=args_type)
+    filename = f"<actviz root hook {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # for inspect.getsource
+    namespace: dict[str, Any] = {"torch": torch, "typing": typing, "__name__": __name__}
+    exec(compile(source, filename, "exec"), namespace)
+    forward_step = _ForwardStep()
+    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token, _drop_hook)
+
+
+class _ForwardStep:
+    """``torch.ops.actviz.forward_step``, looked up when called (the op is defined while Dynamo traces)."""
+
+    def __call__(self, token: torch.Tensor, key: int, training: bool) -> None:
+        torch.ops.actviz.forward_step(token, key, training)
+
+
+class StepHook:
+    """The watcher's root forward pre-hook: a module-level function, live for its model only.
+
+    ``function(model, args)`` calls ``on_forward(model, args)`` on every eager forward of
+    ``target``. A copy of the model shares the function, which takes itself off the copy at
+    its first forward; a pickle stores it by name, and unpickled where it is not live it is
+    :func:`inert_step_hook`. After ``close()`` it is a no-op everywhere.
+    Traced by ``torch.compile`` it becomes one ``actviz::forward_step`` op; under
+    ``torch.jit.trace``, ``torch.export`` or ONNX export it does nothing; ``torch.jit.script``
+    compiles only its first lines (``is_scripting()`` is a constant there).
+    """
+
+    def __init__(
+        self, on_forward: Callable[[nn.Module, Any], None], on_compiled: Callable[[bool], None], target: nn.Module,
+        after_call: Callable[[], None] | None = None,
+    ) -> None:
+        key = next(_keys)
+        self.key = key
+        _counted[key] = weakref.WeakMethod(on_compiled)
+        self._state: dict[str, Any] = {
+            "on_forward": on_forward, "target": weakref.ref(target), "after_call": after_call}
+        name = f"actviz_step_hook_{key}"
+        hook = _make_hook(name, _forward_input_type(target), self._state, key)
+        hook.__module__ = __name__
+        hook.__qualname__ = name
+        _hook_functions[name] = hook
+        self.function = hook
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        self.function(module, args)
+
+    def after_call(self) -> None:
+        """The model's compiled call (``model.compile()``, wrapped by actviz) has returned."""
+        after = self._state.get("after_call")
+        if after is not None:
+            after()
+
+    def forget(self) -> None:
+        """Make the function a no-op for good (copies may still hold it) and let the watcher go."""
+        _counted.pop(self.key, None)
+        self._state.clear()
