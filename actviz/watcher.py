@@ -186,9 +186,8 @@ class Watcher:
             self._delivery.close()
 
     def _remove_root_hook(self) -> None:
-        handle, self._root_handle = self._root_handle, None
-        if handle is not None:
-            handle.remove(), take_eager_ahead().exit()
+        if (handle := self._root_handle) is not None:
+            self._root_handle = handle.remove() or take_eager_ahead().exit()
 
     def _on_writer_thread(self) -> bool:
         return self._delivery is not None and self._delivery.on_writer_thread()
@@ -224,13 +223,14 @@ class Watcher:
         except Exception as error:  # noqa: BLE001 - never stop training
             self._report("(watcher)", error)
 
-    def _on_compiled_forward(self, training: bool) -> None:
-        """A forward compiled with the root hook in it has run (replayed after its graph): count the step."""
+    def _on_compiled_forward(self, training: bool) -> None:  # a forward compiled with the root hook in it ran
         if self._closed or not training:
             return
         try:
-            if (step := self._count_step()) is not None and self._logs(step):
-                self._notices.once("compiled", step=step)
+            with torch.enable_grad():  # the op may run where autograd is off: it was a training forward
+                self._silences.saw_forward(self.model)
+            if (step := self._count_step()) is not None and not self._silences.saw_step(step, self._logs(step)):
+                self._logs(step) and self._notices.once("compiled", step=step)
             if self.auto_step and self._logs(self._next_step):
                 eager_ahead()  # the next forward runs eagerly, through the root hook
         except Exception as error:  # noqa: BLE001 - never stop training
