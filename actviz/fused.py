@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import types
-import warnings
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -45,6 +44,7 @@ import torch
 
 from ._internals import compiler_stance, inductor_backend, inductor_compiles_for, mark_size_unbacked
 from .options import fused_setting
+from .safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 
@@ -131,7 +131,7 @@ def _report_failure(key: Key, error: BaseException) -> None:
         logger.info(message)
     else:
         _warned = True
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warn_safely(message, RuntimeWarning, stacklevel=3)
 
 
 def compiled_functions() -> dict[Key, CompiledFunction | None]:

@@ -9,7 +9,6 @@ optimizer step), so its histograms go to step ``k + 1`` too.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +17,7 @@ from torch import nn
 from ..api import watch
 from ..watcher import Watcher
 from . import _check_watch_kwargs
+from ..safe_warnings import warn_safely
 
 try:
     from transformers.trainer_callback import TrainerCallback, TrainerControl, TrainerState
@@ -96,7 +96,7 @@ class ActvizCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         if model is None:
-            warnings.warn(
+            warn_safely(
                 "actviz logs nothing: the Trainer passed no model to its callbacks", RuntimeWarning, stacklevel=2
             )
             return

@@ -13,7 +13,6 @@ once if the first training batch never does.
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch
@@ -23,6 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from ..api import watch
 from ..watcher import Watcher
 from . import _check_watch_kwargs
+from ..safe_warnings import warn_safely
 
 try:
     import lightning.pytorch as pl
@@ -130,7 +130,7 @@ class ActvizCallback(pl.Callback):
             return
         self._remove_probe()
         if not self._probe_saw_forward:
-            warnings.warn(
+            warn_safely(
                 f"actviz logs nothing: {type(pl_module).__name__}.training_step does not call the module "
                 "itself, and actviz starts a step when the watched module's forward runs. Call self(x) in "
                 "training_step (with a forward that runs your network) to use ActvizCallback.",
