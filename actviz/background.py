@@ -66,6 +66,22 @@ class BackgroundSink:
         resolve: Turns a pending step into its results on the worker thread; by default
             ``pending.resolve()``.
         after_write: Called on the worker thread with each step's results once written.
+
+    Example:
+        >>> class ListSink:  # any object with write, flush and close
+        ...     def __init__(self): self.steps = []
+        ...     def write(self, results): self.steps.append(results.step)
+        ...     def flush(self): pass
+        ...     def close(self): pass
+        >>> class Ready:  # a step already on the host
+        ...     def __init__(self, step): self.step = step
+        ...     def resolve(self): return StepResults(self.step, scalars={"loss": 1.0})
+        >>> background = BackgroundSink(ListSink(), on_error=print)
+        >>> for step in (0, 5, 10):
+        ...     background.write(Ready(step))
+        >>> background.close(); background.close()
+        >>> background.sink.steps
+        [0, 5, 10]
     """
 
     def __init__(

@@ -5,6 +5,16 @@ pair's first half, an RL episode's actions) or, after it, for the optimizer step
 applies its gradients (a GAN discriminator's real batch waits through the fake batch).
 At most :data:`MAX_WAITING` wait; the oldest beyond that give up. A step that ends while an
 earlier one still waits is held back, so steps reach the writer in order.
+
+Example (a siamese step: its first half waits for the backward pass through both halves):
+    >>> import tempfile, torch, actviz
+    >>> encoder = torch.nn.Linear(3, 2)
+    >>> with actviz.watch(encoder, tempfile.mkdtemp(), every=2) as viz:
+    ...     left, right = encoder(torch.randn(4, 3)), encoder(torch.randn(4, 3))  # steps 0 and 1
+    ...     (left - right).square().sum().backward()
+    ...     viz.flush()
+    >>> viz.latest.step, sorted(viz.latest.weight_grads)
+    (0, ['bias', 'weight'])
 """
 
 from __future__ import annotations

@@ -5,6 +5,22 @@ step is over (the capture's module docstring says when). Its state lives on the 
 ``done``, ``in_forward``, ``expects_backward``, ``backward_seen``, ``awaiting_optimizer``,
 the :class:`~actviz.step_parameters.StepParameters` and the loop's
 :class:`~actviz.step_parameters.LoopHistory`.
+
+Example (a GAN discriminator's step: two backward passes, then the optimizer step that
+applies their sum, which is what ``weight_grads`` log):
+    >>> import tempfile, torch, actviz
+    >>> critic = torch.nn.Linear(2, 1)
+    >>> optimizer = torch.optim.SGD(critic.parameters(), lr=0.1)
+    >>> real, fake = torch.ones(1, 2), -torch.ones(1, 2)
+    >>> with actviz.watch(critic, tempfile.mkdtemp(), every=2) as viz:
+    ...     optimizer.zero_grad()
+    ...     critic(real).sum().backward()  # step 0: waits for its optimizer step
+    ...     critic(fake).sum().backward()  # step 1
+    ...     applied = critic.weight.grad.clone()
+    ...     optimizer.step()
+    ...     viz.flush()
+    >>> viz.latest.weight_grads["weight"].sum == float(applied.sum())
+    True
 """
 
 from __future__ import annotations
