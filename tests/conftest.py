@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -122,3 +123,27 @@ def hooks_left(model: nn.Module) -> dict[str, int]:
 
 
 NO_HOOKS = {"forward": 0, "forward_pre": 0, "backward": 0, "backward_pre": 0, "param": 0}
+
+
+#: aten ops that make the host wait for a device (on CUDA): .item()/.tolist() and data-dependent sizes.
+SYNCING = {
+    "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
+    "aten.bincount.default", "aten.unique.default", "aten._unique2.default", "aten.histc.default",
+    "aten.repeat_interleave.Tensor", "aten.unique_consecutive.default", "aten.item.default",
+}
+
+
+class CountOps(TorchDispatchMode):
+    """Kernel-launching ops (views left out) and host-syncing ops dispatched on this thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: list[str] = []
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) in SYNCING:
+            self.syncs.append(str(func))
+        if not func.is_view:
+            self.kernels.append(str(func))
+        return func(*args, **(kwargs or {}))

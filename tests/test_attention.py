@@ -9,9 +9,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import hooks_left
+from conftest import CountOps, hooks_left
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import actviz
 from actviz.attention import (
@@ -328,24 +327,6 @@ def test_compiled_gpt2_keeps_one_graph_and_never_recompiles(how):
 
 # -- costs: kernels added per attention call, counted as tests/test_device_path.py counts them ---------
 
-class CountKernels(TorchDispatchMode):
-    """Kernel-launching aten ops (views left out) and host-syncing ops."""
-
-    SYNCING = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels: list[str] = []
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func) in self.SYNCING:
-            self.syncs.append(str(func))
-        if not func.is_view:
-            self.kernels.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def _sdpa_cases():
     torch.manual_seed(0)
     q, k = torch.randn(2, 4, 100, 8), torch.randn(2, 4, 100, 8)
@@ -363,13 +344,13 @@ def _sdpa_cases():
 @pytest.mark.parametrize("case", list(_sdpa_cases()))
 def test_an_sdpa_call_adds_at_most_nine_kernels_and_no_sync(case):
     q, k, v, kwargs = _sdpa_cases()[case]
-    with CountKernels() as bare:
+    with CountOps() as bare:
         F.scaled_dot_product_attention(q, k, v, **kwargs)
     with AttentionMode() as mode:
         mode.enter("warm")  # the causal mask is made once and kept
         F.scaled_dot_product_attention(q, k, v, **kwargs)
         mode.enter("counted")
-        with CountKernels() as watched:
+        with CountOps() as watched:
             F.scaled_dot_product_attention(q, k, v, **kwargs)
     added = len(watched.kernels) - len(bare.kernels)
     assert added <= 9, watched.kernels  # 7 to 9: bmm, scale, mask, softmax, xlogy, sum, amax, cat (+ a cast)
@@ -379,11 +360,11 @@ def test_an_sdpa_call_adds_at_most_nine_kernels_and_no_sync(case):
 def test_a_multihead_attention_call_adds_at_most_eleven_kernels():
     attention = nn.MultiheadAttention(16, 2, batch_first=True)
     x, causal = torch.randn(2, 30, 16), torch.ones(30, 30, dtype=torch.bool).triu(1)
-    with CountKernels() as bare:
+    with CountOps() as bare:
         attention(x, x, x, attn_mask=causal, need_weights=False)
     with AttentionMode() as mode:
         mode.enter("attn")
-        with CountKernels() as watched:
+        with CountOps() as watched:
             attention(x, x, x, attn_mask=causal, need_weights=False)
     added = len(watched.kernels) - len(bare.kernels)
     assert added <= 11 and watched.syncs == [], watched.kernels  # the two projections of batch element 0, then as SDPA

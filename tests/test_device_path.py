@@ -13,36 +13,13 @@ import tempfile
 import pytest
 import torch
 import torchvision
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import actviz
 from actviz.batch_summaries import reduce_tensors
 from actviz.rendering import heatmap, picture_source
 from actviz.summaries import reduce_tensor
 from actviz.transfer import HostCopy, PendingStep
-
-SYNCING = {
-    "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
-    "aten.bincount.default", "aten.unique.default", "aten._unique2.default", "aten.histc.default",
-    "aten.repeat_interleave.Tensor", "aten.unique_consecutive.default",
-}
-
-
-class CountOps(TorchDispatchMode):
-    """Kernel-launching ops (views left out) and host-syncing ops dispatched on this thread."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels: list[str] = []
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func) in SYNCING:
-            self.syncs.append(str(func))
-        if not func.is_view:
-            self.kernels.append(str(func))
-        return func(*args, **(kwargs or {}))
-
+from conftest import CountOps
 
 @pytest.fixture(autouse=True)
 def device_path(monkeypatch):

@@ -8,8 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import small_cnn
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import CountOps, small_cnn
 
 import actviz
 from actviz.spikes import FOLLOW, RING
@@ -94,24 +93,6 @@ def test_spikes_subscribe_once_and_unsubscribe_at_close_and_are_off_by_default(t
     assert recorders() == before
     with actviz.watch(small_cnn(), tmp_path / "off", every=1000):
         assert recorders() == before
-
-
-class CountOps(TorchDispatchMode):
-    """Kernel-launching ops (views left out) and host-syncing ops, as tests/test_device_path.py counts them."""
-
-    SYNCING = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels: list[str] = []
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func) in self.SYNCING:
-            self.syncs.append(str(func))
-        if not func.is_view:
-            self.kernels.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatch):
