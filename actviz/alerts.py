@@ -146,7 +146,9 @@ class HealthMonitor:
         first updates are as large as the learning rate whatever the gradient.
         """
         counts = {tag: results.scalars.pop(tag) for tag in [t for t in results.scalars if t.startswith("health/")]}
-        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts)]
+        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts),
+                 *results.alerts]  # found while the step was finished (actviz.transformer_alerts)
+        results.alerts = []
         trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
         found += trends if results.step >= self.thresholds["warmup_steps"] else []
         fresh = []
