@@ -5,7 +5,9 @@ on ``self``/``cls`` or when actviz itself defines that name (a method, attribute
 class of its own). Anything else is another library's private attribute and fails here: an
 attribute (``module._forward_hooks``), a ``getattr``-family call with a literal name
 (``getattr(model, "_orig_mod")``) or an import (``import torch._dynamo``,
-``from torch.nn.modules.batchnorm import _NormBase``). Add one small function to
+``from torch.nn.modules.batchnorm import _NormBase``). A name reached through another
+library's module (``torch.nn.functional._pad``, ``F._canonical_mask``) is foreign even where
+actviz has a name of its own that reads the same. Add one small function to
 ``_internals.py`` instead, with a test in tests/test_internals.py that fails when a release
 changes what it relies on.
 """
@@ -51,6 +53,26 @@ def own_private_names(trees: list[ast.Module]) -> set[str]:
     return {name for name in names if _private(name)} - ALWAYS_FOREIGN
 
 
+def library_names(tree: ast.Module) -> set[str]:
+    """Names ``tree`` binds to another library's modules and objects by importing them (``torch``, ``F``, ``nn``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                      if alias.name.split(".")[0] != "actviz"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module not in (None, "__future__"):
+            if node.module.split(".")[0] != "actviz":
+                names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from: ``torch`` for ``torch.nn.functional._pad``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 def foreign_private_uses(tree: ast.Module, own: set[str]) -> list[str]:
     """``'line: use'`` for each private name of another library that ``tree`` reaches for."""
     found: list[tuple[int, str]] = []
@@ -58,8 +80,10 @@ def foreign_private_uses(tree: ast.Module, own: set[str]) -> list[str]:
     def foreign(name: str) -> bool:
         return _private(name) and name not in own and not name.startswith(ALLOWED_PREFIXES)
 
+    libraries = library_names(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and foreign(node.attr):
+        if isinstance(node, ast.Attribute) and (foreign(node.attr) or (
+                _private(node.attr) and not node.attr.startswith(ALLOWED_PREFIXES) and _root(node) in libraries)):
             base = ast.unparse(node.value)
             if base not in ("self", "cls"):
                 found.append((node.lineno, f"{base}.{node.attr}"))
@@ -114,10 +138,12 @@ class Mine:
         ours = other_watcher._model
         params = model._parameters
         norms = torch._foreach_norm([model.weight])
+        padded = F._helper(model.weight)
 
     def _helper(self):
         return self.__class__.__name__
 '''
+    code = "import torch.nn.functional as F" + code  # F's names are another library's, _helper too
     tree = ast.parse(code)
     assert foreign_private_uses(tree, own_private_names([tree])) == [
         "2: import torch._dynamo",
@@ -126,4 +152,5 @@ class Mine:
         "11: model._forward_hooks",
         "12: getattr(..., '_orig_mod')",
         "14: model._parameters",
+        "16: F._helper",
     ]
