@@ -1,4 +1,5 @@
-"""The package's shape: one version, small modules, no import cycle, light imports."""
+"""The package's shape: one version, small modules, no import cycle, light imports, side effects where the
+docs name them, project URLs into this repository and a changelog for this version."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import actviz
 
@@ -104,6 +107,8 @@ sys.meta_path.insert(0, Refuse())
 _WATCH = """
 import sys
 import torch
+import pytest
+
 import actviz
 
 model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
@@ -196,3 +201,23 @@ model.register_forward_hook(hook)  # a hook on the user's model is not process-w
     assert _process_wide_calls(ast.parse(code)) == [
         "5: atexit.register", "6: register_optimizer_step_pre_hook", "7: register_module_forward_hook",
         "8: torch.optim.optimizer.register_optimizer_step_post_hook", "9: sys.excepthook ="]
+
+
+def test_project_urls_point_at_this_repository_and_at_files_it_has() -> None:
+    # The address itself cannot be checked offline (the repository is not public yet); what it points
+    # into can: each URL sits under the homepage, and a /blob/main/ link names a file of this checkout.
+    tomllib = pytest.importorskip("tomllib")
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    home = urls["Homepage"].rstrip("/")
+    assert {"Homepage", "Documentation", "Changelog", "Issues"} <= set(urls)
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", home)
+    for name, url in urls.items():
+        assert url == home or url.startswith(home + "/"), f"{name}: {url} is not under {home}"
+        if "/blob/main/" in url:
+            assert (ROOT / url.split("/blob/main/", 1)[1]).is_file(), f"{name}: {url} names no file of the repository"
+
+
+def test_the_changelog_has_a_section_for_this_version() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## {re.escape(actviz.__version__)}\b", text, flags=re.M), (
+        f"CHANGELOG.md has no '## {actviz.__version__}' section: add one when the version changes")
