@@ -43,6 +43,24 @@ SLOW_TESTS = {
     "test_report.py::test_two_models_get_their_own_runs_and_say_which_they_are",
     "test_sinks.py::test_one_atexit_entry_writes_the_pending_steps_of_every_watcher",
     "test_watch.py::test_torchvision_models_with_inplace_relus",
+    # from `--durations=30` of the quick lane, 2 cores shared with other jobs (load 2 to 4), November 2026
+    "test_alerts.py::test_300_steps_of_a_tiny_gpt2_raise_no_alert",
+    "test_alerts.py::test_300_steps_of_resnet18_at_a_small_size_raise_no_alert",
+    "test_alerts.py::test_300_steps_of_the_demo_cnn_raise_no_alert",
+    "test_amp.py::test_gradients_are_logged_unscaled_against_a_twin_without_scaling[fused]",
+    "test_attention.py::test_compiled_gpt2_keeps_one_graph_and_never_recompiles",
+    "test_device_path.py::test_a_logging_step_creates_few_python_objects",
+    "test_doctor.py::test_a_lightning_run",
+    "test_doctor.py::test_the_command_runs_as_a_program_and_its_help_teaches",
+    "test_loop_shapes.py::test_mnist_hogwild_workers_run_the_watched_model",  # worker processes
+    "test_never_break.py::test_a_forked_child_writes_nothing_and_exits_at_once",
+    "test_never_break.py::test_compiling_after_watch_gives_the_graphs_and_steps_of_compiling_first",
+    "test_never_break.py::test_copies_in_a_fresh_process_with_and_without_dynamo",
+    "test_never_break.py::test_inductor_after_watch_with_fullgraph",
+    "test_never_break.py::test_onnx_export_of_a_watched_model_takes_no_step",
+    "test_never_break.py::test_spawned_workers_get_an_unwatched_model",
+    "test_report.py::test_progress_bar_counts_images_times_layers",
+    "test_summaries.py::test_extra_memory_of_an_integer_output_is_at_most_its_size",  # tracemalloc over big outputs
 }
 
 
