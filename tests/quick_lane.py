@@ -2,7 +2,7 @@
 
 The slow set is named here, in one place, from ``pytest --durations=0`` on a 2-core machine:
 whole files that start processes, servers, browsers or big models, and single tests over
-about two seconds. A test can also mark itself with ``@pytest.mark.slow``. The full suite,
+about a second (the quick lane then ran in under a minute on 2 shared cores). A test can also mark itself with ``@pytest.mark.slow``. The full suite,
 slow tests included, is what CI runs (``.ci/run`` calls ``scripts/test.sh`` with no option).
 Loaded from tests/conftest.py (``pytest_plugins``).
 """
