@@ -2,7 +2,8 @@
 
 Outside ``_internals.py``, actviz code may use a name that starts with one underscore only
 on ``self``/``cls`` or when actviz itself defines that name (a method, attribute, function or
-class of its own). Anything else is another library's private attribute and fails here: an
+class of its own) and no torch module, tensor, optimizer, grad scaler or ``SummaryWriter`` has
+an attribute of that name. Anything else is another library's private attribute and fails here: an
 attribute (``module._forward_hooks``), a ``getattr``-family call with a literal name
 (``getattr(model, "_orig_mod")``) or an import (``import torch._dynamo``,
 ``from torch.nn.modules.batchnorm import _NormBase``). A name reached through another
@@ -23,7 +24,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "actviz"
 #: tests/test_internals.py checks what actviz relies on.
 ALLOWED_PREFIXES = ("_foreach_",)
 
-#: torch's own private attributes: foreign even where an actviz class has one of the same name.
+def _private_names_of_the_objects_actviz_touches() -> set[str]:
+    """The private attributes of a module, a tensor, an optimizer, a grad scaler and a SummaryWriter."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    layer = torch.nn.Linear(1, 1)
+    objects = (layer, torch.zeros(1), torch.optim.SGD(layer.parameters(), lr=0.1),
+               torch.amp.GradScaler("cpu", enabled=False))
+    names = {name for value in objects for name in [*dir(value), *vars(value)]} | set(dir(SummaryWriter))
+    return {name for name in names if _private(name)}
+
+
+#: torch's own private attributes: foreign even where an actviz class has one of the same name
+#: (``other._values`` is a tensor's, whatever ``self._values`` is in actviz).
 ALWAYS_FOREIGN = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                   "_backward_pre_hooks", "_version", "_base", "_grad_fn", "_orig_mod", "_compiled_call_impl"}
 
@@ -50,7 +64,7 @@ def own_private_names(trees: list[ast.Module]) -> set[str]:
                 names.add(node.attr)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
-    return {name for name in names if _private(name)} - ALWAYS_FOREIGN
+    return {name for name in names if _private(name)} - ALWAYS_FOREIGN - _private_names_of_the_objects_actviz_touches()
 
 
 def library_names(tree: ast.Module) -> set[str]:
@@ -139,6 +153,7 @@ class Mine:
         params = model._parameters
         norms = torch._foreach_norm([model.weight])
         padded = F._helper(model.weight)
+        self._values = model.weight._values()
 
     def _helper(self):
         return self.__class__.__name__
@@ -153,4 +168,5 @@ class Mine:
         "12: getattr(..., '_orig_mod')",
         "14: model._parameters",
         "16: F._helper",
+        "17: model.weight._values",
     ]
