@@ -101,6 +101,7 @@ def test_to_uint8_rounds_half_to_even_clamps_and_leaves_its_input() -> None:
     assert array[1, 1] == 7.0
 
 
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="a PyTorch build without torch.distributed")
 def test_distributed_types_are_told_by_the_names_torch_gives_its_classes() -> None:
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
