@@ -16,7 +16,7 @@ from typing import Any
 from .background import BackgroundSink
 from .results import StepResults
 from .safe_warnings import warn_safely
-from .sinks import TensorBoardSink
+from .sink_interface import Sink
 from .transfer import PendingStep
 
 __all__ = ["Delivery"]
@@ -28,14 +28,14 @@ class Delivery:
     """Writes finished steps through a sink, keeps the last one and calls ``on_step``.
 
     Args:
-        sink: The TensorBoard sink.
+        sink: The sink (:class:`actviz.sinks.TensorBoardSink`, or a fan-out to the user's too).
         strict: Write on the training thread and let errors raise.
         on_step: Called with each step's results once written.
         diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.Diagnosis`).
     """
 
     def __init__(
-        self, sink: TensorBoardSink, strict: bool, on_step: Callable[[StepResults], None] | None = None,
+        self, sink: Sink, strict: bool, on_step: Callable[[StepResults], None] | None = None,
         diagnose: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.sink = sink
@@ -52,7 +52,7 @@ class Delivery:
 
     @property
     def writer(self) -> Any:
-        return self.sink.writer
+        return getattr(self.sink, "writer", None)  # None for watch(sink=...) alone
 
     def deliver(self, pending: PendingStep) -> None:
         """Hand a finished step on: queued for the writer thread, or written now if strict."""

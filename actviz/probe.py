@@ -26,6 +26,7 @@ from .compiled import eager, unwrap_compiled
 from .gradcam import call_model, grad_cam, gradcam_overlay, last_conv_name
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
 from .rendering import _normalize, picture_source
+from .tags import GRADCAM, PROBE_INPUT
 
 __all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "unwrap_for_probe"]
 
@@ -150,11 +151,11 @@ class Probe:
             image = probe_image(self.inputs)
             found += attention_pictures(maps, image)
             if image is not None:
-                found.append(("probe/input", draw_probe_input, (image,), True))
+                found.append((PROBE_INPUT, draw_probe_input, (image,), True))
                 for name, layer in self.gradcam:
                     with eager():
                         cam = grad_cam(model, layer, self.inputs)[0]
-                    found.append((f"gradcam/{name}", gradcam_overlay, (image, cam), True))
+                    found.append((GRADCAM.format(layer=name), gradcam_overlay, (image, cam), True))
         finally:
             for handle in handles:
                 handle.remove()
