@@ -17,6 +17,7 @@ from .background import BackgroundSink
 from .results import StepResults
 from .safe_warnings import warn_safely
 from .sink_interface import Sink
+from .tags import ALERTS, LAYERS
 from .transfer import PendingStep
 
 __all__ = ["Delivery"]
@@ -95,14 +96,14 @@ class Delivery:
             message = first_nonfinite(results)
             if message is not None:
                 self._alerted = True
-                results.texts["alerts"] = "\n\n".join(filter(None, [message, results.texts.get("alerts")]))
+                results.texts[ALERTS] = "\n\n".join(filter(None, [message, results.texts.get(ALERTS)]))
                 warn_safely(message, RuntimeWarning)
         return results
 
     def _written(self, results: StepResults) -> None:
         self.latest = results
-        if "layers" in results.texts:
-            self.layer_table = results.texts["layers"]
+        if LAYERS in results.texts:
+            self.layer_table = results.texts[LAYERS]
         if self._on_step is None:
             return
         try:
