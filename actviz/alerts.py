@@ -23,6 +23,7 @@ from typing import Any
 from .results import StepResults
 from .safe_warnings import warn_safely
 from .suggestions import did_you_mean
+from .tags import ALERTS, UPDATE_RATIO
 from .unit_counts import DEAD_CHANNELS, SATURATED
 
 __all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts"]
@@ -170,8 +171,8 @@ class HealthMonitor:
                     warn_safely(f"actviz's on_alert callback raised {type(error).__name__}: {error}", RuntimeWarning)
         if alerts and results is not None:
             lines = [alert.line() for alert in alerts]
-            old = results.texts.get("alerts")
-            results.texts["alerts"] = "\n\n".join([old, *lines] if old else lines)
+            old = results.texts.get(ALERTS)
+            results.texts[ALERTS] = "\n\n".join([old, *lines] if old else lines)
 
     def _streak(self, rule: str, layer: str, hit: bool) -> int:
         """How many logging steps in a row ``rule`` has held for ``layer``, this one included."""
@@ -279,7 +280,7 @@ class HealthMonitor:
         low, high = self.thresholds["update_ratio_low"], self.thresholds["update_ratio_high"]
         found = []
         for tag, ratio in results.scalars.items():
-            param = tag.removeprefix("update_ratio/")
+            param = tag.removeprefix(UPDATE_RATIO.format(param=""))
             if param == tag or not math.isfinite(ratio) or (self.matrices is not None and param not in self.matrices):
                 continue
             outside = not low <= ratio <= high

@@ -25,6 +25,7 @@ from .results import StepResults
 from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
+from .sink_interface import FanOutSink, Sink, check_sink
 from .sinks import TensorBoardSink, use_fast_crc
 from .open_watchers import watching
 from .watcher import Watcher
@@ -64,6 +65,7 @@ def watch(
     log_dir: str | os.PathLike[str] | None = None,
     *,
     writer: Any = None,
+    sink: Sink | None = None,
     every: ScheduleSpec = 100,
     image_every: ScheduleSpec | None = None,
     layers: LayerSpec | Iterable[LayerSpec] | None = None,
@@ -96,9 +98,14 @@ def watch(
     Args:
         model: The ``nn.Module`` to watch (a DDP wrapper works too).
         log_dir: Folder for a new ``SummaryWriter``; closed by :meth:`Watcher.close`.
-            Give this or ``writer``, not both. With neither, ``SummaryWriter()``'s
-            default ``runs/<date>_<host>`` is used.
+            Give this or ``writer``, not both. With neither (and no ``sink``),
+            ``SummaryWriter()``'s default ``runs/<date>_<host>`` is used.
         writer: A ``SummaryWriter`` you own. actviz writes to it and never closes it.
+        sink: Any object with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.sinks.Sink`):
+            it gets each step's :class:`~actviz.results.StepResults` on the writer thread, as
+            TensorBoard does, and ``close()`` when the watcher closes. Alone, only it is written to
+            (no ``SummaryWriter``, no folder); with ``log_dir`` or ``writer``, both are. A sink
+            that raises is warned about once; training goes on.
         every: When to log histograms and scalars: every N steps (step 0 included),
             a collection of step numbers, a function ``step -> bool``, or ``False`` for never.
         image_every: When to log feature maps; same forms as ``every``, which it defaults to.
@@ -208,6 +215,8 @@ def watch(
         raise TypeError(f"writer must be a torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
     if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
         raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
+    if sink is not None:
+        check_sink(sink)
     chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)
     check_probe(probe, model)
     cam_layers = gradcam_layers(unwrap_compiled(model), gradcam, probe)
@@ -217,18 +226,21 @@ def watch(
             "(viz.close()) before watching it again"
         )
 
-    sink = None
+    user_sink, sink = sink, None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
-        use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
-        if writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+        if writer is not None or log_dir is not None or user_sink is None:  # TensorBoard
+            use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
+            if writer is None:
+                from torch.utils.tensorboard import SummaryWriter
 
-            if log_dir is not None:
-                warn_if_reused(log_dir)  # before the new writer adds its own file
-            owned = SummaryWriter(_prepare_log_dir(log_dir) if log_dir is not None else None)
-            sink = TensorBoardSink(owned, owns_writer=True, layout=True)
-        else:
-            sink = TensorBoardSink(writer, owns_writer=False, layout=True)
+                if log_dir is not None:
+                    warn_if_reused(log_dir)  # before the new writer adds its own file
+                owned = SummaryWriter(_prepare_log_dir(log_dir) if log_dir is not None else None)
+                sink = TensorBoardSink(owned, owns_writer=True, layout=True)
+            else:
+                sink = TensorBoardSink(writer, owns_writer=False, layout=True)
+        if user_sink is not None:  # after TensorBoard's; its errors are warned about, never raised
+            sink = FanOutSink([sink, user_sink], guard_from=1) if sink is not None else FanOutSink([user_sink])
     viz = Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
         grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
@@ -238,6 +250,6 @@ def watch(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),
     )
-    if sink is not None:
+    if sink is not None and sink.writer is not None:
         warn_if_shared(sink.writer.get_logdir(), viz, type(unwrap_compiled(model)).__name__)
     return viz

@@ -27,6 +27,7 @@ from .attention import AttentionMode, attention_logits, attention_modules
 from .gradcam import gradcam_overlay
 from .hooks import HookHandles
 from .rendering import draw_grid
+from .tags import ATTENTION_MAPS
 
 ROLLOUT = "(rollout)"
 
@@ -151,7 +152,7 @@ Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
 
 def attention_pictures(maps: list[tuple[str, torch.Tensor]], image: torch.Tensor | None) -> list[Picture]:
     """The probe's pictures (what :func:`record_attention` left), as :class:`~actviz.probe.Probe` hands them on."""
-    pictures: list[Picture] = [(f"attention_maps/{name}", draw_heads, (weights,), True)
+    pictures: list[Picture] = [(ATTENTION_MAPS.format(layer=name), draw_heads, (weights,), True)
                                for name, weights in maps if name != ROLLOUT]
     head_means = dict(maps).get(ROLLOUT)
     if image is not None and head_means is not None and rollout(head_means[:1]) is not None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from .results import StepResults
 from .safe_warnings import warn_safely
+from .sink_interface import Sink
 
 __all__ = ["BackgroundSink", "PendingResults"]
 
@@ -36,18 +37,6 @@ class PendingResults(Protocol):
     step: int
 
     def resolve(self) -> StepResults: ...
-
-
-class Sink(Protocol):
-    """What the thread writes through (:class:`actviz.sinks.TensorBoardSink`)."""
-
-    writer: Any
-
-    def write(self, results: StepResults) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class BackgroundSink:
@@ -105,7 +94,7 @@ class BackgroundSink:
 
     @property
     def writer(self) -> Any:
-        return self.sink.writer
+        return getattr(self.sink, "writer", None)
 
     # -- the training thread's side ---------------------------------------------------------------
 

@@ -16,7 +16,8 @@ from typing import Any
 from .background import BackgroundSink
 from .results import StepResults
 from .safe_warnings import warn_safely
-from .sinks import TensorBoardSink
+from .sink_interface import Sink
+from .tags import ALERTS, LAYERS
 from .transfer import PendingStep
 
 __all__ = ["Delivery"]
@@ -28,14 +29,14 @@ class Delivery:
     """Writes finished steps through a sink, keeps the last one and calls ``on_step``.
 
     Args:
-        sink: The TensorBoard sink.
+        sink: The sink (:class:`actviz.sinks.TensorBoardSink`, or a fan-out to the user's too).
         strict: Write on the training thread and let errors raise.
         on_step: Called with each step's results once written.
         diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.Diagnosis`).
     """
 
     def __init__(
-        self, sink: TensorBoardSink, strict: bool, on_step: Callable[[StepResults], None] | None = None,
+        self, sink: Sink, strict: bool, on_step: Callable[[StepResults], None] | None = None,
         diagnose: Callable[[StepResults], None] | None = None,
     ) -> None:
         self.sink = sink
@@ -52,7 +53,7 @@ class Delivery:
 
     @property
     def writer(self) -> Any:
-        return self.sink.writer
+        return getattr(self.sink, "writer", None)  # None for watch(sink=...) alone
 
     def deliver(self, pending: PendingStep) -> None:
         """Hand a finished step on: queued for the writer thread, or written now if strict."""
@@ -95,14 +96,14 @@ class Delivery:
             message = first_nonfinite(results)
             if message is not None:
                 self._alerted = True
-                results.texts["alerts"] = "\n\n".join(filter(None, [message, results.texts.get("alerts")]))
+                results.texts[ALERTS] = "\n\n".join(filter(None, [message, results.texts.get(ALERTS)]))
                 warn_safely(message, RuntimeWarning)
         return results
 
     def _written(self, results: StepResults) -> None:
         self.latest = results
-        if "layers" in results.texts:
-            self.layer_table = results.texts["layers"]
+        if LAYERS in results.texts:
+            self.layer_table = results.texts[LAYERS]
         if self._on_step is None:
             return
         try:

@@ -19,6 +19,7 @@ from .flow import FlowHistory
 from .results import StepResults
 from .safe_warnings import warn_safely
 from .spikes import SpikeRecorder
+from .tags import ALERTS
 from .unit_counts import is_relu_family
 
 __all__ = ["Alert", "Diagnosis", "make_diagnosis"]
@@ -30,7 +31,7 @@ class Diagnosis:
     """Health alerts, flow pictures and spike records of one watcher's run.
 
     Args:
-        sink: The :class:`~actviz.sinks.TensorBoardSink` spike records are written to.
+        sink: The sink spike records are written to, as steps of their own (:class:`actviz.sinks.Sink`).
         monitor: The health rules, or ``None`` with ``alerts=False``.
         flow: The flow pictures' history.
         spikes: Whether to record gradient spikes (``watch(spikes=True)``): see :meth:`spike_recorder`.
@@ -88,10 +89,10 @@ class Diagnosis:
             alert, values = record.resolve()
             for step, scalars in sorted(values.items()):
                 if step > self._spikes_written_until:
-                    self.sink.write_values(step, scalars)
+                    self.sink.write(StepResults(step, scalars=scalars))
             self._spikes_written_until = max(self._spikes_written_until, *values) if values else self._spikes_written_until
             self._reporter.report(None, [alert])
-            self.sink.write_values(alert.step, {}, {"alerts": alert.line()})
+            self.sink.write(StepResults(alert.step, texts={ALERTS: alert.line()}))
 
     def _guarded(self, what: str, function: Any, *args: Any) -> None:
         if what in self._failed:

@@ -23,6 +23,7 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 
 from .results import StepResults
+from .tags import FLOW, UPDATE_RATIO
 
 __all__ = ["FLOW_STATISTICS", "FlowHistory", "FlowLayout", "colour_bar_range", "draw_flow", "flow_layout"]
 
@@ -191,7 +192,7 @@ class FlowHistory:
         image_step = bool(results.images) or any(not tag.startswith("flow/") for tag in results.pictures)
         image_step = image_step or (self.image_steps is not None and self.image_steps(results.step))
         if image_step and self.steps:
-            self.last_pictures = {f"flow/{name}": self.picture(name) for name in self._statistics() if self.rows[name]}
+            self.last_pictures = {FLOW.format(statistic=name): self.picture(name) for name in self._statistics() if self.rows[name]}
             results.pictures.update(self.last_pictures)
 
     def picture(self, name: str) -> torch.Tensor:
@@ -202,8 +203,8 @@ class FlowHistory:
 
     def _values(self, results: StepResults, name: str) -> dict[str, float]:
         if name == "update_ratio":
-            return {tag.removeprefix("update_ratio/"): value for tag, value in results.scalars.items()
-                    if tag.startswith("update_ratio/")}
+            return {tag.removeprefix(UPDATE_RATIO.format(param="")): value for tag, value in results.scalars.items()
+                    if tag.startswith(UPDATE_RATIO.format(param=""))}
         kind, attribute = FLOW_STATISTICS[name]
         found = {layer: math.nan if summary.nonfinite else float(getattr(summary, attribute))
                  for layer, summary in getattr(results, kind).items()}

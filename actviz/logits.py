@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from .summaries import local_shard
+from .tags import LOGITS
 
 __all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]
 
 #: Tags of :func:`logit_vector`'s entries, in order.
-LOGIT_TAGS = ("logits/max", "logits/logsumexp", "logits/entropy")
+LOGIT_TAGS = LOGITS
 
 
 def last_linear_width(model: nn.Module) -> int | None:

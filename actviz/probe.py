@@ -30,6 +30,7 @@ from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
 from .pixels import to_uint8
 from .rendering import _normalize, picture_source
 from .selection import find_layer
+from .tags import GRADCAM, PROBE_INPUT
 
 __all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "unwrap_for_probe"]
 
@@ -148,11 +149,11 @@ class Probe:
             image = probe_image(self.inputs)
             found += attention_pictures(maps, image)
             if image is not None:
-                found.append(("probe/input", draw_probe_input, (image,), True))
+                found.append((PROBE_INPUT, draw_probe_input, (image,), True))
                 for name, layer in self.gradcam:
                     with eager():
                         cam = grad_cam(model, layer, self.inputs)[0]
-                    found.append((f"gradcam/{name}", gradcam_overlay, (image, cam), True))
+                    found.append((GRADCAM.format(layer=name), gradcam_overlay, (image, cam), True))
         finally:
             handles.remove()
             for module, training in modes.items():

@@ -1,26 +1,8 @@
 """Sinks: write one step's results to TensorBoard.
 
-Tags (``layer`` from ``named_modules()``, ``param`` from ``named_parameters()``):
-
-=========================================  ==============================================
-``feature_maps/{layer}``                   image: channel grid (4-D) or heat map (3-D)
-``activations/{layer}``                    histogram of the layer's output
-``gradients/{layer}``                      histogram of the gradient w.r.t. that output
-``weights/{param}``                        histogram of the parameter
-``weight_grads/{param}``                   histogram of the parameter's gradient
-``activation_stats/{layer}/mean``          also ``/std``, ``/zero_fraction`` (a), ``/nonfinite`` (a)
-``gradient_stats/{layer}/norm``            also ``/nonfinite`` (a)
-``amp/grad_scale``                         scalar: the AMP loss scale (with ``grad_scaler=``)
-``layers``                                 text: the watched layers, at the first stats step
-``alerts``                                 text: health alerts at their step (actviz.alerts)
-``flow/{statistic}``                       image: every layer over time (actviz.flow)
-``probe/input``, ``gradcam/{layer}``       images: the probe's sample 0, Grad-CAM over it
-``update_ratio/{param}``                   scalar: ||w_after - w_before|| / ||w_before|| (opt-in)
-``spikes/...``                             scalars: gradient norms around a spike (opt-in)
-=========================================  ==============================================
-
-(a) Written from the first step where they are not zero on: a healthy run never shows a
-card that stays at zero (``nonfinite``; ``zero_fraction`` of a layer that is not a ReLU).
+Every tag and what it holds is in :mod:`actviz.tags` (:func:`~actviz.tags.step_items`); this
+module only maps those items to TensorBoard's values. Any object with ``write(results)``,
+``flush()`` and ``close()`` is a sink too (:class:`Sink`, ``watch(sink=...)``).
 """
 
 from __future__ import annotations
@@ -35,9 +17,11 @@ from torch.utils.tensorboard.summary import custom_scalars
 
 from ._internals import event_file_writer, replace_record_checksum
 from .results import StepResults
-from .step_values import _image_value, _scalar_values, _step_values, _text_value
+from .sink_interface import Sink
+from .step_values import _image_value, _scalar_values, _text_value, _values
+from .tags import step_items
 
-#: Custom Scalars charts (anchored regexes on the tags above): each statistic across all layers.
+#: Custom Scalars charts (anchored regexes on the tags of actviz.tags): each statistic across all layers.
 DASHBOARD_LAYOUT = {
     "actviz: every layer on one chart": {
         "gradient norm": ["Multiline", [r"^gradient_stats/.*/norm$"]],
@@ -48,7 +32,7 @@ DASHBOARD_LAYOUT = {
     },
 }
 
-__all__ = ["DASHBOARD_LAYOUT", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
+__all__ = ["DASHBOARD_LAYOUT", "Sink", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +106,7 @@ class TensorBoardSink:
         every TensorBoard loader reads it; it saves an event, a checksum and a queue
         hand-off per value.
         """
-        values = _step_values(results, self._shown)
-        values += [_image_value(f"feature_maps/{layer}", image) for layer, image in results.images.items()]
-        values += [_image_value(tag, image) for tag, image in results.pictures.items()]
+        values = [value for item in step_items(results, self._shown) for value in _values(*item)]
         if self.layout and not self._layout_written:  # with the first step, as TensorBoard keeps one per run
             values += list(custom_scalars(DASHBOARD_LAYOUT).value)
         event_file_writer(self.writer).add_summary(SummaryProto(value=values), results.step)

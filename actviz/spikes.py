@@ -50,6 +50,7 @@ from .optimizer_steps import subscribe
 from .options import cpu_shortcuts
 from .safe_warnings import warn_safely
 from .summaries import local_shard
+from .tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
 from .transfer import HostCopy
 
 __all__ = ["FOLLOW", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
@@ -83,9 +84,9 @@ class SpikeRecord:
         per_layer = per_layer.sqrt()
         values: dict[int, dict[str, float]] = {}
         for step, index in rows:
-            values[step] = {f"spikes/gradient_norm/{name}": float(per_layer[index, i])
+            values[step] = {SPIKE_NORM.format(layer=name): float(per_layer[index, i])
                             for i, name in enumerate(self.layer_names)}
-            values[step]["spikes/global_gradient_norm"] = float(ring[index].double().square().sum().sqrt())
+            values[step][SPIKE_GLOBAL_NORM] = float(ring[index].double().square().sum().sqrt())
         ranked = sorted(((self._z_score(per_layer, rows, i), name) for i, name in enumerate(self.layer_names)),
                         key=lambda item: -item[0] if not math.isnan(item[0]) else math.inf)
         named = ", ".join(f"{name} (z={z:.3g})" for z, name in ranked[:5])

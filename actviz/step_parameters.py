@@ -27,6 +27,7 @@ from .merge import is_sharded
 from .optimizer_steps import subscribe
 from .options import CaptureOptions
 from .summaries import Reduction, local_shard, reduce_tensor
+from .tags import UPDATE_RATIO
 from .transfer import PendingStep
 
 __all__ = ["LoopHistory", "StepParameters"]
@@ -175,7 +176,7 @@ class StepParameters:
             change = torch._foreach_norm(torch._foreach_sub(after, self._before))
             ratios = torch._foreach_div(change, torch._foreach_norm(self._before))  # NaN for an all-zero parameter
             for (name, _), ratio in zip(self.trainable, ratios):
-                self._pending.add_scalar(f"update_ratio/{name}", ratio)
+                self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
             self._before = None
         for tag, reduction in self._grads.items():
             scaled, mergeable = self._grads_scaled, tag in self._sharded

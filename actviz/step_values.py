@@ -1,16 +1,19 @@
-"""The ``Summary.Value`` protos of one step, tagged as :mod:`actviz.sinks` documents.
+"""TensorBoard ``Summary.Value`` protos of the tagged items of :func:`actviz.tags.step_items`.
 
-Pure functions from :class:`~actviz.results.StepResults` to TensorBoard protobufs, so
-that a sink only decides where they go.
+Pure functions, so that :class:`~actviz.sinks.TensorBoardSink` only decides where they go.
 
 Example:
     >>> from actviz.summaries import finish, reduce_tensor
+    >>> from actviz.tags import step_items
     >>> results = StepResults(3, gradients={"fc": finish(reduce_tensor(torch.tensor([3.0, -4.0]), None), 2)})
-    >>> [(value.tag, round(value.simple_value, 3)) for value in _step_values(results) if value.HasField("simple_value")]
+    >>> values = [value for item in step_items(results) for value in _values(*item)]
+    >>> [(value.tag, round(value.simple_value, 3)) for value in values if value.HasField("simple_value")]
     [('gradient_stats/fc/norm', 5.0), ('gradient_stats/fc/nonfinite', 0.0)]
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from tensorboard.compat.proto.summary_pb2 import HistogramProto
@@ -18,51 +21,20 @@ from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import text as text_summary
 
 from .png import encode_png
-from .results import StepResults, Summary
+from .results import StepResults, Summary  # noqa: F401 - StepResults for the example
 
 __all__: list[str] = []  # used by actviz.sinks
 
 
-def _step_values(results: StepResults, shown: set[str] | None = None) -> list[SummaryProto.Value]:
-    """The histogram and scalar ``Summary.Value`` protos of one step, tagged as in the module docstring.
-
-    ``shown``: the tags written only once they are not zero (``nonfinite``, ``zero_fraction``) that
-    were, updated here; ``None`` writes them all.
-    """
-    values: list[SummaryProto.Value] = []
-    for layer, summary in results.activations.items():
-        values += _histogram_values(f"activations/{layer}", summary)
-        values += _scalar_values({
-            f"activation_stats/{layer}/mean": summary.mean,
-            f"activation_stats/{layer}/std": summary.std,
-            **_once_not_zero(shown, {
-                f"activation_stats/{layer}/zero_fraction": summary.zero_fraction,
-                f"activation_stats/{layer}/nonfinite": summary.nonfinite,
-            }),
-        })
-    for layer, summary in results.gradients.items():
-        values += _histogram_values(f"gradients/{layer}", summary)
-        values += _scalar_values({
-            f"gradient_stats/{layer}/norm": summary.norm,
-            **_once_not_zero(shown, {f"gradient_stats/{layer}/nonfinite": summary.nonfinite}),
-        })
-    for param, summary in results.weights.items():
-        values += _histogram_values(f"weights/{param}", summary)
-    for param, summary in results.weight_grads.items():
-        values += _histogram_values(f"weight_grads/{param}", summary)
-    for tag, summary in results.histograms.items():  # full tags, e.g. attention/{layer}/head_max_logit
-        values += _histogram_values(tag, summary)
-    values += _scalar_values(results.scalars)
-    values += [_text_value(tag, text) for tag, text in results.texts.items()]
-    return values
-
-
-def _once_not_zero(shown: set[str] | None, scalars: dict[str, float]) -> dict[str, float]:
-    """The scalars that are not zero, or were at an earlier step (a chart that goes back to 0 shows it)."""
-    if shown is None:
-        return scalars
-    shown.update(tag for tag, value in scalars.items() if value != 0)
-    return {tag: value for tag, value in scalars.items() if tag in shown}
+def _values(kind: str, tag: str, value: Any) -> list[SummaryProto.Value]:
+    """The ``Summary.Value`` protos of one :func:`actviz.tags.step_items` item (none for an empty histogram)."""
+    if kind == "histogram":
+        return _histogram_values(tag, value)
+    if kind == "scalar":
+        return _scalar_values({tag: value})
+    if kind == "text":
+        return [_text_value(tag, value)]
+    return [_image_value(tag, value)]
 
 
 def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:

@@ -56,6 +56,7 @@ from .probe import unwrap_for_probe
 from .results import StepResults
 from .safe_warnings import warn_safely
 from .summaries import finish, reduce_tensor
+from .tags import ACTIVATION_STAT, ATTENTION
 from .transfer import PendingStep
 from .transformer_alerts import TransformerAlerts
 
@@ -224,13 +225,13 @@ def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_
                    "entropy_mean": _finite(entropy, torch.mean),
                    "sink_fraction": float((sink > SINK_WEIGHT).double().mean())}
         attention[name] = numbers
-        results.scalars.update({f"attention/{name}/{key}": value for key, value in numbers.items()})
-        results.histograms[f"attention/{name}/head_max_logit"] = _histogram(max_logit, bins)
+        results.scalars.update({ATTENTION.format(layer=name, statistic=key): value for key, value in numbers.items()})
+        results.histograms[ATTENTION.format(layer=name, statistic="head_max_logit")] = _histogram(max_logit, bins)
     layers = {}
     for tag, numel, dtype in outliers:
         numbers = outlier_numbers(next(found).tolist(), numel, dtype)
         layers[tag] = numbers
-        results.scalars.update({f"activation_stats/{tag}/{key}": value for key, value in numbers.items()
+        results.scalars.update({ACTIVATION_STAT.format(layer=tag, statistic=key): value for key, value in numbers.items()
                                 if key != "median_abs"})
     if has_logits:
         results.scalars.update(zip(LOGIT_TAGS, next(found).tolist()))

@@ -31,7 +31,7 @@ from .results import StepResults
 from .root_hook import StepHook
 from .schedule import Schedule
 from .silences import Silences
-from .sinks import TensorBoardSink
+from .sink_interface import Sink
 from .step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
@@ -45,7 +45,7 @@ class Watcher:
     """
 
     def __init__(
-        self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: TensorBoardSink | None,
+        self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: Sink | None,
         stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
         grad_scaler: Any = None, on_step: Callable[[StepResults], None] | None = None, probe: Probe | None = None,
         diagnosis: Diagnosis | None = None,

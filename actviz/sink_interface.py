@@ -1,0 +1,115 @@
+"""The ``Sink`` interface: what ``watch(sink=...)`` accepts, and how actviz writes to several sinks.
+
+A sink is any object with three methods, called on actviz's writer thread, one step at a time,
+in step order:
+
+* ``write(results)``: one step's :class:`~actviz.results.StepResults` (the numbers, not the
+  tags: :func:`actviz.tags.step_items` gives every ``(kind, tag, value)`` TensorBoard gets);
+* ``flush()``: make what was written durable (``viz.flush()``);
+* ``close()``: the watcher is closed; nothing is written after.
+
+:class:`~actviz.sinks.TensorBoardSink` is one. A sink of yours that raises is warned about once
+and skipped: it never stops training nor the other sinks.
+
+Example:
+    >>> from actviz.results import StepResults
+    >>> class ListSink:
+    ...     def __init__(self): self.steps = []
+    ...     def write(self, results): self.steps.append(results.step)
+    ...     def flush(self): pass
+    ...     def close(self): pass
+    >>> mine = ListSink()
+    >>> both = FanOutSink([check_sink(mine), check_sink(ListSink())])
+    >>> both.write(StepResults(4, scalars={"loss": 1.0})); both.close()
+    >>> mine.steps
+    [4]
+    >>> check_sink(object())
+    Traceback (most recent call last):
+    TypeError: sink must have the methods write(results), flush() and close(); object has no write, flush, close
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .results import StepResults
+from .safe_warnings import warn_safely
+
+__all__ = ["FanOutSink", "Sink", "check_sink"]
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("write", "flush", "close")
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Where a watcher's steps go: see the module docstring."""
+
+    def write(self, results: StepResults) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_sink(sink: Any) -> Sink:
+    """``sink`` itself, checked to have ``write``, ``flush`` and ``close``; else a ``TypeError`` naming the missing ones."""
+    missing = [name for name in METHODS if not callable(getattr(sink, name, None))]
+    if missing:
+        raise TypeError(
+            f"sink must have the methods write(results), flush() and close(); {type(sink).__name__} has no "
+            f"{', '.join(missing)}"
+        )
+    return sink
+
+
+class FanOutSink:
+    """Writes each step to every sink in order: actviz's own first, then ``watch(sink=...)``'s.
+
+    Every sink gets every call. A sink from index ``guard_from`` on (the user's) that raises is
+    warned about once per method and goes on getting steps; an error of one before it is raised
+    once all have been called (the caller, :class:`~actviz.background.BackgroundSink`, reports it).
+
+    Args:
+        sinks: The sinks.
+        guard_from: Index of the first sink whose errors are warned about instead of raised.
+    """
+
+    def __init__(self, sinks: Sequence[Sink], guard_from: int = 0) -> None:
+        self.sinks = list(sinks)
+        self.guard_from = guard_from
+        self._warned: set[tuple[int, str]] = set()
+
+    @property
+    def writer(self) -> Any:
+        """The ``SummaryWriter`` of the first sink that has one, or ``None``."""
+        return next((sink.writer for sink in self.sinks if getattr(sink, "writer", None) is not None), None)
+
+    def write(self, results: StepResults) -> None:
+        self._each("write", results)
+
+    def flush(self) -> None:
+        self._each("flush")
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, method: str, *args: Any) -> None:
+        failed: Exception | None = None
+        for index, sink in enumerate(self.sinks):
+            try:
+                getattr(sink, method)(*args)
+            except Exception as error:  # the user's sink must not stop training
+                if index < self.guard_from:
+                    failed = failed or error  # raised once every sink had the step
+                    continue
+                if (index, method) not in self._warned:
+                    self._warned.add((index, method))
+                    warn_safely(f"actviz's sink {type(sink).__name__}.{method}() raised {type(error).__name__}: "
+                                f"{error}. Training goes on; actviz keeps calling it", RuntimeWarning)
+                logger.debug("sink %s.%s() failed", type(sink).__name__, method, exc_info=True)
+        if failed is not None:
+            raise failed

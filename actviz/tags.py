@@ -1,0 +1,197 @@
+"""The tag vocabulary: every tag actviz writes, and :func:`step_items`, a step's results as tagged items.
+
+A tag pattern names its variable parts in braces: ``{layer}`` is a qualified name from
+``model.named_modules()`` (``features.0``), ``{param}`` one from ``model.named_parameters()``
+(``features.0.weight``), ``{statistic}`` one of the flow pictures. Modules that add tags to a
+step (:mod:`actviz.transformer_step`, :mod:`actviz.probe`, :mod:`actviz.flow`, ...) build them
+from the pattern constants below; :data:`ROWS` documents them, and the tables of README.md
+(``readme=True`` rows) and docs/how-it-works.md are :func:`markdown_table` of it (a test checks).
+
+:func:`step_items` turns a :class:`~actviz.results.StepResults` into ``(kind, tag, value)``
+items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.results.Summary` for ``"histogram"``,
+a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"``, markdown for
+``"text"``. :class:`~actviz.sinks.TensorBoardSink` maps them to TensorBoard values; a sink of
+your own (``watch(sink=...)``, see :class:`actviz.sinks.Sink`) can use it too.
+
+Example:
+    >>> from actviz.results import StepResults, Summary
+    >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])})
+    >>> [(kind, tag) for kind, tag, value in step_items(results)]
+    [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm'), ('scalar', 'gradient_stats/fc/nonfinite')]
+    >>> pattern_of("gradient_stats/fc/norm"), pattern_of("my/own/tag")
+    ('gradient_stats/{layer}/norm', None)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .results import StepResults
+
+__all__ = ["KINDS", "PATTERNS", "ROWS", "Item", "Row", "markdown_table", "pattern_of", "step_items"]
+
+#: What a tagged value is, in the order TensorBoard's tabs show them.
+KINDS = ("image", "histogram", "scalar", "text")
+
+FEATURE_MAPS = "feature_maps/{layer}"
+ACTIVATIONS = "activations/{layer}"
+GRADIENTS = "gradients/{layer}"
+WEIGHTS = "weights/{param}"
+WEIGHT_GRADS = "weight_grads/{param}"
+ACTIVATION_STAT = "activation_stats/{layer}/{statistic}"  # the statistic is one of the rows' names
+GRADIENT_STAT = "gradient_stats/{layer}/{statistic}"
+GRAD_SCALE = "amp/grad_scale"
+LAYERS = "layers"
+ALERTS = "alerts"
+FLOW = "flow/{statistic}"
+PROBE_INPUT = "probe/input"
+GRADCAM = "gradcam/{layer}"
+ATTENTION_MAPS = "attention_maps/{layer}"
+ATTENTION = "attention/{layer}/{statistic}"
+UPDATE_RATIO = "update_ratio/{param}"
+SPIKE_NORM = "spikes/gradient_norm/{layer}"
+SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
+LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
+
+#: Written only from the first step where they are not zero (with ``shown``): a healthy run never shows
+#: a card that stays at zero.
+ONCE_NOT_ZERO = ("zero_fraction", "nonfinite")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the tag tables: its tab, its tag patterns and what they are."""
+
+    tab: str
+    tags: tuple[str, ...]
+    meaning: str
+    readme: bool = False  # also in README.md's short table
+
+
+def _stats(pattern: str, *names: str) -> tuple[str, ...]:
+    return tuple(pattern.replace("{statistic}", name) for name in names)
+
+
+#: Every tag actviz writes to a watched run, grouped by TensorBoard tab.
+ROWS = (
+    Row("Images", (FEATURE_MAPS,), "sample 0's channels as grayscale tiles, each normalised on its own (black = its "
+        "min, white = its max); 3-D outputs `(N, C, L)` as one viridis heat map", readme=True),
+    Row("Images", (FLOW,), "every layer over time, one row per layer: `gradient_norm`, `activation_std`, "
+        "`zero_fraction` (and `update_ratio`), on image steps ([diagnosis](diagnosis.md))"),
+    Row("Images", (PROBE_INPUT, GRADCAM), "with `probe=`: its sample 0, and with `gradcam=` Grad-CAM over it"),
+    Row("Images", (ATTENTION_MAPS,), "with `probe=`: the probe's attention weights, one tile per head "
+        "([transformers](transformers.md))"),
+    Row("Histograms", (ACTIVATIONS,), "the layer's output", readme=True),
+    Row("Histograms", (GRADIENTS,), "the gradient of the loss with respect to that output", readme=True),
+    Row("Histograms", (WEIGHTS, WEIGHT_GRADS), "each parameter of the watched layers, and its gradient", readme=True),
+    Row("Histograms", _stats(ATTENTION, "head_max_logit"), "each attention head's largest logit"),
+    Row("Scalars", _stats(ACTIVATION_STAT, "mean", "std", *ONCE_NOT_ZERO), "of the layer's output; `nonfinite` "
+        "counts NaN and ±Inf, the others use the finite values", readme=True),
+    Row("Scalars", _stats(GRADIENT_STAT, "norm", "nonfinite"),
+        "L2 norm and NaN/Inf count of the output gradient", readme=True),
+    Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `grad_scaler=`", readme=True),
+    Row("Scalars", (UPDATE_RATIO,), "with `update_ratio=True`: ‖w_after − w_before‖ / ‖w_before‖"),
+    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `spikes=True`: the gradient norms of the steps "
+        "before a spike"),
+    Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
+        "attention health, with `transformer_stats` ([transformers](transformers.md))"),
+    Row("Scalars", LOGITS, "the output logits' size and entropy, with `transformer_stats`"),
+    Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
+        "outliers of the layer's output, with `transformer_stats`"),
+    Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),
+    Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
+)
+
+#: Every tag pattern of :data:`ROWS`, in order.
+PATTERNS = tuple(tag for row in ROWS for tag in row.tags)
+
+#: ``(kind, tag, value)``: see the module docstring.
+Item = tuple[str, str, Any]
+
+_MATCHERS = [(re.compile(re.sub(r"\\{\w+\\}", ".+", re.escape(pattern)) + "$"), pattern)
+             for pattern in sorted(PATTERNS, key=lambda pattern: pattern.count("{"))]  # fixed names first
+
+
+def pattern_of(tag: str) -> str | None:
+    """The pattern of :data:`PATTERNS` that ``tag`` is written under, or ``None``: not an actviz tag."""
+    return next((pattern for matcher, pattern in _MATCHERS if matcher.match(tag)), None)
+
+
+def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[Item]:
+    """Every ``(kind, tag, value)`` one step writes, in the order TensorBoard gets them.
+
+    Args:
+        results: The step.
+        shown: The tags of :data:`ONCE_NOT_ZERO` statistics that were not zero at some step,
+            updated here; such a tag is left out until then. ``None`` yields them all.
+    """
+    for layer, summary in results.activations.items():
+        yield "histogram", ACTIVATIONS.format(layer=layer), summary
+        yield from _scalars(shown, {
+            _stat(ACTIVATION_STAT, layer, "mean"): summary.mean,
+            _stat(ACTIVATION_STAT, layer, "std"): summary.std,
+            _stat(ACTIVATION_STAT, layer, "zero_fraction"): summary.zero_fraction,
+            _stat(ACTIVATION_STAT, layer, "nonfinite"): summary.nonfinite,
+        })
+    for layer, summary in results.gradients.items():
+        yield "histogram", GRADIENTS.format(layer=layer), summary
+        yield from _scalars(shown, {
+            _stat(GRADIENT_STAT, layer, "norm"): summary.norm,
+            _stat(GRADIENT_STAT, layer, "nonfinite"): summary.nonfinite,
+        })
+    for param, summary in results.weights.items():
+        yield "histogram", WEIGHTS.format(param=param), summary
+    for param, summary in results.weight_grads.items():
+        yield "histogram", WEIGHT_GRADS.format(param=param), summary
+    for tag, summary in results.histograms.items():  # full tags, e.g. attention/{layer}/head_max_logit
+        yield "histogram", tag, summary
+    for tag, value in results.scalars.items():
+        yield "scalar", tag, float(value)
+    for tag, text in results.texts.items():
+        yield "text", tag, text
+    for layer, image in results.images.items():
+        yield "image", FEATURE_MAPS.format(layer=layer), image
+    for tag, image in results.pictures.items():  # full tags: probe/input, gradcam/{layer}, flow/...
+        yield "image", tag, image
+
+
+def _stat(pattern: str, layer: str, statistic: str) -> str:
+    return pattern.format(layer=layer, statistic=statistic)
+
+
+def _scalars(shown: set[str] | None, scalars: dict[str, float]) -> Iterator[Item]:
+    for tag, value in scalars.items():
+        if shown is not None and tag.rsplit("/", 1)[1] in ONCE_NOT_ZERO:
+            if value != 0:
+                shown.add(tag)  # a chart that goes back to 0 shows it
+            if tag not in shown:
+                continue
+        yield "scalar", tag, float(value)
+
+
+def markdown_table(rows: tuple[Row, ...] = ROWS) -> str:
+    """The Markdown table of ``rows``: tab (once per group), tags, meaning.
+
+    A tag that shares all but its last part with the row's first is written as ``/last``.
+
+    Example:
+        >>> print(markdown_table((Row("Scalars", ("a/{layer}/mean", "a/{layer}/std"), "moments"),)))
+        | TensorBoard tab | tag | what it is |
+        |---|---|---|
+        | Scalars | `a/{layer}/mean`, `/std` | moments |
+    """
+    lines = ["| TensorBoard tab | tag | what it is |", "|---|---|---|"]
+    tab = None
+    for row in rows:
+        first = row.tags[0].rsplit("/", 1)[0]
+        tags = [f"`{row.tags[0]}`"] + [
+            f"`/{tag.rsplit('/', 1)[1]}`" if tag.rsplit("/", 1)[0] == first and "/" in tag else f"`{tag}`"
+            for tag in row.tags[1:]
+        ]
+        shown_tab = f" {row.tab} " if row.tab != tab else " "
+        lines.append(f"|{shown_tab}| {', '.join(tags)} | {row.meaning} |")
+        tab = row.tab
+    return "\n".join(lines)

@@ -1,0 +1,95 @@
+"""actviz.tags is the vocabulary: every tag a run writes matches one of its patterns, every pattern is written by
+some run, and the tag tables of README.md and docs/how-it-works.md are generated from it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Run, small_cnn
+
+import actviz
+from actviz.tags import PATTERNS, ROWS, markdown_table, pattern_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def table_in(page: Path, heading: str) -> str:
+    """The first Markdown table under ``heading`` of ``page``."""
+    section = page.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("| TensorBoard tab |"))
+    end = next((index for index in range(start, len(lines)) if not lines[index].startswith("|")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def patterns_of_table(table: str) -> list[str]:
+    """The tag patterns a table lists, ``/std`` after ``activation_stats/{layer}/mean`` read as its sibling."""
+    found = []
+    for row in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        tags = [tag.strip().strip("`") for tag in cells[1].split(",")]
+        found += [tags[0]] + [tags[0].rsplit("/", 1)[0] + tag if tag.startswith("/") else tag for tag in tags[1:]]
+    return found
+
+
+def test_the_readme_tag_table_is_the_vocabularys_readme_rows():
+    table = table_in(ROOT / "README.md", "## What you see")
+    expected = markdown_table(tuple(row for row in ROWS if row.readme))
+    assert patterns_of_table(table) == [tag for row in ROWS if row.readme for tag in row.tags]
+    assert table == expected, f"README.md's tag table: replace it with actviz.tags.markdown_table(readme rows):\n{expected}"
+
+
+def test_the_how_it_works_tag_table_is_every_tag():
+    table = table_in(ROOT / "docs" / "how-it-works.md", "## Every tag")
+    assert patterns_of_table(table) == list(PATTERNS)
+    assert table == markdown_table(), f"docs/how-it-works.md's tag table: replace it with:\n{markdown_table()}"
+
+
+def test_the_table_reader_reads_a_wrong_table():
+    table = "| TensorBoard tab | tag | what it is |\n|---|---|---|\n| Scalars | `a/{layer}/x`, `/y`, `b/z` | m |"
+    assert patterns_of_table(table) == ["a/{layer}/x", "a/{layer}/y", "b/z"]
+    assert pattern_of("a/conv/x") is None and pattern_of("activations/lstm/1.0") == "activations/{layer}"
+
+
+def all_tags(run: Run) -> set[str]:
+    tags = run.events.Tags()
+    return run.image_tags | run.histogram_tags | run.scalar_tags | set(tags["tensors"])
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Every tag of two runs that turn everything on: a CNN (probe, Grad-CAM, AMP, update ratio, a spike, a NaN)
+    and a transformer (attention, logits, outliers, attention maps)."""
+    folder = tmp_path_factory.mktemp("runs")
+    model = small_cnn(inplace=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, folder / "cnn", every=1000, layers="all", probe=torch.randn(1, 3, 8, 8),
+                          gradcam=True, update_ratio=True, grad_scaler=scaler, spikes=True) as viz:
+            for step in range(20):  # a spike at step 18 logs 19 in full, where a NaN comes in
+                loss = model(torch.randn(4, 3, 8, 8) / (0.0 if step == 19 else 1.0)).square().mean()
+                loss = loss * (1000.0 if step == 18 else 1.0)
+                optimizer.zero_grad()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+        assert {"gradient_spike", "nonfinite"} <= {alert.rule for alert in viz.alerts}
+        transformer = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+        with actviz.watch(transformer, folder / "transformer", every=1, probe=torch.randn(1, 6, 16)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
+                output = transformer(torch.randn(2, 6, 16))
+            output.float().sum().backward()
+    return all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer"))
+
+
+def test_every_tag_written_is_in_the_vocabulary(written):
+    assert not {tag for tag in written if pattern_of(tag) is None and not tag.startswith("custom_scalars")}
+
+
+def test_every_pattern_of_the_vocabulary_is_written(written):
+    assert set(PATTERNS) - {pattern_of(tag) for tag in written} == set()
