@@ -130,7 +130,8 @@ class StepCapture(StepEnd):
         self._hooks = HookHandles()
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
-        self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
+        self._seen: set[str] = set()  # layers already logged: a second call logs nothing
+        self._seen_grads: set[str] = set()  # output gradients already logged, by tag
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
@@ -154,9 +155,16 @@ class StepCapture(StepEnd):
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
+        # One hook object for every layer and one for every output gradient, dispatched by a dict lookup:
+        # a logging step allocates a handle per hooked layer, not a hook, weak references and a closure each.
+        self._grad_hook = OwnedHook(self._on_output_grad)
+        self._by_module: dict[int, tuple[nn.Module, list[tuple[str, int]]]] = {}
         for name, module in self._layers.items():
-            hook = OwnedHook(self._on_layer_output, module, name, batch_dim_of(module))
-            self._hooks.add("forward", module.register_forward_hook(hook))
+            entry = self._by_module.setdefault(id(module), (module, []))
+            entry[1].append((name, batch_dim_of(module)))
+        layer_hook = OwnedHook(self._on_module_output)
+        for module, _ in self._by_module.values():
+            self._hooks.add("forward", module.register_forward_hook(layer_hook))
         done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
@@ -176,22 +184,34 @@ class StepCapture(StepEnd):
             self._on_error(name, error)
             return None
 
+    def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        found = self._by_module.get(id(module))
+        if found is None or found[0] is not module:  # a copy's module, sharing the hook through a shallow copy
+            return
+        for name, batch_dim in found[1]:
+            self._on_layer_output(name, batch_dim, module, inputs, output)
+
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
-        first = next(iter(output_tensors(output)), None)
-        if first is not None and functorch_wrapped(first[1]):  # a torch.func transform's call: skip the call only
+        if isinstance(output, torch.Tensor):
+            first: torch.Tensor | None = output
+        else:
+            found = next(iter(output_tensors(output)), None)
+            first = None if found is None else found[1]
+        if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
             return
         self._seen.add(name)
         if self._shapes is not None and first is not None:
-            self._shapes[name] = _shape_of(first[1])
+            self._shapes[name] = _shape_of(first)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
         redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
         self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
-        for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
+        tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
+        for position, (suffix, tensor) in enumerate(tensors):
             tag, nested = name + suffix, tensor.is_nested
             if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
                 tensor = nested_values(tensor)
@@ -211,7 +231,7 @@ class StepCapture(StepEnd):
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
-            self._hooks.add("backward", tensor.register_hook(OwnedHook(self._on_output_grad, None, name, tag)))
+            self._hooks.add("backward", tensor.register_hook(self._grad_hook.bind((name, tag))))
             self.expects_backward = True
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -219,13 +239,13 @@ class StepCapture(StepEnd):
         if self.done or not torch.is_grad_enabled():
             return
         for suffix, tensor in output_tensors(output, self.options.outputs):
-            if "grad:" + name + suffix not in self._seen:
+            if name + suffix not in self._seen_grads:
                 self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
-        if self.done or "grad:" + tag in self._seen:
+        if self.done or tag in self._seen_grads:
             return
-        self._seen.add("grad:" + tag)
+        self._seen_grads.add(tag)
         self._pass_reached = True
         self._queue_backward_callback()
         reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
@@ -233,7 +253,7 @@ class StepCapture(StepEnd):
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
     def _on_param_grad(self, param: torch.Tensor) -> None:
-        if self.done:
+        if self.done or not self._parameters.watches(param):
             return
         if self.awaiting_optimizer and self._parameters.dropped(param):  # zero_grad() came before any step
             self.finish(dropped=True)
