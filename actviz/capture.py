@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,8 +32,8 @@ from torch import nn
 from ._internals import functorch_wrapped
 from .compiled import EagerStance
 from .hooks import HookHandles, OwnedHook
-from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output
-from .layer_outputs import shape_of as _shape_of
+from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
+from .layer_outputs import reduce_output, shape_of as _shape_of
 from .merge import merge_across_ranks
 from .options import CaptureOptions
 from .step_end import StepEnd
@@ -130,8 +131,7 @@ class StepCapture(StepEnd):
         self._hooks = HookHandles()
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
-        self._seen: set[str] = set()  # layers already logged: a second call logs nothing
-        self._seen_grads: set[str] = set()  # output gradients already logged, by tag
+        self._seen, self._seen_grads = set[str](), set[str]()  # layers, output gradients logged: a 2nd call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
@@ -155,13 +155,9 @@ class StepCapture(StepEnd):
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
-        # One hook object for every layer and one for every output gradient, dispatched by a dict lookup:
-        # a logging step allocates a handle per hooked layer, not a hook, weak references and a closure each.
+        # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
         self._grad_hook = OwnedHook(self._on_output_grad)
-        self._by_module: dict[int, tuple[nn.Module, list[tuple[str, int]]]] = {}
-        for name, module in self._layers.items():
-            entry = self._by_module.setdefault(id(module), (module, []))
-            entry[1].append((name, batch_dim_of(module)))
+        self._by_module = layers_by_module(self._layers.items())
         layer_hook = OwnedHook(self._on_module_output)
         for module, _ in self._by_module.values():
             self._hooks.add("forward", module.register_forward_hook(layer_hook))
@@ -169,12 +165,9 @@ class StepCapture(StepEnd):
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step,
-                                    self._on_optimizer_done)
+            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad,
+                                    self._on_optimizer_step, self._on_optimizer_done)
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
-
-    def _add_backward_hook(self, handle: Any) -> None:
-        self._hooks.add("backward", handle)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
@@ -185,20 +178,14 @@ class StepCapture(StepEnd):
             return None
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        found = self._by_module.get(id(module))
-        if found is None or found[0] is not module:  # a copy's module, sharing the hook through a shallow copy
-            return
-        for name, batch_dim in found[1]:
+        hooked, names = self._by_module.get(id(module), (None, ()))
+        for name, batch_dim in names if hooked is module else ():  # else a copy's, sharing the hook dict
             self._on_layer_output(name, batch_dim, module, inputs, output)
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
-        if isinstance(output, torch.Tensor):
-            first: torch.Tensor | None = output
-        else:
-            found = next(iter(output_tensors(output)), None)
-            first = None if found is None else found[1]
+        first = first_tensor(output)
         if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
             return
         self._seen.add(name)
