@@ -159,7 +159,7 @@ class StepCapture(StepEnd):
         self._grad_hook = OwnedHook(self._on_output_grad)
         self._by_module = layers_by_module(self._layers.items())
         layer_hook = OwnedHook(self._on_module_output)
-        for module, _ in self._by_module.values():
+        for module, *_ in self._by_module.values():
             self._hooks.add("forward", module.register_forward_hook(layer_hook))
         done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
@@ -178,9 +178,9 @@ class StepCapture(StepEnd):
             return None
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        hooked, names = self._by_module.get(id(module), (None, ()))
-        for name, batch_dim in names if hooked is module else ():  # else a copy's, sharing the hook dict
-            self._on_layer_output(name, batch_dim, module, inputs, output)
+        entry = self._by_module.get(id(module), (None,))
+        for at in range(1, len(entry) if entry[0] is module else 1, 2):  # else a copy's, sharing the hook dict
+            self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call

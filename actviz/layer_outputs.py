@@ -76,21 +76,19 @@ def first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-def layers_by_module(
-    layers: Iterable[tuple[str, nn.Module]],
-) -> dict[int, tuple[nn.Module, list[tuple[str, int]]]]:
-    """``id(module) -> (module, [(name, batch dim), ...])``: what one shared forward hook looks up.
+def layers_by_module(layers: Iterable[tuple[str, nn.Module]]) -> dict[int, tuple[Any, ...]]:
+    """``id(module) -> (module, name, batch dim, name, batch dim, ...)``: what one shared forward hook looks up.
 
-    A module watched under two names is listed once, with both.
+    One tuple per module (a step allocates few objects); a module watched under two names is listed once, with both.
 
     Example:
         >>> lstm = nn.LSTM(2, 2)
-        >>> [names for _, names in layers_by_module([("rnn", lstm), ("alias", lstm)]).values()]
-        [[('rnn', 1), ('alias', 1)]]
+        >>> [entry[1:] for entry in layers_by_module([("rnn", lstm), ("alias", lstm)]).values()]
+        [('rnn', 1, 'alias', 1)]
     """
-    found: dict[int, tuple[nn.Module, list[tuple[str, int]]]] = {}
+    found: dict[int, tuple[Any, ...]] = {}
     for name, module in layers:
-        found.setdefault(id(module), (module, []))[1].append((name, batch_dim_of(module)))
+        found[id(module)] = (*found.get(id(module), (module,)), name, batch_dim_of(module))
     return found
 
 

@@ -84,7 +84,7 @@ class StepParameters:
         self.named = list(parameters)
         self.update_ratio = options.update_ratio
         self._before: list[torch.Tensor] | None = None
-        self.trainable = [(name, param) for name, param in self.named if param.requires_grad]
+        self.trainable = [pair for pair in self.named if pair[1].requires_grad]  # the same pairs: no new tuples
         self._trainable_ids = {id(param): param for _, param in self.trainable}
         self._options = options
         self._pending = pending
