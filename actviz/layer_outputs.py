@@ -189,10 +189,12 @@ class DrawnTensors:
     """
 
     def __init__(self) -> None:
-        self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._versions: dict[int, int] = {}  # apart from the references: no tuple per tensor
 
     def add(self, tensor: torch.Tensor) -> None:
-        self._drawn[id(tensor)] = (weakref.ref(tensor), tensor_version(tensor))
+        self._refs[id(tensor)] = weakref.ref(tensor)
+        self._versions[id(tensor)] = tensor_version(tensor)
 
     def would_repeat(self, module: nn.Module, inputs: Any) -> bool:
         """True if ``module`` is per-channel affine and its first input is a grid drawn this step, unchanged."""
@@ -201,5 +203,5 @@ class DrawnTensors:
         first = inputs[0] if isinstance(inputs, tuple) and inputs else None
         if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
             return False
-        drawn = self._drawn.get(id(first))
-        return drawn is not None and drawn[0]() is first and drawn[1] == tensor_version(first)
+        drawn = self._refs.get(id(first))
+        return drawn is not None and drawn() is first and self._versions[id(first)] == tensor_version(first)

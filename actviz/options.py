@@ -47,8 +47,8 @@ def fused_setting() -> bool | None:
         ...     fused_setting()
         False
     """
-    value = os.environ.get("ACTVIZ_FUSED", "")
-    return {"1": True, "0": False}.get(value)
+    value = os.environ.get("ACTVIZ_FUSED", "")  # read per tensor: no dict made per call
+    return True if value == "1" else False if value == "0" else None
 
 
 def check_positive_int(name: str, value: Any, example: int) -> None:
