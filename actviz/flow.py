@@ -203,8 +203,11 @@ class FlowHistory:
         self.update_ratio = update_ratio
         self.image_steps = image_steps
         self.steps: list[int] = []
-        self.columns: dict[str, list[dict[str, float]]] = {name: [] for name in self._statistics()}
+        # Per statistic: one array per step, indexed by row (rows in order of first appearance). A picture
+        # stacks them in a few numpy ops: drawing at step 1,000 costs no Python loop over every value kept.
+        self.columns: dict[str, list[np.ndarray]] = {name: [] for name in self._statistics()}
         self.rows: dict[str, list[str]] = {name: [] for name in self._statistics()}
+        self._row_index: dict[str, dict[str, int]] = {name: {} for name in self._statistics()}
         self.last_pictures: dict[str, torch.Tensor] = {}
 
     def _statistics(self) -> list[str]:
@@ -215,10 +218,14 @@ class FlowHistory:
         if results.activations or results.gradients:
             self.steps.append(results.step)
             for name in self._statistics():
-                found = self._values(results, name)
-                rows = self.rows[name]
-                rows += [row for row in found if row not in rows]
-                self.columns[name].append(found)
+                found, rows, index = self._values(results, name), self.rows[name], self._row_index[name]
+                for row in found:
+                    if row not in index:
+                        index[row] = len(rows)
+                        rows.append(row)
+                column = np.full(len(rows), -np.inf)
+                column[[index[row] for row in found]] = list(found.values())
+                self.columns[name].append(column)
             if len(self.steps) > MAX_COLUMNS:  # keep every other old column: the picture stays small
                 keep = list(range(0, len(self.steps) - 1, 2)) + [len(self.steps) - 1]
                 self.steps = [self.steps[i] for i in keep]
@@ -231,8 +238,10 @@ class FlowHistory:
 
     def picture(self, name: str) -> torch.Tensor:
         """The flow picture of statistic ``name`` over every step recorded."""
-        rows = self.rows[name]
-        values = np.array([[column.get(row, -np.inf) for column in self.columns[name]] for row in rows], dtype=float)
+        rows, columns = self.rows[name], self.columns[name]
+        values = np.full((len(rows), len(columns)), -np.inf)  # -inf: a row not logged at that step
+        for at, column in enumerate(columns):
+            values[:len(column), at] = column
         return draw_flow(name, rows, self.steps, values)
 
     def _values(self, results: StepResults, name: str) -> dict[str, float]:
