@@ -238,11 +238,15 @@ class FlowHistory:
 
     def picture(self, name: str) -> torch.Tensor:
         """The flow picture of statistic ``name`` over every step recorded."""
-        rows, columns = self.rows[name], self.columns[name]
-        values = np.full((len(rows), len(columns)), -np.inf)  # -inf: a row not logged at that step
+        return draw_flow(name, self.rows[name], self.steps, self.values(name))
+
+    def values(self, name: str) -> np.ndarray:
+        """Statistic ``name`` as a ``(rows, steps)`` array; ``-inf`` where a row was not logged at a step."""
+        columns = self.columns[name]
+        values = np.full((len(self.rows[name]), len(columns)), -np.inf)
         for at, column in enumerate(columns):
             values[:len(column), at] = column
-        return draw_flow(name, rows, self.steps, values)
+        return values
 
     def _values(self, results: StepResults, name: str) -> dict[str, float]:
         if name == "update_ratio":
