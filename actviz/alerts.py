@@ -13,7 +13,6 @@ Sigmoid's outputs near its bounds.
 
 from __future__ import annotations
 
-import difflib
 import math
 import statistics
 from collections import deque
@@ -23,6 +22,7 @@ from typing import Any
 
 from .results import StepResults
 from .safe_warnings import warn_safely
+from .suggestions import did_you_mean
 from .unit_counts import DEAD_CHANNELS, SATURATED
 
 __all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts"]
@@ -94,8 +94,7 @@ def check_alerts(alerts: Any) -> dict[str, float] | None:
     thresholds = dict(DEFAULT_THRESHOLDS)
     for name, value in alerts.items():
         if name not in DEFAULT_THRESHOLDS:
-            close = difflib.get_close_matches(str(name), list(DEFAULT_THRESHOLDS), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(DEFAULT_THRESHOLDS)}"
+            hint = did_you_mean(str(name), DEFAULT_THRESHOLDS, otherwise=f"; known: {', '.join(DEFAULT_THRESHOLDS)}")
             raise ValueError(f"unknown alert threshold {name!r}{hint}")
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise TypeError(f"alert threshold {name} must be a number, got {type(value).__name__}: {value!r}")
@@ -146,7 +145,9 @@ class HealthMonitor:
         first updates are as large as the learning rate whatever the gradient.
         """
         counts = {tag: results.scalars.pop(tag) for tag in [t for t in results.scalars if t.startswith("health/")]}
-        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts)]
+        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts),
+                 *results.alerts]  # found while the step was finished (actviz.transformer_alerts)
+        results.alerts = []
         trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
         found += trends if results.step >= self.thresholds["warmup_steps"] else []
         fresh = []

@@ -25,6 +25,7 @@ from torch import nn
 
 from .attention import AttentionMode, attention_logits, attention_modules
 from .gradcam import gradcam_overlay
+from .hooks import HookHandles
 from .rendering import draw_grid
 
 ROLLOUT = "(rollout)"
@@ -89,16 +90,12 @@ def record_attention(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]
         yield found
         return
     mode = ProbeMode()
-    handles = []
-    try:
+    with HookHandles() as handles:
         for name, module in modules:
-            handles.append(module.register_forward_pre_hook(partial(_enter, mode, name)))
-            handles.append(module.register_forward_hook(partial(_leave, mode, name), always_call=True))
+            handles.add("enter", module.register_forward_pre_hook(partial(_enter, mode, name)))
+            handles.add("leave", module.register_forward_hook(partial(_leave, mode, name), always_call=True))
         with mode:
             yield found
-    finally:
-        for handle in handles:
-            handle.remove()
     found.extend(mode.calls)
     if mode.rollout_maps and len({tuple(weights.shape) for weights in mode.rollout_maps}) == 1:
         found.append((ROLLOUT, torch.stack(mode.rollout_maps)))

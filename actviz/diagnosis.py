@@ -78,6 +78,7 @@ class Diagnosis:
             self._guarded("spikes", self._write_spikes)
         if self.monitor is not None:
             self._guarded("alerts", self.monitor.check, results)
+        results.alerts = []  # with alerts=False, the transformer rules' findings are dropped with the rest
         if self.flow is not None:
             self._guarded("flow pictures", self.flow.add, results)
 

@@ -16,6 +16,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .pixels import to_uint8
+from .selection import find_layer
+
 __all__ = ["call_model", "grad_cam", "gradcam_overlay", "last_conv_name"]
 
 
@@ -45,15 +48,7 @@ def _layer(model: nn.Module, layer: str | nn.Module) -> nn.Module:
         if not any(module is layer for module in model.modules()):
             raise ValueError(f"the {type(layer).__name__} given as layer is not part of the model")
         return layer
-    try:
-        return model.get_submodule(layer)
-    except AttributeError:
-        names = [name for name, _ in model.named_modules() if name]
-        import difflib
-
-        close = difflib.get_close_matches(layer, names, n=2)
-        hint = f"; did you mean {' or '.join(repr(name) for name in close)}?" if close else ""
-        raise ValueError(f"unknown layer {layer!r} for Grad-CAM{hint}") from None
+    return find_layer(model, layer, " for Grad-CAM")
 
 
 def grad_cam(
@@ -148,4 +143,4 @@ def gradcam_overlay(image: torch.Tensor, cam: torch.Tensor, strength: float = 0.
                          align_corners=False)[0, 0].clamp(0, 1)
     colours = _viridis(heat).permute(2, 0, 1).float() / 255
     blended = (1 - strength) * picture[:3] + strength * colours
-    return blended.mul(255).round().clamp(0, 255).to(torch.uint8)
+    return to_uint8(blended)

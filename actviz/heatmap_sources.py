@@ -19,6 +19,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from .pixels import to_uint8
+
 __all__ = ["MAX_HEATMAP_SIDE", "MIN_HEATMAP_SIDE", "heatmap_source"]
 
 MIN_HEATMAP_SIDE = 64  # heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE
@@ -87,7 +89,7 @@ def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch
     """
     rows, columns = matrix.shape
     if max(rows, columns) <= MAX_HEATMAP_SIDE:
-        return _levels_heatmap, _normalize(matrix.float(), dims=(0, 1), sync=False).mul_(255).round_().byte()
+        return _levels_heatmap, to_uint8(_normalize(matrix.float(), dims=(0, 1), sync=False))
     size = _heatmap_size(rows, columns)
     pooled = F.adaptive_avg_pool2d(matrix[None].float(), size)  # what F.interpolate(mode="area") does
     low, high = torch.aminmax(matrix)

@@ -117,12 +117,17 @@ class OwnedHook:
 class HookHandles:
     """Every hook handle of one capture, in named groups. :meth:`remove` is safe to call again.
 
+    The one way actviz keeps hook handles: ``with HookHandles() as handles:`` removes them all
+    when the block ends, by an exception too.
+
     Example:
         >>> import torch
         >>> layer = torch.nn.Linear(2, 2)
         >>> handles = HookHandles()
         >>> handles.add("forward", layer.register_forward_hook(lambda *args: None))
         >>> handles.remove(); handles.remove()
+        >>> with HookHandles() as handles:
+        ...     handles.add("forward", layer.register_forward_hook(lambda *args: None))
         >>> len(layer._forward_hooks)
         0
     """
@@ -138,3 +143,9 @@ class HookHandles:
         for name in [group] if group is not None else list(self._groups):
             for handle in self._groups.pop(name, []):
                 handle.remove()
+
+    def __enter__(self) -> HookHandles:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()

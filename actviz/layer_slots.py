@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from torch import nn
 
 from .safe_warnings import warn_safely
-from .selection import layer_display_name
+from .selection import find_layer, layer_display_name
 
 __all__ = ["LayerSlots", "parameters_of"]
 
@@ -40,8 +40,8 @@ class LayerSlots:
         for name, _ in layers:
             parent_name, _, key = name.rpartition(".")
             try:
-                self._slots.append((root.get_submodule(parent_name), key) if name else None)
-            except AttributeError:
+                self._slots.append((find_layer(root, parent_name), key) if name else None)
+            except ValueError:
                 self._slots.append(None)
         self._warned: set[str] = set()
 

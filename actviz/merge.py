@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from .distributed_types import is_dtensor
 from .reduction import HEADER
 from .summaries import Reduction, wide_dtype
 
@@ -39,7 +40,7 @@ def is_sharded(tensor: torch.Tensor) -> bool:
         False
     """
     placements = getattr(tensor, "placements", None)
-    return type(tensor).__name__ == "DTensor" and any(placement.is_shard() for placement in placements or ())
+    return is_dtensor(tensor) and any(placement.is_shard() for placement in placements or ())
 
 
 def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> bool:

@@ -8,7 +8,7 @@ first time something subscribes, and keeps it for the life of the process; what 
 hear of optimizer steps subscribes here instead, as often as it likes, from any thread.
 The hook costs one call and an empty-dict check per ``optimizer.step()`` when nobody listens.
 
-This is one of actviz's process-wide side effects (see ``_internals.py`` for the others).
+This is one of actviz's process-wide side effects, all listed in docs/how-it-works.md ("Side effects").
 """
 
 from __future__ import annotations

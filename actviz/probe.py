@@ -23,9 +23,13 @@ from torch import nn
 
 from .attention_maps import attention_pictures, record_attention
 from .compiled import eager, unwrap_compiled
+from .distributed_types import is_ddp, is_fsdp_parameter
 from .gradcam import call_model, grad_cam, gradcam_overlay, last_conv_name
+from .hooks import HookHandles
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
+from .pixels import to_uint8
 from .rendering import _normalize, picture_source
+from .selection import find_layer
 
 __all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "unwrap_for_probe"]
 
@@ -43,7 +47,7 @@ def check_probe(probe: Any, model: nn.Module) -> None:
             "probe= must be a batch the model takes: a tensor, or a tuple or dict of tensors passed as its "
             f"arguments; got {type(probe).__name__}. For pictures, probe=actviz.load_images(['cat.jpg'])"
         )
-    if any(type(param).__name__ == "DTensor" or "FlatParameter" in type(param).__name__ for param in model.parameters()):
+    if any(is_fsdp_parameter(param) for param in model.parameters()):
         raise ValueError(
             "probe= does not work with FSDP: its forward gathers the parameters with collectives, which rank 0 "
             "alone would wait on; leave probe= out (feature maps then come from the training batch)"
@@ -64,20 +68,12 @@ def gradcam_layers(model: nn.Module, gradcam: Any, probe: Any) -> list[tuple[str
         names = list(gradcam)
     else:
         raise TypeError(f"gradcam= must be True, a layer name or a list of names, got {type(gradcam).__name__}: {gradcam!r}")
-    modules = dict(model.named_modules())
-    for name in names:
-        if name not in modules:
-            import difflib
-
-            close = difflib.get_close_matches(name, [n for n in modules if n], n=2)
-            hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise ValueError(f"unknown layer {name!r} in gradcam={gradcam!r}{hint}")
-    return [(name, modules[name]) for name in names]
+    return [(name, find_layer(model, name, f" in gradcam={gradcam!r}")) for name in names]
 
 
 def unwrap_for_probe(model: nn.Module) -> nn.Module:
     """The module a probe runs through: DDP's and torch.compile's wrapped module, else ``model``."""
-    if type(model).__name__ == "DistributedDataParallel":
+    if is_ddp(model):
         model = model.module
     return unwrap_compiled(model)
 
@@ -102,7 +98,7 @@ def probe_image(probe: Any) -> torch.Tensor | None:
 @torch.no_grad()
 def draw_probe_input(image: torch.Tensor) -> torch.Tensor:
     """A ``(1 or 3, H, W)`` image normalised over all its channels together, as ``uint8``."""
-    return _normalize(image.float(), dims=(0, 1, 2)).mul(255).round_().clamp_(0, 255).to(torch.uint8)
+    return to_uint8(_normalize(image.float(), dims=(0, 1, 2)))
 
 
 class Probe:
@@ -141,9 +137,11 @@ class Probe:
                 drawn.add(first[1])
 
         modes = {module: module.training for module in model.modules()}
-        handles = [module.register_forward_hook(lambda *a, name=name, dim=batch_dim_of(module): hook(name, dim, *a))
-                   for name, module in self._layers]
+        handles = HookHandles()
         try:
+            for name, module in self._layers:
+                handles.add("forward", module.register_forward_hook(
+                    lambda *a, name=name, dim=batch_dim_of(module): hook(name, dim, *a)))
             with eager(), torch.no_grad(), record_attention(model) as maps:
                 model.eval()
                 call_model(model, self.inputs)
@@ -156,8 +154,7 @@ class Probe:
                         cam = grad_cam(model, layer, self.inputs)[0]
                     found.append((f"gradcam/{name}", gradcam_overlay, (image, cam), True))
         finally:
-            for handle in handles:
-                handle.remove()
+            handles.remove()
             for module, training in modes.items():
                 module.training = training
         return found

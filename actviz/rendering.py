@@ -25,6 +25,7 @@ from .heatmap_sources import (  # noqa: F401 - the heat map's sides are read fro
     heatmap_source,
 )
 from .options import DEFAULT_MAX_CHANNELS
+from .pixels import to_uint8
 
 __all__ = [
     "DEFAULT_MAX_CHANNELS", "feature_map_grid", "grid_layout", "heatmap", "picture_source", "select_channels", "tile_size",
@@ -106,10 +107,6 @@ def _resize(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(images, size=size, mode=mode)
 
 
-def _to_uint8(image: torch.Tensor) -> torch.Tensor:
-    return image.mul(255).round_().clamp_(0, 255).to(torch.uint8)
-
-
 @torch.no_grad()
 def feature_map_grid(
     fmap: torch.Tensor,
@@ -168,9 +165,9 @@ def draw_grid(
     tiles = _normalize(values, dims=(1, 2)).unsqueeze(1)
     if size[0] >= tiles.shape[-2] and size[1] >= tiles.shape[-1]:
         # Nearest enlarging only repeats pixels, so quantize first and move a quarter of the bytes.
-        tiles = _resize(_to_uint8(tiles), size)
+        tiles = _resize(to_uint8(tiles), size)
     else:
-        tiles = _to_uint8(_resize(tiles, size))
+        tiles = to_uint8(_resize(tiles, size))
     columns = math.ceil(math.sqrt(tiles.shape[0]))
     grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=255)
     return grid[:1].contiguous()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -127,6 +128,9 @@ class StepResults:
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
     histograms: dict[str, Summary] = field(default_factory=dict)  # full tags: attention/{layer}/head_max_logit
+    # Alerts found while the step was finished on the host (the transformer rules): actviz.alerts.Alert objects,
+    # which the health monitor reports with its own (written as the "alerts" text, never as a tag of their own)
+    alerts: list[Any] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (

@@ -8,14 +8,15 @@ keywords included.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
 
-__all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "layer_display_name"]
+from .suggestions import closest, did_you_mean
+
+__all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "find_layer", "layer_display_name"]
 
 #: One entry of ``watch(layers=...)``: a module type, a keyword, a qualified name, a
 #: glob pattern on names, a module object, or a predicate ``(name, module) -> bool``.
@@ -40,6 +41,31 @@ _GLOB_CHARS = frozenset("*?[")
 def layer_display_name(name: str) -> str:
     """Return the tag name of a module given its ``named_modules()`` name."""
     return name if name else ROOT_NAME
+
+
+def find_layer(model: nn.Module, name: str, where: str = "") -> nn.Module:
+    """The module of ``model`` named ``name`` (``""`` is the model), or a ``ValueError`` with a "did you mean".
+
+    Args:
+        model: The model to look in.
+        name: A ``named_modules()`` name, e.g. ``"features.0"``.
+        where: Said after the name in the error, e.g. ``" for Grad-CAM"``.
+
+    Example:
+        >>> from collections import OrderedDict
+        >>> net = nn.Sequential(OrderedDict(conv=nn.Conv2d(3, 8, 3), relu=nn.ReLU()))
+        >>> find_layer(net, "relu")
+        ReLU()
+        >>> find_layer(net, "conv1", " for Grad-CAM")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown layer 'conv1' for Grad-CAM; did you mean 'conv'?
+    """
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        names = [known for known, _ in model.named_modules() if known]
+        raise ValueError(f"unknown layer {name!r}{where}{did_you_mean(name, names, n=2)}") from None
 
 
 def owns_parameters(module: nn.Module) -> bool:
@@ -108,20 +134,13 @@ def no_default_layers_message(model: nn.Module) -> str:
     return f"{name} has no module with parameters to watch by default; pass {choice}, or name the layers to watch"
 
 
-def _closest(word: str, candidates: Sequence[str], n: int = 3) -> list[str]:
-    close = difflib.get_close_matches(word, candidates, n=n, cutoff=0.5)
-    if close:
-        return close
-    # A glob like "clasifier.*" compares better without its wildcards.
-    stripped = word.strip("*?[]. ")
-    return difflib.get_close_matches(stripped, candidates, n=n, cutoff=0.4)
-
-
 def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    close = _closest(word, [c for c in candidates if c])
-    if close:
-        return "; did you mean " + " or ".join(repr(c) for c in close) + "?"
-    keyword = difflib.get_close_matches(word, list(LAYER_KEYWORDS), n=1, cutoff=0.6)
+    names = [c for c in candidates if c]
+    # A glob like "clasifier.*" compares better without its wildcards.
+    hint = did_you_mean(word, names, n=3, cutoff=0.5) or did_you_mean(word.strip("*?[]. "), names, n=3, cutoff=0.4)
+    if hint:
+        return hint
+    keyword = closest(word, LAYER_KEYWORDS, n=1, cutoff=0.6)
     if keyword:
         return f"; did you mean the keyword {keyword[0]!r} ({LAYER_KEYWORDS[keyword[0]]})?"
     preview = ", ".join(repr(c) for c in list(candidates)[1:9])

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import torch
 
-from . import fused, piecewise
+from . import distributed_types, fused, piecewise
 from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
 from .reduction import HEADER, Reduction
 from .results import HEADER_SIZE, Summary
@@ -65,7 +65,7 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     reducing the local shard never waits for another rank.
     """
     to_local = getattr(tensor, "to_local", None)
-    if to_local is not None and type(tensor).__name__ == "DTensor":
+    if to_local is not None and distributed_types.is_dtensor(tensor):
         tensor = to_local()
     return tensor.detach()
 

@@ -4,9 +4,11 @@ Each rule takes the step's attention statistics (``{layer: {"max_logit": ..., "e
 ...}}``) or outlier numbers (``{layer: {"max_abs": ..., "median_abs": ..., "headroom_bits":
 ...}}``) and returns messages; none reads a device or keeps state, so another alert
 mechanism can call them as they are. :class:`TransformerAlerts` keeps the history the
-entropy rule needs, one per watched model, and warns once per rule and layer
-(``RuntimeWarning`` through :func:`~actviz.safe_warnings.warn_safely`); every alert of a
-step also goes into its ``alerts`` text.
+entropy rule needs, one per watched model. Each rule returns :class:`~actviz.alerts.Alert`
+objects; the step carries them (``StepResults.alerts``) to the health monitor
+(:class:`~actviz.alerts.HealthMonitor`), which reports them as it reports its own: once per
+rule and layer, in ``viz.alerts``, to ``on_alert``, as a ``RuntimeWarning`` and a line of
+the step's ``alerts`` text. ``watch(alerts=False)`` turns them off with the others.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from .safe_warnings import warn_safely
+from .alerts import Alert
 
 __all__ = [
     "ENTROPY_WINDOW", "HEADROOM_MIN_BITS", "MASSIVE_RATIO", "MAX_LOGIT_LIMIT", "TransformerAlerts",
@@ -34,60 +36,64 @@ MASSIVE_RATIO = 1000.0
 Numbers = Mapping[str, Mapping[str, float]]
 
 
-def max_logit_alerts(step: int, attention: Numbers, limit: float = MAX_LOGIT_LIMIT) -> list[str]:
+def max_logit_alerts(step: int, attention: Numbers, limit: float = MAX_LOGIT_LIMIT) -> list[Alert]:
     """Layers whose attention max logit is above ``limit``.
 
     Example:
-        >>> max_logit_alerts(3, {"h.0.attn": {"max_logit": 140.0}, "h.1.attn": {"max_logit": 9.0}})
-        ["actviz: attention max logit 140 > 100 in 'h.0.attn' at step 3 (softmax near one-hot; QK-norm or clipping keeps it down)"]
+        >>> [alert.message for alert in max_logit_alerts(3, {"h.0.attn": {"max_logit": 140.0}, "h.1": {"max_logit": 9.0}})]
+        ["attention max logit 140 > 100 in 'h.0.attn' at step 3 (softmax near one-hot; QK-norm or clipping keeps it down)"]
     """
-    return [f"actviz: attention max logit {stats['max_logit']:.4g} > {limit:g} in {layer!r} at step {step} "
-            "(softmax near one-hot; QK-norm or clipping keeps it down)"
+    return [Alert(step, "attention_max_logit", layer, "max_logit", stats["max_logit"], limit,
+                  f"attention max logit {stats['max_logit']:.4g} > {limit:g} in {layer!r} at step {step} "
+                  "(softmax near one-hot; QK-norm or clipping keeps it down)")
             for layer, stats in attention.items() if stats.get("max_logit", -math.inf) > limit]
 
 
-def entropy_collapse_alerts(step: int, attention: Numbers, history: Mapping[str, Sequence[float]]) -> list[str]:
+def entropy_collapse_alerts(step: int, attention: Numbers, history: Mapping[str, Sequence[float]]) -> list[Alert]:
     """Layers whose entropy minimum fell below half its highest value over the recent logging steps (``history``).
 
     Example:
-        >>> entropy_collapse_alerts(9, {"attn": {"entropy_min": 0.4}}, {"attn": [2.0, 1.5]})
-        ["actviz: attention entropy collapse in 'attn' at step 9: minimum 0.4 nats, down from 2 over the last 2 logging steps"]
+        >>> [alert.message for alert in entropy_collapse_alerts(9, {"attn": {"entropy_min": 0.4}}, {"attn": [2.0, 1.5]})]
+        ["attention entropy collapse in 'attn' at step 9: minimum 0.4 nats, down from 2 over the last 2 logging steps"]
     """
     found = []
     for layer, stats in attention.items():
         recent = [value for value in history.get(layer, ()) if math.isfinite(value)]
         current = stats.get("entropy_min", math.nan)
         if recent and math.isfinite(current) and current < 0.5 * max(recent):
-            found.append(f"actviz: attention entropy collapse in {layer!r} at step {step}: minimum {current:.3g} nats, "
-                         f"down from {max(recent):.3g} over the last {len(recent)} logging steps")
+            found.append(Alert(step, "attention_entropy_collapse", layer, "entropy_min", current, 0.5 * max(recent),
+                               f"attention entropy collapse in {layer!r} at step {step}: minimum {current:.3g} nats, "
+                               f"down from {max(recent):.3g} over the last {len(recent)} logging steps"))
     return found
 
 
-def headroom_alerts(step: int, outliers: Numbers, minimum: float = HEADROOM_MIN_BITS) -> list[str]:
+def headroom_alerts(step: int, outliers: Numbers, minimum: float = HEADROOM_MIN_BITS) -> list[Alert]:
     """Low-precision layers with less than ``minimum`` bits of headroom left.
 
     Example:
-        >>> headroom_alerts(2, {"mlp": {"headroom_bits": 0.5, "max_abs": 45000.0}})
-        ["actviz: 'mlp' is 0.5 bits from overflowing its dtype at step 2 (max |x| 4.5e+04)"]
+        >>> [alert.message for alert in headroom_alerts(2, {"mlp": {"headroom_bits": 0.5, "max_abs": 45000.0}})]
+        ["'mlp' is 0.5 bits from overflowing its dtype at step 2 (max |x| 4.5e+04)"]
     """
-    return [f"actviz: {layer!r} is {stats['headroom_bits']:.2g} bits from overflowing its dtype at step {step} "
-            f"(max |x| {stats['max_abs']:.2g})"
+    return [Alert(step, "low_headroom", layer, "headroom_bits", stats["headroom_bits"], minimum,
+                  f"{layer!r} is {stats['headroom_bits']:.2g} bits from overflowing its dtype at step {step} "
+                  f"(max |x| {stats['max_abs']:.2g})")
             for layer, stats in outliers.items() if stats.get("headroom_bits", math.inf) < minimum]
 
 
-def massive_activation_alerts(step: int, outliers: Numbers, ratio: float = MASSIVE_RATIO) -> list[str]:
+def massive_activation_alerts(step: int, outliers: Numbers, ratio: float = MASSIVE_RATIO) -> list[Alert]:
     """Layers whose max |x| is over ``ratio`` times their median |x| (median of the histogram's sample).
 
     Example:
-        >>> massive_activation_alerts(1, {"h.3": {"max_abs": 2e4, "median_abs": 0.5}})
-        ["actviz: massive activation in 'h.3' at step 1: max |x| 2e+04 is 4e+04 times the median |x| 0.5"]
+        >>> [alert.message for alert in massive_activation_alerts(1, {"h.3": {"max_abs": 2e4, "median_abs": 0.5}})]
+        ["massive activation in 'h.3' at step 1: max |x| 2e+04 is 4e+04 times the median |x| 0.5"]
     """
     found = []
     for layer, stats in outliers.items():
         high, median = stats.get("max_abs", math.nan), stats.get("median_abs", math.nan)
         if median > 0 and high > ratio * median:
-            found.append(f"actviz: massive activation in {layer!r} at step {step}: max |x| {high:.3g} is "
-                         f"{high / median:.3g} times the median |x| {median:.3g}")
+            found.append(Alert(step, "massive_activation", layer, "max_abs_over_median", high / median, ratio,
+                               f"massive activation in {layer!r} at step {step}: max |x| {high:.3g} is "
+                               f"{high / median:.3g} times the median |x| {median:.3g}"))
     return found
 
 
@@ -96,33 +102,22 @@ class TransformerAlerts:
 
     Example:
         >>> alerts = TransformerAlerts()
-        >>> alerts.check(0, {"attn": {"max_logit": 5.0, "entropy_min": 2.0}}, {}, warn=False)
+        >>> alerts.check(0, {"attn": {"max_logit": 5.0, "entropy_min": 2.0}}, {})
         []
-        >>> len(alerts.check(1, {"attn": {"max_logit": 5.0, "entropy_min": 0.5}}, {}, warn=False))
-        1
+        >>> [alert.rule for alert in alerts.check(1, {"attn": {"max_logit": 5.0, "entropy_min": 0.5}}, {})]
+        ['attention_entropy_collapse']
     """
 
     def __init__(self, window: int = ENTROPY_WINDOW) -> None:
         self._entropy: dict[str, deque[float]] = {}
         self._window = window
-        self._warned: set[tuple[str, str]] = set()
 
-    def check(self, step: int, attention: Numbers, outliers: Numbers, warn: bool = True) -> list[str]:
-        """Every alert of one step; warns once per rule and layer; then remembers the step's entropies."""
-        found = {
-            "max_logit": max_logit_alerts(step, attention),
-            "entropy": entropy_collapse_alerts(step, attention, self._entropy),
-            "headroom": headroom_alerts(step, outliers),
-            "massive": massive_activation_alerts(step, outliers),
-        }
+    def check(self, step: int, attention: Numbers, outliers: Numbers) -> list[Alert]:
+        """Every alert of one step (the health monitor reports each rule and layer once), then remember its entropies."""
+        found = [
+            *max_logit_alerts(step, attention), *entropy_collapse_alerts(step, attention, self._entropy),
+            *headroom_alerts(step, outliers), *massive_activation_alerts(step, outliers),
+        ]
         for layer, stats in attention.items():
             self._entropy.setdefault(layer, deque(maxlen=self._window)).append(stats.get("entropy_min", math.nan))
-        messages = []
-        for rule, lines in found.items():
-            for line in lines:
-                messages.append(line)
-                key = (rule, line.split("'")[1] if "'" in line else line)
-                if warn and key not in self._warned:
-                    self._warned.add(key)
-                    warn_safely(line + " (warned once per layer)", RuntimeWarning, stacklevel=2)
-        return messages
+        return found

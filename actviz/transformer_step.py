@@ -234,6 +234,4 @@ def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_
                                 if key != "median_abs"})
     if has_logits:
         results.scalars.update(zip(LOGIT_TAGS, next(found).tolist()))
-    messages = alerts.check(results.step, attention, layers)
-    if messages:
-        results.texts["alerts"] = "\n\n".join(filter(None, [results.texts.get("alerts"), *messages]))
+    results.alerts.extend(alerts.check(results.step, attention, layers))  # reported by the health monitor

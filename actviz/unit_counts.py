@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .distributed_types import is_dtensor
+
 __all__ = ["DEAD_CHANNELS", "SATURATED", "SATURATION_MARGIN", "is_relu_family", "unit_counts"]
 
 logger = logging.getLogger(__name__)
@@ -61,7 +63,7 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
 
 def _count(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any) -> None:
     values = tensor.detach()
-    if type(values).__name__ == "DTensor":  # its local shard, as summaries.local_shard: no collective on one rank
+    if is_dtensor(values):  # its local shard, as summaries.local_shard: no collective on one rank
         values = values.to_local()
     if is_relu_family(module) and values.dim() >= 3:
         dims = [dim for dim in range(values.dim()) if dim != 1]

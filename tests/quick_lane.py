@@ -2,7 +2,7 @@
 
 The slow set is named here, in one place, from ``pytest --durations=0`` on a 2-core machine:
 whole files that start processes, servers, browsers or big models, and single tests over
-about two seconds. A test can also mark itself with ``@pytest.mark.slow``. The full suite,
+about a second (the quick lane then ran in under a minute on 2 shared cores). A test can also mark itself with ``@pytest.mark.slow``. The full suite,
 slow tests included, is what CI runs (``.ci/run`` calls ``scripts/test.sh`` with no option).
 Loaded from tests/conftest.py (``pytest_plugins``).
 """
@@ -43,6 +43,39 @@ SLOW_TESTS = {
     "test_report.py::test_two_models_get_their_own_runs_and_say_which_they_are",
     "test_sinks.py::test_one_atexit_entry_writes_the_pending_steps_of_every_watcher",
     "test_watch.py::test_torchvision_models_with_inplace_relus",
+    # from `--durations=30` of the quick lane, 2 cores shared with other jobs (load 2 to 4), November 2026
+    "test_alerts.py::test_300_steps_of_a_tiny_gpt2_raise_no_alert",
+    "test_alerts.py::test_300_steps_of_resnet18_at_a_small_size_raise_no_alert",
+    "test_alerts.py::test_300_steps_of_the_demo_cnn_raise_no_alert",
+    "test_amp.py::test_gradients_are_logged_unscaled_against_a_twin_without_scaling[fused]",
+    "test_attention.py::test_compiled_gpt2_keeps_one_graph_and_never_recompiles",
+    "test_device_path.py::test_a_logging_step_creates_few_python_objects",
+    "test_doctor.py::test_a_lightning_run",
+    "test_doctor.py::test_the_command_runs_as_a_program_and_its_help_teaches",
+    "test_loop_shapes.py::test_mnist_hogwild_workers_run_the_watched_model",  # worker processes
+    "test_never_break.py::test_a_forked_child_writes_nothing_and_exits_at_once",
+    "test_never_break.py::test_compiling_after_watch_gives_the_graphs_and_steps_of_compiling_first",
+    "test_never_break.py::test_copies_in_a_fresh_process_with_and_without_dynamo",
+    "test_never_break.py::test_inductor_after_watch_with_fullgraph",
+    "test_never_break.py::test_onnx_export_of_a_watched_model_takes_no_step",
+    "test_never_break.py::test_spawned_workers_get_an_unwatched_model",
+    "test_report.py::test_progress_bar_counts_images_times_layers",
+    "test_summaries.py::test_extra_memory_of_an_integer_output_is_at_most_its_size",  # tracemalloc over big outputs
+    # and the next ones, over 1.3 s in --durations=60 of the quick lane then (the lane took 67 s at load 2)
+    "test_attention.py::test_every_tag_on_four_transformers[gpt2]",
+    "test_device_path.py::test_many_parameters_take_the_same_ops_whatever_their_count[resnet18]",
+    "test_doctor.py::test_a_hugging_face_run",
+    "test_integrations.py::test_lightning_logs_at_global_steps_into_the_loggers_run",
+    "test_watch.py::test_logged_values_equal_values_computed_by_hand[fused]",  # compiles the summaries
+    "test_watch.py::test_nan_in_a_layer_is_counted_and_training_goes_on[fused]",  # the first compile pays 2 to 3 s
+    "test_watch_api.py::test_on_step_hands_over_each_steps_statistics_and_latest_keeps_the_last[fused]",
+    "test_watch.py::test_bad_arguments",  # builds an AlexNet for each of its 11 cases: 7 s together
+    "test_integrations.py::test_lightning_gradient_accumulation_logs_once_per_optimizer_step",
+    "test_integrations.py::test_huggingface_logs_at_global_steps",
+    "test_integrations.py::test_huggingface_gradient_accumulation_logs_once_per_optimizer_step",
+    "test_report.py::test_a_run_folder_that_already_holds_events_gets_a_warning",
+    "test_report.py::test_html_numbers_are_formatted_one_way",
+    "test_report.py::test_report_grid_is_the_watchers_rendering_of_the_conv_output",
 }
 
 

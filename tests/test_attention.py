@@ -248,11 +248,21 @@ def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
     attention = model[0].layers[0].self_attn
     with torch.no_grad():
         attention.in_proj_weight[:16] *= 100  # W_q scaled by 100: attention one-hot
+    handed = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, log_dir, every=1, strict=True):
-            run_model("encoder", model).backward()
+        with actviz.watch(model, log_dir, every=1, strict=True, on_alert=handed.append) as viz:
+            for _ in range(2):
+                run_model("encoder", model).backward()
+        kept = list(viz.alerts)
     run = read_run(log_dir)
+    # an Alert like the health rules': in viz.alerts and on_alert, once for the layer although both steps hit it
+    logit_alerts = [alert for alert in kept if alert.rule == "attention_max_logit"]
+    assert [(a.step, a.layer, a.statistic) for a in logit_alerts] == [(0, "0.layers.0.self_attn", "max_logit")]
+    assert logit_alerts[0].value == pytest.approx(run.scalar("attention/0.layers.0.self_attn/max_logit", 0))
+    assert logit_alerts[0].threshold == 100.0
+    assert handed == kept
+    assert sum("max logit" in str(w.message) for w in caught) == 1
     assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100
     assert run.scalar("attention/0.layers.0.self_attn/entropy_min", 0) < 0.05  # log 9 = 2.2 when uniform
     assert run.scalar("attention/0.layers.1.self_attn/entropy_min", 0) > 0.5
@@ -266,9 +276,26 @@ def test_entropy_collapse_over_logging_steps_alerts():
 
     alerts = TransformerAlerts()
     for step, entropy in enumerate([2.0, 1.9, 1.8]):
-        assert alerts.check(step, {"a": {"max_logit": 1.0, "entropy_min": entropy}}, {}, warn=False) == []
-    (message,) = alerts.check(3, {"a": {"max_logit": 1.0, "entropy_min": 0.9}}, {}, warn=False)
-    assert "entropy collapse in 'a'" in message
+        assert alerts.check(step, {"a": {"max_logit": 1.0, "entropy_min": entropy}}, {}) == []
+    (alert,) = alerts.check(3, {"a": {"max_logit": 1.0, "entropy_min": 0.9}}, {})
+    assert "entropy collapse in 'a'" in alert.message
+    assert (alert.step, alert.rule, alert.layer, alert.value, alert.threshold) == (
+        3, "attention_entropy_collapse", "a", 0.9, 1.0)  # half of the highest of the window, 2.0
+
+
+def test_alerts_false_turns_the_transformer_alerts_off_too(read_run):
+    torch.manual_seed(0)
+    model, log_dir = tiny_encoder(), tempfile.mkdtemp()
+    with torch.no_grad():
+        model[0].layers[0].self_attn.in_proj_weight[:16] *= 100
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, log_dir, every=1, alerts=False) as viz:
+            run_model("encoder", model).backward()
+    run = read_run(log_dir)
+    assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100  # the numbers are still logged
+    assert viz.alerts == [] and not [w for w in caught if "max logit" in str(w.message)]
+    assert "alerts" not in run.events.Tags()["tensors"]
 
 
 def test_steps_that_do_not_log_run_no_mode_and_no_hook():

@@ -429,3 +429,86 @@ def test_parameter_gradients_are_reduced_once_per_step_once_an_optimizer_is_know
         twin.zero_grad()
         twin(batch).square().mean().backward()
         assert_logged(run.histogram("weight_grads/0.weight", step), twin[0].weight.grad)
+
+
+class SineSequence(nn.Module):
+    """pytorch/examples' time_sequence_prediction model, narrower: two LSTMCells and a Linear called per time step."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.width = width
+        self.lstm1, self.lstm2, self.linear = nn.LSTMCell(1, width), nn.LSTMCell(width, width), nn.Linear(width, 1)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        h_t = c_t = h_t2 = c_t2 = torch.zeros(input.size(0), self.width, dtype=torch.double)
+        outputs = []
+        for input_t in input.split(1, dim=1):
+            h_t, c_t = self.lstm1(input_t, (h_t, c_t))
+            h_t2, c_t2 = self.lstm2(h_t, (h_t2, c_t2))
+            outputs.append(self.linear(h_t2))
+        return torch.cat(outputs, dim=1)
+
+
+def test_time_sequence_prediction_lbfgs_logs_each_closure_evaluation(tmp_path, read_run):
+    """LBFGS evaluates its closure (forward and backward) several times per step(): each evaluation is a step,
+    logged with its own gradients and the first call of each cell, as in pytorch/examples' train.py."""
+    torch.manual_seed(0)
+    model = SineSequence().double()
+    twin = copy.deepcopy(model)
+    wave = torch.sin(torch.arange(12, dtype=torch.double)[None, :] / 2 + torch.arange(4, dtype=torch.double)[:, None])
+    inputs, targets = wave[:, :-1], wave[:, 1:]
+
+    def train(net: nn.Module, seen: list | None) -> None:
+        optimizer = torch.optim.LBFGS(net.parameters(), lr=0.8, max_iter=3)
+        first_linear = []
+        hook = net.linear.register_forward_hook(lambda m, i, o: first_linear.append(o.detach().clone()))
+
+        def closure():
+            optimizer.zero_grad()
+            first_linear.clear()
+            loss = nn.functional.mse_loss(net(inputs), targets)
+            loss.backward()
+            if seen is not None:
+                seen.append((first_linear[0], {name: p.grad.clone() for name, p in net.named_parameters()}))
+            return loss
+
+        for _ in range(2):
+            optimizer.step(closure)
+        hook.remove()
+
+    evaluations: list = []
+    train(twin, evaluations)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no actviz warning for this loop
+        with actviz.watch(model, tmp_path, every=1) as viz:
+            train(model, None)
+            assert viz.step == len(evaluations) >= 4
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
+    run = read_run(tmp_path)
+    assert run.histogram_steps("activations/linear") == list(range(len(evaluations)))
+    for step, (linear_output, grads) in enumerate(evaluations):
+        assert_logged(run.histogram("activations/linear", step), linear_output)  # the first of 11 calls
+        for name, grad in grads.items():
+            assert_logged(run.histogram(f"weight_grads/{name}", step), grad)
+
+
+def test_a_logging_step_draws_no_random_number(tmp_path):
+    """Dropout, data shuffling and sampling downstream see the same random numbers with actviz as without it."""
+
+    def train(watch: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Dropout(0.5), nn.Flatten(), nn.LazyLinear(2))
+        model(torch.randn(2, 3, 8, 8))  # materialise the lazy layer
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        viz = actviz.watch(model, tmp_path / str(watch), every=1, image_every=1) if watch else None
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3, 8, 8)).square().mean().backward()
+            optimizer.step()
+        if viz is not None:
+            viz.close()
+        return [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
+
+    (bare, bare_state), (watched, watched_state) = train(False), train(True)
+    assert torch.equal(bare_state, watched_state)
+    assert all(torch.equal(a, b) for a, b in zip(bare, watched))

@@ -1,11 +1,16 @@
-"""The package's shape: one version, small modules, no import cycle, light imports."""
+"""The package's shape: one version, small modules, no import cycle, light imports, side effects where the
+docs name them, project URLs into this repository and a changelog for this version."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import actviz
 
@@ -36,8 +41,6 @@ def _module_name(path: Path) -> str:
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the actviz modules it imports, anywhere in the file (functions and TYPE_CHECKING too)."""
-    import ast
-
     files = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
@@ -104,6 +107,8 @@ sys.meta_path.insert(0, Refuse())
 _WATCH = """
 import sys
 import torch
+import pytest
+
 import actviz
 
 model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
@@ -134,3 +139,85 @@ def test_torchvision_is_imported_when_the_first_picture_is_drawn(tmp_path: Path,
     code = "import sys, actviz; print('torchvision' in sys.modules)\n" + _WATCH.replace("IMAGE_EVERY", "1")
     assert _python(code, str(tmp_path)).split() == ["False", "True"]  # not by import actviz; by drawing
     assert read_run(tmp_path).image_steps("feature_maps/0") == [0]
+
+
+#: Calls that change something outside actviz's own objects for the whole process.
+PROCESS_WIDE = re.compile(r"^(register_optimizer_step_(pre|post)_hook|register_module_\w+|register_\w*global\w*|"
+                          r"register_at_fork|replace_record_checksum|set_excepthook)$")
+
+
+def _side_effect_section() -> str:
+    text = (ROOT / "docs" / "how-it-works.md").read_text()
+    return text.split("\n## Side effects\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _process_wide_calls(tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if PROCESS_WIDE.match(name) or ast.unparse(node.func) == "atexit.register":
+                found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+        elif isinstance(node, ast.Assign) and any(ast.unparse(target) in ("sys.excepthook", "threading.excepthook")
+                                                  for target in node.targets):
+            found.append(f"{node.lineno}: {ast.unparse(node.targets[0])} =")
+    return sorted(found, key=lambda use: int(use.split(":", 1)[0]))
+
+
+def test_every_process_wide_side_effect_is_made_in_a_module_the_docs_name() -> None:
+    from test_idioms import second_spellings
+
+    section = _side_effect_section()
+    named = {match.replace(".", "/") for match in re.findall(r"actviz[/.]([\w/.]*\w)", section)}
+    named = {name.removesuffix("/py") for name in named} | {name.rsplit("/", 1)[0] for name in named}
+    assert {"optimizer_steps", "open_watchers", "distributed_types", "_internals", "sinks"} <= named
+    unnamed, making = {}, set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = str(path.relative_to(PACKAGE).with_suffix(""))
+        source = path.read_text()
+        made = _process_wide_calls(ast.parse(source))
+        made += [use for use in second_spellings(source) if use.startswith("class name check")]
+        if made:
+            making.add(module)
+        if made and module not in named:
+            unnamed[module] = made
+    assert {"optimizer_steps", "open_watchers", "distributed_types", "sinks"} <= making  # the scan sees them
+    assert unnamed == {}, "a process-wide side effect (or a check by class name) in a module that the " \
+                          "Side effects section of docs/how-it-works.md does not name: add it there, or move it"
+
+
+def test_the_side_effect_scan_sees_each_kind() -> None:
+    code = """
+import atexit, sys
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.nn.modules.module import register_module_forward_hook
+atexit.register(print)
+register_optimizer_step_pre_hook(hook)
+register_module_forward_hook(hook)
+torch.optim.optimizer.register_optimizer_step_post_hook(hook)
+sys.excepthook = hook
+model.register_forward_hook(hook)  # a hook on the user's model is not process-wide
+"""
+    assert _process_wide_calls(ast.parse(code)) == [
+        "5: atexit.register", "6: register_optimizer_step_pre_hook", "7: register_module_forward_hook",
+        "8: torch.optim.optimizer.register_optimizer_step_post_hook", "9: sys.excepthook ="]
+
+
+def test_project_urls_point_at_this_repository_and_at_files_it_has() -> None:
+    # The address itself cannot be checked offline (the repository is not public yet); what it points
+    # into can: each URL sits under the homepage, and a /blob/main/ link names a file of this checkout.
+    tomllib = pytest.importorskip("tomllib")
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    home = urls["Homepage"].rstrip("/")
+    assert {"Homepage", "Documentation", "Changelog", "Issues"} <= set(urls)
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", home)
+    for name, url in urls.items():
+        assert url == home or url.startswith(home + "/"), f"{name}: {url} is not under {home}"
+        if "/blob/main/" in url:
+            assert (ROOT / url.split("/blob/main/", 1)[1]).is_file(), f"{name}: {url} names no file of the repository"
+
+
+def test_the_changelog_has_a_section_for_this_version() -> None:
+    text = (ROOT / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## {re.escape(actviz.__version__)}\b", text, flags=re.M), (
+        f"CHANGELOG.md has no '## {actviz.__version__}' section: add one when the version changes")

@@ -2,10 +2,13 @@
 
 Outside ``_internals.py``, actviz code may use a name that starts with one underscore only
 on ``self``/``cls`` or when actviz itself defines that name (a method, attribute, function or
-class of its own). Anything else is another library's private attribute and fails here: an
+class of its own) and no torch module, tensor, optimizer, grad scaler or ``SummaryWriter`` has
+an attribute of that name. Anything else is another library's private attribute and fails here: an
 attribute (``module._forward_hooks``), a ``getattr``-family call with a literal name
 (``getattr(model, "_orig_mod")``) or an import (``import torch._dynamo``,
-``from torch.nn.modules.batchnorm import _NormBase``). Add one small function to
+``from torch.nn.modules.batchnorm import _NormBase``). A name reached through another
+library's module (``torch.nn.functional._pad``, ``F._canonical_mask``) is foreign even where
+actviz has a name of its own that reads the same. Add one small function to
 ``_internals.py`` instead, with a test in tests/test_internals.py that fails when a release
 changes what it relies on.
 """
@@ -21,7 +24,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "actviz"
 #: tests/test_internals.py checks what actviz relies on.
 ALLOWED_PREFIXES = ("_foreach_",)
 
-#: torch's own private attributes: foreign even where an actviz class has one of the same name.
+def _private_names_of_the_objects_actviz_touches() -> set[str]:
+    """The private attributes of a module, a tensor, an optimizer, a grad scaler and a SummaryWriter."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    layer = torch.nn.Linear(1, 1)
+    objects = (layer, torch.zeros(1), torch.optim.SGD(layer.parameters(), lr=0.1),
+               torch.amp.GradScaler("cpu", enabled=False))
+    names = {name for value in objects for name in [*dir(value), *vars(value)]} | set(dir(SummaryWriter))
+    return {name for name in names if _private(name)}
+
+
+#: torch's own private attributes: foreign even where an actviz class has one of the same name
+#: (``other._values`` is a tensor's, whatever ``self._values`` is in actviz).
 ALWAYS_FOREIGN = {"_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                   "_backward_pre_hooks", "_version", "_base", "_grad_fn", "_orig_mod", "_compiled_call_impl"}
 
@@ -48,7 +64,27 @@ def own_private_names(trees: list[ast.Module]) -> set[str]:
                 names.add(node.attr)
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.add(node.target.id)
-    return {name for name in names if _private(name)} - ALWAYS_FOREIGN
+    return {name for name in names if _private(name)} - ALWAYS_FOREIGN - _private_names_of_the_objects_actviz_touches()
+
+
+def library_names(tree: ast.Module) -> set[str]:
+    """Names ``tree`` binds to another library's modules and objects by importing them (``torch``, ``F``, ``nn``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names
+                      if alias.name.split(".")[0] != "actviz"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module not in (None, "__future__"):
+            if node.module.split(".")[0] != "actviz":
+                names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from: ``torch`` for ``torch.nn.functional._pad``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def foreign_private_uses(tree: ast.Module, own: set[str]) -> list[str]:
@@ -58,8 +94,10 @@ def foreign_private_uses(tree: ast.Module, own: set[str]) -> list[str]:
     def foreign(name: str) -> bool:
         return _private(name) and name not in own and not name.startswith(ALLOWED_PREFIXES)
 
+    libraries = library_names(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and foreign(node.attr):
+        if isinstance(node, ast.Attribute) and (foreign(node.attr) or (
+                _private(node.attr) and not node.attr.startswith(ALLOWED_PREFIXES) and _root(node) in libraries)):
             base = ast.unparse(node.value)
             if base not in ("self", "cls"):
                 found.append((node.lineno, f"{base}.{node.attr}"))
@@ -114,10 +152,13 @@ class Mine:
         ours = other_watcher._model
         params = model._parameters
         norms = torch._foreach_norm([model.weight])
+        padded = F._helper(model.weight)
+        self._values = model.weight._values()
 
     def _helper(self):
         return self.__class__.__name__
 '''
+    code = "import torch.nn.functional as F" + code  # F's names are another library's, _helper too
     tree = ast.parse(code)
     assert foreign_private_uses(tree, own_private_names([tree])) == [
         "2: import torch._dynamo",
@@ -126,4 +167,6 @@ class Mine:
         "11: model._forward_hooks",
         "12: getattr(..., '_orig_mod')",
         "14: model._parameters",
+        "16: F._helper",
+        "17: model.weight._values",
     ]

@@ -19,7 +19,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from ..api import watch
 from ..options import CaptureOptions
 from ..schedule import Schedule
+from ..suggestions import did_you_mean
 
 __all__: list[str] = []  # the adapters live in their submodules
 
@@ -51,8 +51,7 @@ def _check_watch_kwargs(
                 "steps from the trainer's global step (auto_step=False)"
             )
         if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(known)}"
+            hint = did_you_mean(name, known, otherwise=f"; it takes {', '.join(known)}")
             raise TypeError(f"{owner} got an unknown actviz.watch() argument {name!r}{hint}")
     if log_dir is not None and watch_kwargs.get("writer") is not None:
         raise ValueError(f"give {owner} a log_dir or a writer, not both: actviz writes to one SummaryWriter")

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..hooks import HookHandles
 from ..layer_outputs import batch_dim_of, output_tensors, reduce_output
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..selection import layer_display_name
@@ -118,10 +119,8 @@ def capture_layers(
         if on_layer is not None:
             on_layer()
 
-    handles = [module.register_forward_hook(partial(hook, name)) for name, module in layers]
-    try:
+    with HookHandles() as handles:
+        for name, module in layers:
+            handles.add("forward", module.register_forward_hook(partial(hook, name)))
         output = model(batch)
-    finally:
-        for handle in handles:
-            handle.remove()
     return [reduced[name].record(name, options) for name, _ in layers if name in reduced], output

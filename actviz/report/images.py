@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..pixels import to_uint8
 from .errors import ImageError
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
     if image.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
         values = np.asarray(image).astype(np.float64)
         peak = 65535.0 if values.max(initial=0) <= 65535 else float(values.max())
-        gray = np.clip(np.round(values / peak * 255.0), 0, 255).astype(np.uint8)
+        gray = to_uint8(values / peak)
         return Image.fromarray(gray).convert("RGB")
     if image.mode == "F":
         values = np.nan_to_num(np.asarray(image, dtype=np.float64))
@@ -34,7 +35,7 @@ def _to_rgb(image: Image.Image) -> Image.Image:
             scaled = values
         else:
             scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
-        return Image.fromarray(np.round(scaled * 255).astype(np.uint8)).convert("RGB")
+        return Image.fromarray(to_uint8(scaled)).convert("RGB")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         rgba = image.convert("RGBA")
         background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
@@ -111,7 +112,7 @@ def display_image(batch: torch.Tensor, preprocess: Preprocess) -> torch.Tensor:
     """
     mean = torch.tensor(preprocess.mean, dtype=batch.dtype).view(3, 1, 1)
     std = torch.tensor(preprocess.std, dtype=batch.dtype).view(3, 1, 1)
-    return (batch[0].cpu() * std + mean).mul(255).round().clamp(0, 255).to(torch.uint8)
+    return to_uint8(batch[0].cpu() * std + mean)
 
 
 def folder_name(text: str, fallback: str) -> str:

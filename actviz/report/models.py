@@ -10,7 +10,6 @@ unpickle arbitrary objects, so a checkpoint from the internet cannot run code.
 
 from __future__ import annotations
 
-import difflib
 import os
 import pickle
 import re
@@ -24,6 +23,7 @@ import torch
 from torch import nn
 
 from .._internals import image_classification
+from ..suggestions import did_you_mean
 from .errors import ReportError, WeightsError
 
 if TYPE_CHECKING:
@@ -197,8 +197,7 @@ def _check_model_name(name: str) -> str:
     key = name.strip().lower()
     if key in known:
         return key
-    close = difflib.get_close_matches(key, known, n=4, cutoff=0.6)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    hint = did_you_mean(key, known, n=4, sep=", ")
     raise ReportError(
         f"unknown model {name!r}{hint} Any torchvision classification model works, for example "
         "alexnet, vgg16, vgg16_bn or resnet18 (see torchvision.models.list_models(torchvision.models))"

@@ -1,0 +1,30 @@
+"""Pictures from values in [0, 1] to 8-bit pixels: one rounding rule for every picture actviz writes.
+
+Every feature-map grid, heat map, Grad-CAM overlay, probe input and report image is turned
+into ``uint8`` here, so a value becomes the same pixel wherever it is drawn: times 255,
+rounded half to even (as :func:`torch.round` does), clamped to 0..255. ``tests/test_idioms.py``
+checks that no other module spells the conversion out again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["to_uint8"]
+
+
+def to_uint8(values: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """``values`` in [0, 1] as ``uint8`` pixels 0 to 255: a new tensor (or array), ``values`` untouched.
+
+    Out-of-range values are clamped; NaN must have been replaced before (it has no pixel).
+
+    Example:
+        >>> to_uint8(torch.tensor([0.0, 0.5, 1.0, 1.5, -0.2])).tolist()
+        [0, 128, 255, 255, 0]
+        >>> to_uint8(np.array([0.25, 1.0])).tolist()
+        [64, 255]
+    """
+    if isinstance(values, np.ndarray):
+        return np.clip(np.round(values * 255), 0, 255).astype(np.uint8)
+    return values.mul(255).round_().clamp_(0, 255).to(torch.uint8)
