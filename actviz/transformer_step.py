@@ -46,7 +46,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import AttentionMode, attention_modules, head_numbers
+from .attention import AttentionMode, attention_modules
+from .attention_stats import head_numbers
 from .compiled import outside_graphs
 from .hooks import HookHandles
 from .layer_outputs import output_tensors

@@ -13,12 +13,8 @@ from conftest import CountOps, hooks_left
 from torch import nn
 
 import actviz
-from actviz.attention import (
-    AttentionMode,
-    attention_logits,
-    attention_stats,
-    head_numbers,
-)
+from actviz.attention import AttentionMode
+from actviz.attention_stats import attention_logits, attention_stats, head_numbers
 
 
 def brute_force(q, k, mask=None, is_causal=False, scale=None, groups=1):
