@@ -199,6 +199,7 @@ class StepCapture(StepEnd):
             reduction, picture = reduce_output(
                 tensor, self.options, stats=self.want_stats,
                 draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
+                small=self._pending.small,
             )
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
@@ -228,7 +229,8 @@ class StepCapture(StepEnd):
         self._seen.add("grad:" + tag)
         self._pass_reached = True
         self._queue_backward_callback()
-        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
+        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False,
+                                  self._pending.small)
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
