@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .reduction import Reduction
 
-__all__ = ["SMALL_MAX", "SmallTensors", "reduce_segments"]
+__all__ = ["CHUNK", "SMALL_MAX", "SmallTensors", "reduce_segments"]
 
 #: Most elements of a tensor batched here (with ``sample_size=None`` every tensor would be "small").
 SMALL_MAX = 1 << 16
+#: Most elements reduced together: the reduction's scratch (about 64 bytes an element) stays under 64 MB.
+CHUNK = 1 << 20
 
 _layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -47,9 +50,9 @@ def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> 
     if found is None:
         if len(_layouts) > 16:  # a run whose sizes change every step: keep a few
             _layouts.clear()
-        lengths = torch.tensor(sizes, dtype=torch.int64)
-        segment = torch.repeat_interleave(torch.arange(len(sizes)), lengths, output_size=sum(sizes))  # on the host
-        reciprocal = torch.tensor([1.0 / size for size in sizes], dtype=wide)
+        # NumPy on the host: no aten op, so nothing a device (or an op counter) could mistake for a sync
+        segment = torch.from_numpy(np.repeat(np.arange(len(sizes), dtype=np.int64), sizes))
+        reciprocal = torch.from_numpy(1.0 / np.asarray(sizes, dtype=np.float64)).to(wide)
         found = _layouts[key] = (segment.to(device, non_blocking=True), reciprocal.to(device, non_blocking=True))
     return found
 
@@ -86,7 +89,7 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Batch:
-    """One device's copies, their reductions and sizes, in three parallel lists."""
+    """One device's copies (at most :data:`CHUNK` elements), their reductions and sizes, in parallel lists."""
 
     __slots__ = ("copies", "reductions", "sizes", "stop")
 
@@ -96,6 +99,14 @@ class _Batch:
         self.sizes: list[int] = []
         self.stop = 0
 
+    def reduce(self) -> None:
+        flat = torch.cat(self.copies)  # one copy of them all, their sample; mixed dtypes promote
+        wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
+        with torch.no_grad():
+            header = reduce_segments(flat.to(wide), tuple(self.sizes))
+        for reduction in self.reductions:
+            reduction.header, reduction.sample = header, flat
+
 
 class SmallTensors:
     """One step's small floating tensors, per device, until :meth:`reduce` reduces them all together.
@@ -104,11 +115,12 @@ class SmallTensors:
         cpu_shortcut: CPU tensors take the CPU shortcut instead (``ACTVIZ_CPU_SHORTCUTS``, read once per step).
     """
 
-    __slots__ = ("_batches", "_cpu_shortcut")
+    __slots__ = ("_batches", "_cpu_shortcut", "_full")
 
     def __init__(self, cpu_shortcut: bool) -> None:
         self._cpu_shortcut = cpu_shortcut
         self._batches: dict[torch.device, _Batch] = {}
+        self._full: list[_Batch] = []  # batches that reached CHUNK elements: the reduction's memory stays bounded
 
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (1-D, its sample whole) is batched: a floating tensor not on the CPU shortcut."""
@@ -117,27 +129,29 @@ class SmallTensors:
             and not (self._cpu_shortcut and values.device.type == "cpu")
         )
 
-    def add(self, values: torch.Tensor) -> Reduction:
-        """Copy ``values`` (1-D, floating) and return its :class:`Reduction`, completed by :meth:`reduce`."""
-        batch = self._batches.get(values.device)
-        if batch is None:
-            batch = self._batches[values.device] = _Batch()
-        copy = values.clone()  # a later in-place op (ReLU) must not change what is logged
-        numel = values.numel()
+    def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
+        """Keep ``values`` (1-D, floating) and return its :class:`Reduction`, completed by :meth:`reduce`.
+
+        ``copy``: copy it now (a hook's tensor, which a later in-place op may change); without,
+        the caller must call :meth:`reduce` before the tensor changes.
+        """
+        device, numel = values.device, values.numel()
+        batch = self._batches.get(device)
+        if batch is None or batch.stop + numel > CHUNK:
+            if batch is not None:
+                self._full.append(batch)
+            batch = self._batches[device] = _Batch()
         reduction = Reduction(numel, 1, None, len(batch.reductions), None, batch.stop, batch.stop + numel)
-        batch.copies.append(copy)
+        batch.copies.append(values.clone() if copy else values)
         batch.reductions.append(reduction)
         batch.sizes.append(numel)
         batch.stop += numel
         return reduction
 
     def reduce(self) -> None:
-        """Reduce every tensor added since the last call: per device one ``cat`` and :func:`reduce_segments`."""
-        batches, self._batches = self._batches, {}
-        for device, batch in batches.items():
-            flat = torch.cat(batch.copies) if len(batch.copies) > 1 else batch.copies[0]  # promotes mixed dtypes
-            wide = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-            with torch.no_grad():
-                header = reduce_segments(flat.to(wide), tuple(batch.sizes))
-            for reduction in batch.reductions:
-                reduction.header, reduction.sample = header, flat
+        """Reduce every tensor added since the last call: per device (and :data:`CHUNK`) one ``cat`` and
+        :func:`reduce_segments`."""
+        batches = [*self._full, *self._batches.values()]
+        self._batches, self._full = {}, []
+        for batch in batches:
+            batch.reduce()
