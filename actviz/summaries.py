@@ -219,11 +219,8 @@ def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
             sample = np.concatenate([sample, np.zeros(zeros or 0)])
         else:
             sample = sample[np.isfinite(sample)]
-    if finite_count == 0:
+    if finite_count == 0:  # the row's +inf/-inf placeholders
         low = high = math.nan
-    elif nonfinite and zeros == 0 and sample.size and reduction.counts is None:  # a 0 put in for NaN/Inf as min/max?
-        low = float(sample.min()) if low == 0 else low
-        high = float(sample.max()) if high == 0 else high
     counts = np.zeros(bins)
     if reduction.counts is not None:  # merged across ranks between common edges
         counts = np.asarray(reduction.counts[reduction.index], dtype=float)

@@ -61,15 +61,17 @@ def test_a_channels_last_output_is_read_in_place():
     assert len(count.kernels) == 8, count.kernels
 
 
-@pytest.mark.parametrize("model", [torchvision.models.resnet18, lambda: torch.nn.Linear(3, 2)])
-def test_many_parameters_take_the_same_ops_whatever_their_count(model):
-    parameters = list(model().parameters())
-    reduce_tensors(parameters)  # the first time makes 1 / sizes on the device, kept for the next steps
-    with CountOps() as count:
-        reductions = reduce_tensors(parameters)
-    assert len(count.kernels) == 26, count.kernels
-    assert count.syncs == []
-    assert len({id(reduction.header) for reduction in reductions}) == 1  # one header matrix for them all
+def test_many_parameters_take_the_same_ops_whatever_their_count():
+    counts = []
+    for model in (torchvision.models.resnet18, torchvision.models.resnet34):  # 62 and 110 parameters
+        parameters = list(model().parameters())
+        reduce_tensors(parameters)  # the first time makes the layouts (segment ids, 1 / sizes), kept for the next steps
+        with CountOps() as count:
+            reductions = reduce_tensors(parameters)
+        assert count.syncs == []
+        counts.append(len(count.kernels))
+        assert len({id(reduction.header) for reduction in reductions}) == 2  # the small ones' matrix, the others'
+    assert counts[0] == counts[1] <= 56, counts  # segment reduction (small_batch) + _foreach reductions
 
 
 def test_a_step_of_many_summaries_packs_in_a_handful_of_ops():
