@@ -123,11 +123,8 @@ class SmallTensors:
         self._full: list[_Batch] = []  # batches that reached CHUNK elements: the reduction's memory stays bounded
 
     def takes(self, values: torch.Tensor) -> bool:
-        """Whether ``values`` (1-D, its sample whole) is batched: a floating tensor not on the CPU shortcut."""
-        return (
-            values.numel() <= SMALL_MAX and values.is_floating_point()
-            and not (self._cpu_shortcut and values.device.type == "cpu")
-        )
+        """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
+        return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
 
     def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
         """Keep ``values`` (1-D, floating) and return its :class:`Reduction`, completed by :meth:`reduce`.

@@ -184,9 +184,9 @@ def reduce_tensor(
     numel = values.numel()
     if numel == 0:
         return Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
+    if small is not None and (sample_size is None or numel <= sample_size) and small.takes(values):
+        return small.add(values)  # its sample is the whole tensor: batched with the step's other small ones
     stride = sample_stride(numel, sample_size)
-    if stride == 1 and small is not None and small.takes(values):
-        return small.add(values)
     # Compiled where it saves device time and keeps min/max exact: a tensor the sample covers whole is host-bound
     # (eager, exact through its sample) unless ACTVIZ_FUSED=1 forces it (docs/performance.md).
     if numel < _INT32_COUNTS_MAX and (stride > 1 or fused_setting()) and fused.use_fused(values.device):
