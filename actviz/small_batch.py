@@ -40,20 +40,26 @@ SMALL_MAX = 1 << 16
 #: Most elements reduced together: the reduction's scratch (about 64 bytes an element) stays under 64 MB.
 CHUNK = 1 << 20
 
-_layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+_layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
 
 
-def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Segment ids (one per element) and ``1 / sizes`` on ``device``: made on the host once per set of sizes."""
+def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Segment ids (one per element), ``1 / sizes`` and the reductions' starting values (never written) on
+    ``device``: made on the host once per set of sizes, as a run's steps repeat them."""
     key = (device, wide, sizes)
     found = _layouts.get(key)
     if found is None:
         if len(_layouts) > 16:  # a run whose sizes change every step: keep a few
             _layouts.clear()
+        count = len(sizes)
         # NumPy on the host: no aten op, so nothing a device (or an op counter) could mistake for a sync
-        segment = torch.from_numpy(np.repeat(np.arange(len(sizes), dtype=np.int64), sizes))
-        reciprocal = torch.from_numpy(1.0 / np.asarray(sizes, dtype=np.float64)).to(wide)
-        found = _layouts[key] = (segment.to(device, non_blocking=True), reciprocal.to(device, non_blocking=True))
+        segment = torch.from_numpy(np.repeat(np.arange(count, dtype=np.int64), sizes))
+        floats = [1.0 / np.asarray(sizes, dtype=np.float64), np.zeros((count, 3)), np.zeros((count, 2))]
+        floats += [np.full(count, np.inf), np.full(count, -np.inf)]
+        found = _layouts[key] = (
+            segment.to(device, non_blocking=True),
+            *(torch.from_numpy(array).to(device=device, dtype=wide, non_blocking=True) for array in floats),
+        )
     return found
 
 
@@ -66,25 +72,23 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
         >>> reduce_segments(torch.tensor([0.0, 2.0, float("nan"), -1.0, 5.0], dtype=torch.float64), (4, 1)).tolist()
         [[3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], [1.0, 1.0, 5.0, 0.0, 5.0, 5.0]]
     """
-    device, wide, count = flat.device, flat.dtype, len(sizes)
-    segment, reciprocal = _layout(sizes, device, wide)
+    device, wide = flat.device, flat.dtype
+    segment, reciprocal, no_sums, no_moments, no_low, no_high = _layout(sizes, device, wide)
     columns = torch.empty((flat.numel(), 3), dtype=wide, device=device)  # non-zero, finite non-zero, z
     zeroed = columns[:, 2]
     torch.ne(flat, 0, out=columns[:, 0])  # NaN and ±Inf count as non-zero
     torch.nan_to_num(flat, 0.0, 0.0, 0.0, out=zeroed)
     torch.ne(zeroed, 0, out=columns[:, 1])
-    sums = torch.zeros((count, 3), dtype=wide, device=device).index_add_(0, segment, columns)
+    sums = torch.index_add(no_sums, 0, segment, columns)  # out of place: the starting values stay zeros
     mean = sums[:, 2] * reciprocal
     deviations = torch.empty((flat.numel(), 2), dtype=wide, device=device)  # about the mean: no cancellation
     torch.sub(zeroed, mean.index_select(0, segment), out=deviations[:, 0])
     torch.mul(deviations[:, 0], deviations[:, 0], out=deviations[:, 1])
-    moments = torch.zeros((count, 2), dtype=wide, device=device).index_add_(0, segment, deviations) * reciprocal.unsqueeze(1)
+    moments = torch.index_add(no_moments, 0, segment, deviations) * reciprocal.unsqueeze(1)
     residual = moments[:, 0]  # what rounding the mean left
-    variance = (moments[:, 1] - residual * residual).clamp_min_(0)
-    low = torch.full((count,), math.inf, dtype=wide, device=device)
-    low.scatter_reduce_(0, segment, torch.nan_to_num(flat, math.inf, math.inf, math.inf), "amin")
-    high = torch.full((count,), -math.inf, dtype=wide, device=device)
-    high.scatter_reduce_(0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf), "amax")
+    variance = torch.addcmul(moments[:, 1], residual, residual, value=-1).clamp_min_(0)
+    low = torch.scatter_reduce(no_low, 0, segment, torch.nan_to_num(flat, math.inf, math.inf, math.inf), "amin")
+    high = torch.scatter_reduce(no_high, 0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf), "amax")
     return torch.stack([sums[:, 0], sums[:, 1], mean + residual, variance, low, high], 1)
 
 
