@@ -204,7 +204,7 @@ class StepCapture(StepEnd):
                 tensor = nested_values(tensor)
             # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats,
+                tensor, self.options, stats=self.want_stats, small=self._pending.small,
                 draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
             )
             if reduction is not None:
@@ -235,7 +235,8 @@ class StepCapture(StepEnd):
         self._seen_grads.add(tag)
         self._pass_reached = True
         self._queue_backward_callback()
-        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
+        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False,
+                                  self._pending.small)
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
@@ -272,9 +273,8 @@ class StepCapture(StepEnd):
         if self.done:
             return
         if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
-            if self._in_closure:
-                pass  # the step that ran the closure used them as its backward left them (taken then)
-            elif dropped or self._parameters.dropped() or self._history.optimizer_steps:
+            # In a closure (LBFGS, Lightning) the step that ran it used them as its backward left them: taken then.
+            if not self._in_closure and (dropped or self._parameters.dropped() or self._history.optimizer_steps):
                 self._parameters.discard_gradients()  # zeroed, or no optimizer step came in a loop that has one
                 self.dropped_gradients = True
         self.done = True

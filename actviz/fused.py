@@ -70,7 +70,9 @@ def use_fused(device: torch.device) -> bool:
 
     ``ACTVIZ_FUSED=1`` or ``0`` decides on any device. Otherwise: no on the CPU, where
     compiling takes longer than it saves in a run (README, "Performance"), and yes on
-    any other device Inductor has a code generator for (CUDA, XPU, MPS).
+    any other device Inductor has a code generator for (CUDA, XPU, MPS). In a watcher's
+    step only tensors larger than their sample ask: the small ones are batched
+    (:mod:`actviz.small_batch`), as a compiled call per tensor costs the host twice the eager ops.
 
     Example:
         >>> import os

@@ -17,6 +17,7 @@ from torch import nn
 from ._internals import batch_and_instance_norm_types, tensor_version
 from .options import CaptureOptions
 from .rendering import picture_source
+from .small_batch import SmallTensors
 from .summaries import Reduction, reduce_tensor
 from .transfer import Draw
 
@@ -135,16 +136,18 @@ def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 
 def reduce_output(
-    tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0
+    tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0,
+    small: SmallTensors | None = None,
 ) -> tuple[Reduction | None, tuple[Draw, torch.Tensor] | None]:
     """The per-layer work on one output tensor, shared by the watcher's hooks and :func:`actviz.report`.
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
     (``None`` unless ``draw`` and the tensor is 3-D or 4-D): see
     :func:`~actviz.summaries.reduce_tensor` and :func:`~actviz.rendering.picture_source`.
-    :func:`~actviz.summaries.finish` and ``draw(source)`` complete them on the host.
+    :func:`~actviz.summaries.finish` and ``draw(source)`` complete them on the host. ``small``: the
+    step's small tensors (:mod:`actviz.small_batch`), where a tensor its sample covers whole is batched.
     """
-    reduction = reduce_tensor(tensor, options.histogram_sample_size) if stats else None
+    reduction = reduce_tensor(tensor, options.histogram_sample_size, small=small) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
     return reduction, picture
 

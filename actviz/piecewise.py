@@ -1,7 +1,8 @@
 """Reductions a slice at a time, so that a widened copy never adds a tensor's whole size to memory.
 
 * :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits):
-  each piece is copied in float64, counted, ``var_mean``-ed and bounded; the pieces' moments are
+  each piece is copied in float64, counted, ``var_mean``-ed and bounded (min and max of its finite
+  elements; ``+inf``/``-inf`` where it has none); the pieces' moments are
   merged on the device (Chan et al.'s parallel variance), no host sync.
 * :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
   of half their bytes at a time in float64.
@@ -16,6 +17,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -33,9 +36,11 @@ def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
     for piece in values.split(PIECE):
         zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
         found[0].append(torch.count_nonzero(zeroed))
+        found[4].append(zeroed.nan_to_num(math.inf, math.inf, math.inf).amin())  # of the finite elements
+        found[5].append(zeroed.nan_to_num(-math.inf, -math.inf, -math.inf).amax())
         zeroed.nan_to_num_(0.0, 0.0, 0.0)
         found[1].append(torch.count_nonzero(zeroed))
-        for at, result in enumerate((*torch.var_mean(zeroed, correction=0), *torch.aminmax(zeroed)), 2):
+        for at, result in enumerate(torch.var_mean(zeroed, correction=0), 2):
             found[at].append(result)
         del zeroed
     numel = values.numel()

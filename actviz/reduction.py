@@ -10,19 +10,16 @@ path, and anything on MPS), about ``z``, the tensor with NaN and ±Inf replaced 
 ``finite_nonzero`` finite elements ``!= 0``; NaN where not counted
 ``mean``           mean of ``z`` over all ``numel`` elements
 ``variance``       population variance of ``z`` over all ``numel`` elements
-``min``, ``max``   of the finite elements (some paths: of ``z``; see below)
+``min``, ``max``   of the finite elements, on every path; ``+inf``/``-inf`` where none
 =================  =================================================================
 
 ``numel`` stays on the host. A tensor's row lives in a device tensor: alone (a 1-D row,
 possibly followed by its sample) or as row ``index`` of a ``(k, len(FIELDS))`` matrix
-(parameters reduced together). :func:`decode` turns a row into the numbers of a
-:class:`~actviz.results.Summary`; :func:`actviz.summaries.finish` adds the bucket counts.
-
-Where ``min``/``max`` are of ``z`` (the eager per-tensor path), a 0 put in for NaN/Inf can
-look like the min (or max) when no element is 0 and every finite one has one sign; the
-decoder then takes it from the sample's non-zero values, exact when the sample is the
-whole tensor. To add a statistic, add its name to :data:`FIELDS` (its column follows) and
-compute it where the rows are made (:mod:`actviz.summaries`, :mod:`actviz.batch_summaries`).
+(a step's small tensors, or parameters, reduced together). :func:`decode` turns a row into
+the numbers of a :class:`~actviz.results.Summary`; :func:`actviz.summaries.finish` adds the
+bucket counts. To add a statistic, add its name to :data:`FIELDS` (its column follows) and
+compute it where the rows are made (:mod:`actviz.summaries`, :mod:`actviz.small_batch`,
+:mod:`actviz.batch_summaries`, :mod:`actviz.piecewise`, :mod:`actviz.cpu_shortcut`).
 """
 
 from __future__ import annotations

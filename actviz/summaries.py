@@ -2,17 +2,19 @@
 
 * :func:`reduce_tensor` runs inside the hook, on the tensor's device, and leaves one
   header row (layout: :mod:`actviz.reduction`) and a strided sample: for a float32
-  tensor five kernel ops (:func:`reduce_values`), nothing read on the host. The step's
+  tensor eight kernel ops (:func:`reduce_values`), nothing read on the host; a tensor its
+  sample covers whole, one copy (:mod:`actviz.small_batch`) in the watcher's hooks. The step's
   rows go to the host in one copy (:mod:`actviz.transfer`);
   :func:`actviz.batch_summaries.reduce_tensors` reduces many parameters together.
 * :func:`finish` runs on the host, on the writer thread: it decodes the row
   (:func:`actviz.reduction.decode`) and counts the sample's buckets between min and max.
 
-On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once,
-moments in float64 about the mean; ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and
-the other devices Inductor compiles for, a tensor larger than its sample gets its row from
+On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
+(:mod:`actviz.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and the other
+devices Inductor compiles for, a tensor larger than its sample gets its row from
 :func:`header_sums` compiled (:mod:`actviz.fused`), one read of the tensor; a smaller one,
-host-bound, the eager ops. ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor.
+host-bound, is batched with the step's other small tensors (or, outside a watcher's step,
+takes the eager ops). ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor not batched.
 """
 
 from __future__ import annotations
@@ -23,20 +25,20 @@ import numpy as np
 import torch
 
 from . import distributed_types, fused, piecewise
+from .cpu_shortcut import reduce_on_cpu
 from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
 from .reduction import HEADER, Reduction
 from .results import HEADER_SIZE, Summary
+from .small_batch import SmallTensors
 
 __all__ = [
-    "HEADER_SIZE", "Reduction", "finish", "flat_view", "header_sums", "reduce_tensor", "reduce_values", "sample_stride",
+    "HEADER_SIZE", "Reduction", "finish", "finite_bounds", "flat_view", "header_sums", "reduce_tensor", "reduce_values", "sample_stride",
     "summarize",
 ]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
 # walks through every spatial position instead of hitting the same one in each channel.
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
-#: From this many elements on, torch's threaded reductions beat NumPy's in the CPU shortcut.
-_TORCH_REDUCTION_MIN = 1 << 15
 #: float32 counts every integer up to here: the header of a smaller float32 tensor stays float32 (one cat, no casts).
 _EXACT_FLOAT32_COUNTS = 1 << 24
 #: header_sums counts in int32: larger tensors take the eager path.
@@ -90,10 +92,10 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
     """The device half of a summary of a 1-D tensor: its header row (see :mod:`actviz.reduction`) and sample.
 
     A pure tensor function: it never reads a value on the host, so it neither syncs
-    with a GPU nor branches on data. A float32 or float64 tensor takes five kernel ops
+    with a GPU nor branches on data. A float32 or float64 tensor takes eight kernel ops
     (``nan_to_num``, one ``_foreach_norm(ord=0)`` counting non-zeros before and after it,
-    ``var_mean``, ``aminmax`` and one ``cat`` that writes the row and copies the sample
-    behind it). A tensor no larger than the sample keeps ``z`` as its sample, no copy.
+    ``var_mean``, :func:`finite_bounds` and one ``cat`` that writes the row and copies the
+    sample behind it). A tensor no larger than the sample keeps ``z`` as its sample, no copy.
     16-bit floats are widened first (their memory: four times theirs); integers and
     bools are widened a slice at a time, so that the extra memory stays below their size.
     """
@@ -114,13 +116,23 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
         else:
             nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
     variance, mean = torch.var_mean(zeroed, 0, correction=0, keepdim=True)
-    low, high = torch.aminmax(zeroed, dim=0, keepdim=True)
-    parts = [nonzero.view(1), finite_nonzero.view(1), mean, variance, low, high]
+    parts = [nonzero.view(1), finite_nonzero.view(1), mean, variance, *finite_bounds(values)]
     numel = values.numel()
     if stride == 1:  # z is the sample: no copy
         return Reduction(numel, 1, torch.cat(parts), 0, zeroed, 0, numel, zeroed=True)
     row = torch.cat([*parts, values[::stride]])
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
+
+
+def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
+    """Min and max of the finite elements of a 1-D tensor, as two 1-element tensors; ``+inf``/``-inf`` if none.
+
+    Example:
+        >>> [bound.item() for bound in finite_bounds(torch.tensor([2.0, float("nan"), 3.0, -float("inf")]))]
+        [2.0, 3.0]
+    """
+    low = torch.nan_to_num(values, math.inf, math.inf, math.inf).amin(0, keepdim=True)
+    return [low, torch.nan_to_num(values, -math.inf, -math.inf, -math.inf).amax(0, keepdim=True)]
 
 
 def header_sums(values: torch.Tensor) -> torch.Tensor:
@@ -151,7 +163,8 @@ def header_sums(values: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_tensor(
-    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True
+    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
+    small: SmallTensors | None = None,
 ) -> Reduction:
     """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
 
@@ -159,6 +172,8 @@ def reduce_tensor(
         tensor: Any real tensor. It is not modified, and nothing keeps it alive.
         sample_size: Most elements in the sample the buckets are counted on; ``None`` for all.
         count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
+        small: The step's small tensors: a floating tensor its sample covers whole is copied
+            there and reduced with the others when the step ends (:mod:`actviz.small_batch`).
 
     Raises:
         TypeError: A complex tensor.
@@ -169,6 +184,8 @@ def reduce_tensor(
     numel = values.numel()
     if numel == 0:
         return Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
+    if small is not None and (sample_size is None or numel <= sample_size) and small.takes(values):
+        return small.add(values)  # its sample is the whole tensor: batched with the step's other small ones
     stride = sample_stride(numel, sample_size)
     # Compiled where it saves device time and keeps min/max exact: a tensor the sample covers whole is host-bound
     # (eager, exact through its sample) unless ACTVIZ_FUSED=1 forces it (docs/performance.md).
@@ -178,65 +195,10 @@ def reduce_tensor(
             sample = values[::stride].clone()
             return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
     if values.device.type == "cpu" and cpu_shortcuts():
-        found = _reduce_on_cpu(values, stride, count_zeros)
+        found = reduce_on_cpu(values, stride, count_zeros)
         if found is not None:
             return found
     return reduce_values(values, stride)
-
-
-def _reduce_on_cpu(values: torch.Tensor, stride: int, count_zeros: bool) -> Reduction | None:
-    """The CPU shortcut for a float32/float64 tensor; ``None`` for any other.
-
-    Moments in float64, about the mean (no cancellation, whatever the offset); a tensor
-    with NaN or ±Inf is reduced over its finite elements, on the host.
-    """
-    if values.dtype not in (torch.float32, torch.float64):
-        return None
-    try:
-        array = values.numpy()
-    except (RuntimeError, TypeError):  # a tensor subclass without a NumPy view
-        return None
-    numel = array.size
-    large = numel >= _TORCH_REDUCTION_MIN  # torch's threaded reductions
-    with np.errstate(over="ignore", invalid="ignore"):
-        if large:
-            squares, total = float(torch.dot(values, values)), float(values.sum())
-        else:
-            squares, total = float(np.dot(array, array)), float(array.sum(dtype=np.float64))
-    mean = total / numel
-    variance = squares / numel - mean * mean
-    nonfinite = 0
-    finite = array
-    if not (math.isfinite(total) and math.isfinite(squares)):  # NaN, ±Inf or float32 squares past 3.4e38
-        mask = np.isfinite(array)
-        finite = array[mask]
-        nonfinite = numel - finite.size
-        if not finite.size:
-            return None
-        mean, variance = _centred(np.where(mask, array, 0).astype(np.float64), numel)  # rare: float64 is fine
-    elif not variance > 0.5 * (squares / numel):  # a mean large against the spread: the sums cancel, centre them
-        mean, variance = _centred(array, numel)
-    if finite.size >= _TORCH_REDUCTION_MIN and finite is array:
-        low, high = (float(bound) for bound in torch.aminmax(values))
-    else:
-        low, high = float(finite.min()), float(finite.max())
-    nonzero = math.nan
-    if count_zeros or nonfinite:
-        nonzero = numel - (0 if low > 0 or high < 0 else int(np.count_nonzero(finite == 0)))
-    header = [nonzero, nonzero - nonfinite, mean, variance, low, high]
-    sample = torch.from_numpy(array[::stride].copy())  # a copy: a later in-place op must not change it
-    return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
-
-
-def _centred(array: np.ndarray, numel: int) -> tuple[float, float]:
-    """Mean and population variance in float64 about the mean: exact whatever the offset (mean 1e4, std 1)."""
-    mean = float(array.sum(dtype=np.float64)) / numel
-    with np.errstate(over="ignore", invalid="ignore"):
-        shift = array.dtype.type(mean)  # in the array's dtype: x - shift is exact near the mean, no wide copy
-        deviation = array - shift
-        residual = float(deviation.sum(dtype=np.float64)) / numel  # what rounding the shift left
-        squares = float(np.square(deviation, out=deviation).sum(dtype=np.float64)) / numel
-    return float(shift) + residual, max(0.0, squares - residual * residual)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
@@ -257,11 +219,8 @@ def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
             sample = np.concatenate([sample, np.zeros(zeros or 0)])
         else:
             sample = sample[np.isfinite(sample)]
-    if finite_count == 0:
+    if finite_count == 0:  # the row's +inf/-inf placeholders
         low = high = math.nan
-    elif nonfinite and zeros == 0 and sample.size and reduction.counts is None:  # a 0 put in for NaN/Inf as min/max?
-        low = float(sample.min()) if low == 0 else low
-        high = float(sample.max()) if high == 0 else high
     counts = np.zeros(bins)
     if reduction.counts is not None:  # merged across ranks between common edges
         counts = np.asarray(reduction.counts[reduction.index], dtype=float)

@@ -17,6 +17,7 @@ import torch
 
 from .options import cpu_shortcuts
 from .results import StepResults
+from .small_batch import SmallTensors
 from .summaries import Reduction, finish
 
 __all__ = ["HostCopy", "PendingStep"]
@@ -125,6 +126,9 @@ class PendingStep:
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
         self._ids: list[int] = []
+        #: The small tensors the hooks copy (``reduce_tensor(..., small=pending.small)``), reduced together
+        #: before merging or sending; ``ACTVIZ_CPU_SHORTCUTS`` is read once, here, per step.
+        self.small = SmallTensors(cpu_shortcuts())
 
     @property
     def empty(self) -> bool:
@@ -145,8 +149,16 @@ class PendingStep:
 
     @property
     def mergeable(self) -> list[tuple[str, Reduction]]:
-        """``(kind/tag, reduction)`` of the summaries that differ between ranks, in the order added."""
+        """``(kind/tag, reduction)`` of the summaries that differ between ranks, in the order added.
+
+        The small tensors are reduced first (:meth:`reduce_small`), so that every reduction has its header.
+        """
+        self.reduce_small()
         return self._mergeable
+
+    def reduce_small(self) -> None:
+        """Reduce the small tensors added since the last call, together (:mod:`actviz.small_batch`)."""
+        self.small.reduce()
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
@@ -179,8 +191,9 @@ class PendingStep:
         """Start the copy to the host. Called once, on the training thread, when the step ends.
 
         Each distinct tensor goes once: a header matrix that many parameters share, a row
-        that holds its sample behind it.
+        that holds its sample behind it. The small tensors are reduced first.
         """
+        self.reduce_small()
         unique: dict[int, torch.Tensor] = {}
         for reduction in self._reductions:
             for tensor in reduction.device_tensors():

@@ -40,9 +40,10 @@ class CountAll(CountOps):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
-@pytest.mark.parametrize("dtype, budget", [(torch.float32, 5), (torch.float64, 5), (torch.bfloat16, 7)])
+@pytest.mark.parametrize("dtype, budget", [(torch.float32, 8), (torch.float64, 8), (torch.bfloat16, 10)])
 @pytest.mark.parametrize("numel", [8 * 16 * 12 * 12, 40 * 16 * 12 * 12])  # the whole tensor sampled, or strided
-def test_one_tensor_takes_five_ops_a_few_views_one_header_and_no_sync(dtype, budget, numel):
+def test_one_tensor_takes_eight_ops_a_few_views_one_header_and_no_sync(dtype, budget, numel):
+    # Outside a watcher's step (no SmallTensors): nan_to_num, two counts, var_mean, finite min and max (4), cat.
     tensor = torch.randn(numel // 192, 16, 12).to(dtype)
     with CountAll() as count:
         reduction = reduce_tensor(tensor)
@@ -57,18 +58,20 @@ def test_a_channels_last_output_is_read_in_place():
     tensor = torch.randn(8, 16, 12, 12).to(memory_format=torch.channels_last)
     with CountOps() as count:
         reduce_tensor(tensor)
-    assert len(count.kernels) == 5, count.kernels
+    assert len(count.kernels) == 8, count.kernels
 
 
-@pytest.mark.parametrize("model", [torchvision.models.resnet18, lambda: torch.nn.Linear(3, 2)])
-def test_many_parameters_take_the_same_ops_whatever_their_count(model):
-    parameters = list(model().parameters())
-    reduce_tensors(parameters)  # the first time makes 1 / sizes on the device, kept for the next steps
-    with CountOps() as count:
-        reductions = reduce_tensors(parameters)
-    assert len(count.kernels) == 26, count.kernels
-    assert count.syncs == []
-    assert len({id(reduction.header) for reduction in reductions}) == 1  # one header matrix for them all
+def test_many_parameters_take_the_same_ops_whatever_their_count():
+    counts = []
+    for model in (torchvision.models.resnet18, torchvision.models.resnet34):  # 62 and 110 parameters
+        parameters = list(model().parameters())
+        reduce_tensors(parameters)  # the first time makes the layouts (segment ids, 1 / sizes), kept for the next steps
+        with CountOps() as count:
+            reductions = reduce_tensors(parameters)
+        assert count.syncs == []
+        counts.append(len(count.kernels))
+        assert len({id(reduction.header) for reduction in reductions}) == 2  # the small ones' matrix, the others'
+    assert counts[0] == counts[1] <= 56, counts  # segment reduction (small_batch) + _foreach reductions
 
 
 def test_a_step_of_many_summaries_packs_in_a_handful_of_ops():
@@ -134,7 +137,7 @@ def test_logging_step_budget_on_a_small_resnet():
     assert idle.kernels == bare.kernels  # a step that logs nothing adds no op
     added = len(stats.kernels) - len(bare.kernels)
     tensors = 2 * 41  # 41 watched layers (20 conv, 20 batch norm, 1 linear): outputs and their gradients
-    assert added >= 5 * tensors  # the device path ran
+    assert added >= tensors  # the device path ran: at least one copy per tensor
     assert len(stats.kernels) <= 3 * len(bare.kernels)
     assert len(everything.kernels) <= 4 * len(bare.kernels)
     assert stats.syncs == everything.syncs == bare.syncs == []

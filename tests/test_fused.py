@@ -125,6 +125,16 @@ def compiled(reduction) -> bool:
     return reduction.header is not reduction.sample and not reduction.zeroed
 
 
+def test_a_watched_step_batches_its_small_tensors_and_compiles_only_the_large_ones(tmp_path):
+    model = staircase(3, wide=True)  # outputs 9, 10, 40,000 and 1 elements: one larger than the sample (16,384)
+    before = calls()
+    with actviz.watch(model, tmp_path, every=1, layers=nn.Linear) as viz:
+        model(torch.randn(1, 8)).sum().backward()
+        viz.flush()
+    assert calls() - before == 2  # the wide layer's output and its gradient; the small ones batched
+    assert Run(tmp_path).histogram_steps("activations/0") == [0]
+
+
 def test_header_sums_by_hand():
     # NaN and -Inf count as non-zero and become 0: non-zero 4, then 2; z = [3, 0, 0, -1, 0]:
     # mean 2/5, variance 10/5 - (2/5)^2; min and max of the finite values -1 and 3.
@@ -147,18 +157,20 @@ def test_graphs_stay_bounded_over_many_layer_shapes(monkeypatch):
     torch.manual_seed(0)
     model = staircase(wide=True)  # 33 layers
     before = calls()
+    # A sample of 8: outputs of 9 elements or more are larger than it and compiled; the last layer's (1 and 3
+    # elements) are batched with the step's small tensors (actviz/small_batch.py), never compiled.
     with tempfile.TemporaryDirectory() as folder, torch._dynamo.config.patch(recompile_limit=1):  # no recompile
-        with actviz.watch(model, folder, every=1, layers=nn.Linear):
+        with actviz.watch(model, folder, every=1, layers=nn.Linear, histogram_sample_size=8):
             for batch in (1, 3):  # output lengths 9..39, 40,000 and 1, then 27..117, 120,000 and 3
-                model(torch.randn(batch, 8)).sum().backward()  # the last gradient: expanded, stride 0
+                model(torch.randn(batch, 8)).sum().backward()
         run = Run(folder)
     assert len(run.histogram_tags) == 6 * 33  # activations, gradients, and weight and bias, values and gradients
-    assert calls() - before == 2 * 2 * 33  # every activation and output gradient went through compiled code
+    assert calls() - before == 2 * 2 * 32  # every activation and output gradient larger than its sample
     graphs: dict[tuple[str, torch.dtype], int] = {}
     for (_, device, dtype, _), function in fused.compiled_functions().items():
         assert function is not None, (device, dtype)  # none failed to compile
         graphs[device, dtype] = graphs.get((device, dtype), 0) + function.graphs
-    assert graphs[("cpu", torch.float32)] == 2  # one per size class, length 1 included
+    assert graphs[("cpu", torch.float32)] == 2  # one per size class
     assert max(graphs.values()) <= 2, graphs
 
 
@@ -188,7 +200,7 @@ def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "_warned", False)
     model = staircase(3)
     with pytest.warns(RuntimeWarning, match="runs eagerly"):
-        with actviz.watch(model, tmp_path, every=1) as viz:
+        with actviz.watch(model, tmp_path, every=1, histogram_sample_size=4) as viz:  # outputs larger: compiled
             model(torch.randn(2, 8)).sum().backward()
             viz.flush()
     assert Run(tmp_path).histogram_steps("activations/0") == [0]
@@ -197,7 +209,7 @@ def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
 def test_nothing_is_compiled_before_the_first_logging_step(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "_compiled", {})
     model = staircase(3)
-    with actviz.watch(model, tmp_path, every=[2]):
+    with actviz.watch(model, tmp_path, every=[2], histogram_sample_size=4):  # outputs larger than it: compiled
         for _ in range(2):
             model(torch.randn(2, 8)).sum().backward()
         assert fused.compiled_functions() == {}

@@ -251,11 +251,8 @@ def test_std_of_a_large_offset_is_torch_std_in_float64(mean, std, numel):
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_min_and_max_are_exact_with_one_nan_and_one_sign(sign, path, request):
+def test_min_and_max_are_exact_with_one_nan_and_one_sign(sign, path):
     # 100,000 elements: the histogram sample is strided, and must not give the min or the max.
-    if path == "device":  # a known gap, said in docs/summary-header.md: fails until it is closed
-        reason = "the eager accelerator path takes min/max from the sample here"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     generator = torch.Generator().manual_seed(4)
     tensor = sign * (torch.rand(100_000, generator=generator) + 0.5001)
     tensor[777] = 0.5 * sign  # the true extreme, off the sample's stride

@@ -1,0 +1,158 @@
+"""Small tensors of one step reduced together: one copy each in its hook, a constant number of ops at the step's end.
+
+A tensor no larger than its histogram sample is kept whole as its sample anyway. On the
+accelerator path its hook makes one copy of it (:meth:`SmallTensors.add`, one op) instead of
+reducing it there (five or more ops, and Python, per tensor: a micro ResNet-50 has over 200
+such tensors per logging step). When the step ends, :meth:`SmallTensors.reduce` reduces every
+copy of a device in about 25 ops, whatever their number: one ``cat``, then segment sums
+(``index_add_``) and segment bounds (``scatter_reduce_``) over a segment-id tensor made once
+on the host for the step's sizes. It writes one ``(k, len(FIELDS))`` header matrix
+(:mod:`actviz.reduction`): counts, mean and centred variance of ``z`` (NaN and ±Inf
+replaced by 0) in float64 (float32 on MPS), and exact min and max of the finite values
+(``+inf``/``-inf`` where there are none). Each tensor's sample is its slice of the ``cat``.
+Nothing is read on the host: no sync.
+
+Example:
+    >>> from actviz.summaries import finish
+    >>> small = SmallTensors(cpu_shortcut=False)
+    >>> first, second = small.add(torch.tensor([1.0, float("nan"), 3.0])), small.add(torch.tensor([-2.0, 0.0]))
+    >>> small.reduce()
+    >>> summary = finish(first)
+    >>> summary.nonfinite, summary.min, summary.max, summary.sum
+    (1, 1.0, 3.0, 4.0)
+    >>> finish(second).zeros, finish(second).min
+    (1, -2.0)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .reduction import Reduction
+
+__all__ = ["CHUNK", "SMALL_MAX", "SmallTensors", "reduce_segments"]
+
+#: Most elements of a tensor batched here (with ``sample_size=None`` every tensor would be "small").
+SMALL_MAX = 1 << 16
+#: Most elements reduced together: the reduction's scratch (about 64 bytes an element) stays under 64 MB.
+CHUNK = 1 << 20
+
+_layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
+
+
+def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Segment ids (one per element), ``1 / sizes`` and the reductions' starting values (never written) on
+    ``device``: made on the host once per set of sizes, as a run's steps repeat them."""
+    key = (device, wide, sizes)
+    found = _layouts.get(key)
+    if found is None:
+        if len(_layouts) > 16:  # a run whose sizes change every step: keep a few
+            _layouts.clear()
+        count = len(sizes)
+        # NumPy on the host: no aten op, so nothing a device (or an op counter) could mistake for a sync
+        segment = torch.from_numpy(np.repeat(np.arange(count, dtype=np.int64), sizes))
+        floats = [1.0 / np.asarray(sizes, dtype=np.float64), np.zeros((count, 3)), np.zeros((count, 2))]
+        floats += [np.full(count, np.inf), np.full(count, -np.inf)]
+        found = _layouts[key] = (
+            segment.to(device, non_blocking=True),
+            *(torch.from_numpy(array).to(device=device, dtype=wide, non_blocking=True) for array in floats),
+        )
+    return found
+
+
+def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """The ``(len(sizes), len(FIELDS))`` header of consecutive segments of ``flat`` (a wide floating 1-D tensor).
+
+    A constant number of ops for any number of segments, none of them syncing. Every size must be > 0.
+
+    Example:
+        >>> reduce_segments(torch.tensor([0.0, 2.0, float("nan"), -1.0, 5.0], dtype=torch.float64), (4, 1)).tolist()
+        [[3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], [1.0, 1.0, 5.0, 0.0, 5.0, 5.0]]
+    """
+    device, wide = flat.device, flat.dtype
+    segment, reciprocal, no_sums, no_moments, no_low, no_high = _layout(sizes, device, wide)
+    columns = torch.empty((flat.numel(), 3), dtype=wide, device=device)  # non-zero, finite non-zero, z
+    zeroed = columns[:, 2]
+    torch.ne(flat, 0, out=columns[:, 0])  # NaN and ±Inf count as non-zero
+    torch.nan_to_num(flat, 0.0, 0.0, 0.0, out=zeroed)
+    torch.ne(zeroed, 0, out=columns[:, 1])
+    sums = torch.index_add(no_sums, 0, segment, columns)  # out of place: the starting values stay zeros
+    mean = sums[:, 2] * reciprocal
+    deviations = torch.empty((flat.numel(), 2), dtype=wide, device=device)  # about the mean: no cancellation
+    torch.sub(zeroed, mean.index_select(0, segment), out=deviations[:, 0])
+    torch.mul(deviations[:, 0], deviations[:, 0], out=deviations[:, 1])
+    moments = torch.index_add(no_moments, 0, segment, deviations) * reciprocal.unsqueeze(1)
+    residual = moments[:, 0]  # what rounding the mean left
+    variance = torch.addcmul(moments[:, 1], residual, residual, value=-1).clamp_min_(0)
+    low = torch.scatter_reduce(no_low, 0, segment, torch.nan_to_num(flat, math.inf, math.inf, math.inf), "amin")
+    high = torch.scatter_reduce(no_high, 0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf), "amax")
+    return torch.stack([sums[:, 0], sums[:, 1], mean + residual, variance, low, high], 1)
+
+
+class _Batch:
+    """One device's copies (at most :data:`CHUNK` elements), their reductions and sizes, in parallel lists."""
+
+    __slots__ = ("copies", "reductions", "sizes", "stop")
+
+    def __init__(self) -> None:
+        self.copies: list[torch.Tensor] = []
+        self.reductions: list[Reduction] = []
+        self.sizes: list[int] = []
+        self.stop = 0
+
+    def reduce(self) -> None:
+        flat = torch.cat(self.copies)  # one copy of them all, their sample; mixed dtypes promote
+        wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
+        with torch.no_grad():
+            header = reduce_segments(flat.to(wide), tuple(self.sizes))
+        for reduction in self.reductions:
+            reduction.header, reduction.sample = header, flat
+
+
+class SmallTensors:
+    """One step's small floating tensors, per device, until :meth:`reduce` reduces them all together.
+
+    Args:
+        cpu_shortcut: CPU tensors take the CPU shortcut instead (``ACTVIZ_CPU_SHORTCUTS``, read once per step).
+    """
+
+    __slots__ = ("_batches", "_cpu_shortcut", "_full")
+
+    def __init__(self, cpu_shortcut: bool) -> None:
+        self._cpu_shortcut = cpu_shortcut
+        self._batches: dict[torch.device, _Batch] = {}
+        self._full: list[_Batch] = []  # batches that reached CHUNK elements: the reduction's memory stays bounded
+
+    def takes(self, values: torch.Tensor) -> bool:
+        """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
+        return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
+
+    def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
+        """Keep ``values`` (1-D, floating) and return its :class:`Reduction`, completed by :meth:`reduce`.
+
+        ``copy``: copy it now (a hook's tensor, which a later in-place op may change); without,
+        the caller must call :meth:`reduce` before the tensor changes.
+        """
+        device, numel = values.device, values.numel()
+        batch = self._batches.get(device)
+        if batch is None or batch.stop + numel > CHUNK:
+            if batch is not None:
+                self._full.append(batch)
+            batch = self._batches[device] = _Batch()
+        reduction = Reduction(numel, 1, None, len(batch.reductions), None, batch.stop, batch.stop + numel)
+        batch.copies.append(values.clone() if copy else values)
+        batch.reductions.append(reduction)
+        batch.sizes.append(numel)
+        batch.stop += numel
+        return reduction
+
+    def reduce(self) -> None:
+        """Reduce every tensor added since the last call: per device (and :data:`CHUNK`) one ``cat`` and
+        :func:`reduce_segments`."""
+        batches = [*self._full, *self._batches.values()]
+        self._batches, self._full = {}, []
+        for batch in batches:
+            batch.reduce()
