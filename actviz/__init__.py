@@ -22,10 +22,10 @@ from .options import CaptureOptions
 from .rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
 from .report.images import load_images
-from .results import StepResults, Summary
+from .output.results import StepResults, Summary
 from .schedule import Schedule
 from .selection import select_layers
-from .summaries import summarize
+from .summaries.one_tensor import summarize
 from .watcher import Watcher
 
 __all__ = [

@@ -129,7 +129,7 @@ def replace_record_checksum(fast: Callable[[bytes], int]) -> bool:
     is no public way to give it a faster one. ``fast`` is tried on a probe first and must
     give TensorBoard's value; the module is changed only by the last statement, so an
     error anywhere leaves it as it was. Idempotent. Callers catch the errors
-    (:func:`actviz.sinks.use_fast_crc`).
+    (:func:`actviz.output.tensorboard.use_fast_crc`).
 
     Raises:
         ValueError: ``fast`` gives another checksum than TensorBoard's.
@@ -217,7 +217,7 @@ def set_compiled_call(model: nn.Module, call: Callable[..., Any] | None) -> None
 
 
 def inductor_backend() -> Callable[..., Any]:
-    """Inductor as a ``torch.compile`` backend function, to wrap (actviz.fused counts its graphs).
+    """Inductor as a ``torch.compile`` backend function, to wrap (actviz.summaries.fused counts its graphs).
 
     Why private: ``torch.compile(backend="inductor")`` takes the name only; wrapping the
     backend needs the function, which ``lookup_backend`` returns.

@@ -1,6 +1,6 @@
 """Health alerts: rules over the statistics a logging step already has, checked on the writer thread.
 
-:class:`HealthMonitor` looks at each step's :class:`~actviz.results.StepResults` once
+:class:`HealthMonitor` looks at each step's :class:`~actviz.output.results.StepResults` once
 it is on the host and keeps a short history per layer (a few floats), so the rules cost
 the training thread nothing and never wait for a device. Each rule fires once per layer
 and run: an :class:`Alert` kept in ``viz.alerts``, passed to ``on_alert``, a line of the
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .results import StepResults
+from .output.results import StepResults
 from .safe_warnings import warn_safely
 from .suggestions import did_you_mean
 from .tags import ALERTS, UPDATE_RATIO
@@ -117,7 +117,7 @@ class HealthMonitor:
         on_alert: Called with each :class:`Alert`, on the writer thread.
 
     Example:
-        >>> from actviz.results import Summary
+        >>> from actviz.output.results import Summary
         >>> monitor = HealthMonitor(check_alerts(True), relu_layers={"relu"})
         >>> dead = Summary(100, 0, 100, 0.0, 0.0, 0.0, 0.0, [100.0])
         >>> [alert.rule for alert in monitor.check(StepResults(5, activations={"relu": dead}))]

@@ -17,16 +17,16 @@ from torch import nn
 
 from .alerts import Alert, check_alerts
 from .amp import check_grad_scaler
-from .compiled import unwrap_compiled
+from .compiled_model import unwrap_compiled
 from .diagnosis import make_diagnosis
 from .probe import Probe, check_probe, gradcam_layers
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
-from .results import StepResults
+from .output.results import StepResults
 from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
-from .sink_interface import FanOutSink, Sink, check_sink
-from .sinks import TensorBoardSink, use_fast_crc
+from .output.sink import FanOutSink, Sink, check_sink
+from .output.tensorboard import TensorBoardSink, use_fast_crc
 from .open_watchers import watching
 from .watcher import Watcher
 
@@ -101,8 +101,8 @@ def watch(
             Give this or ``writer``, not both. With neither (and no ``sink``),
             ``SummaryWriter()``'s default ``runs/<date>_<host>`` is used.
         writer: A ``SummaryWriter`` you own. actviz writes to it and never closes it.
-        sink: Any object with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.sinks.Sink`):
-            it gets each step's :class:`~actviz.results.StepResults` on the writer thread, as
+        sink: Any object with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.output.sink.Sink`):
+            it gets each step's :class:`~actviz.output.results.StepResults` on the writer thread, as
             TensorBoard does, and ``close()`` when the watcher closes. Alone, only it is written to
             (no ``SummaryWriter``, no folder); with ``log_dir`` or ``writer``, both are. A sink
             that raises is warned about once; training goes on.
@@ -136,7 +136,7 @@ def watch(
             ranks before rank 0 writes. Every rank must then call :func:`watch`,
             ``viz.flush()`` and ``viz.close()`` alike. The default (``False``) runs no
             collective at all: rank 0 logs its own share.
-        on_step: Called with each written step's :class:`~actviz.results.StepResults`, on
+        on_step: Called with each written step's :class:`~actviz.output.results.StepResults`, on
             the writer thread: ``results.statistics()`` maps every tag to its count, mean,
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
@@ -229,7 +229,7 @@ def watch(
     user_sink, sink = sink, None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
         if writer is not None or log_dir is not None or user_sink is None:  # TensorBoard
-            use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
+            use_fast_crc()  # process-wide and fail-safe: see actviz.output.tensorboard.use_fast_crc
             if writer is None:
                 from torch.utils.tensorboard import SummaryWriter
 

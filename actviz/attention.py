@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
-from .summaries import local_shard
+from .summaries.one_tensor import local_shard
 
 __all__ = ["AttentionMode", "attention_modules", "is_attention_module", "mha_call", "sdpa_call"]
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from .attention import AttentionMode, attention_logits, attention_modules
 from .gradcam import gradcam_overlay
-from .hooks import HookHandles
+from .owned_hooks import HookHandles
 from .rendering import draw_grid
 from .tags import ATTENTION_MAPS
 

@@ -2,7 +2,7 @@
 
 A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers and
 their parameters, reduces every tensor inside its hook, on the tensor's device (layer outputs
-through :func:`~actviz.layer_outputs.reduce_output`, into a :class:`~actviz.transfer.PendingStep`),
+through :func:`~actviz.layer_outputs.reduce_output`, into a :class:`~actviz.output.pending_step.PendingStep`),
 decides itself when the step is over, and hands it on with one call of ``deliver``; the
 writer thread resolves it and the sink writes it.
 
@@ -30,16 +30,16 @@ import torch
 from torch import nn
 
 from ._internals import functorch_wrapped
-from .compiled import EagerStance
-from .hooks import HookHandles, OwnedHook
+from .compiled_model import EagerStance
+from .owned_hooks import HookHandles, OwnedHook
 from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
 from .layer_outputs import reduce_output, shape_of as _shape_of
-from .merge import merge_across_ranks
+from .summaries.merge_ranks import merge_across_ranks
 from .options import CaptureOptions
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
-from .summaries import reduce_tensor
-from .transfer import PendingStep
+from .summaries.one_tensor import reduce_tensor
+from .output.pending_step import PendingStep
 from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
@@ -61,7 +61,7 @@ class StepCapture(StepEnd):
         want_stats: Summarize activations, output gradients, weights and weight gradients.
         want_images: Draw feature maps.
         options: Bins, sampling and channel limits.
-        deliver: Called once, with the :class:`~actviz.transfer.PendingStep`, when the step
+        deliver: Called once, with the :class:`~actviz.output.pending_step.PendingStep`, when the step
             ends and logged something.
         on_error: Called with the failing layer or parameter name; it may re-raise.
         on_no_backward: Called with this capture when it ends without the backward pass

@@ -1,6 +1,6 @@
 """What actviz adds to each step on the writer thread, before it is written: alerts, flow pictures, spikes.
 
-:class:`Diagnosis` is the one object :class:`~actviz.delivery.Delivery` calls with each
+:class:`Diagnosis` is the one object :class:`~actviz.output.delivery.Delivery` calls with each
 step's results (``diagnose=``): the health rules (:mod:`actviz.alerts`), the flow pictures
 (:mod:`actviz.flow`) and the spike recorder's findings (:mod:`actviz.spikes`). A failure
 here warns once and the step is written all the same.
@@ -16,7 +16,7 @@ from torch import nn
 
 from .alerts import Alert, HealthMonitor, check_alerts
 from .flow import FlowHistory
-from .results import StepResults
+from .output.results import StepResults
 from .safe_warnings import warn_safely
 from .spikes import SpikeRecorder
 from .tags import ALERTS
@@ -31,14 +31,14 @@ class Diagnosis:
     """Health alerts, flow pictures and spike records of one watcher's run.
 
     Args:
-        sink: The sink spike records are written to, as steps of their own (:class:`actviz.sinks.Sink`).
+        sink: The sink spike records are written to, as steps of their own (:class:`actviz.output.sink.Sink`).
         monitor: The health rules, or ``None`` with ``alerts=False``.
         flow: The flow pictures' history.
         spikes: Whether to record gradient spikes (``watch(spikes=True)``): see :meth:`spike_recorder`.
         on_alert: Called with each alert (for spikes when the rules are off).
 
     Example:
-        >>> from actviz.results import Summary
+        >>> from actviz.output.results import Summary
         >>> diagnosis = Diagnosis(None, HealthMonitor(check_alerts(True)), FlowHistory())
         >>> bad = Summary(4, 4, 0, 0.0, 0.0, 0.0, 0.0, [0.0])
         >>> diagnosis(StepResults(3, activations={"fc": bad}))

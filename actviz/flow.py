@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from .results import StepResults
+from .output.results import StepResults
 from .tags import FLOW, UPDATE_RATIO
 
 __all__ = ["FLOW_STATISTICS", "FlowHistory", "FlowLayout", "colour_bar_range", "draw_flow", "flow_layout"]
@@ -192,7 +192,7 @@ class FlowHistory:
         image_steps: The watcher's image schedule: draws on these steps (and on any step with pictures).
 
     Example:
-        >>> from actviz.results import Summary
+        >>> from actviz.output.results import Summary
         >>> flow = FlowHistory()
         >>> grad = Summary(4, 0, 0, -1.0, 1.0, 0.0, 4.0, [4.0])
         >>> flow.add(StepResults(0, activations={"fc": grad}, gradients={"fc": grad}, images={"fc": torch.zeros(1, 2, 2)}))

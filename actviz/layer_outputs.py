@@ -17,9 +17,10 @@ from torch import nn
 from ._internals import batch_and_instance_norm_types, tensor_version
 from .options import CaptureOptions
 from .rendering import picture_source
-from .small_batch import SmallTensors
-from .summaries import Reduction, reduce_tensor
-from .transfer import Draw
+from .summaries.small_tensors import SmallTensors
+from .summaries.header import Reduction
+from .summaries.one_tensor import reduce_tensor
+from .output.pending_step import Draw
 
 __all__ = [
     "PER_CHANNEL_AFFINE",
@@ -143,9 +144,9 @@ def reduce_output(
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
     (``None`` unless ``draw`` and the tensor is 3-D or 4-D): see
-    :func:`~actviz.summaries.reduce_tensor` and :func:`~actviz.rendering.picture_source`.
-    :func:`~actviz.summaries.finish` and ``draw(source)`` complete them on the host. ``small``: the
-    step's small tensors (:mod:`actviz.small_batch`), where a tensor its sample covers whole is batched.
+    :func:`~actviz.summaries.one_tensor.reduce_tensor` and :func:`~actviz.rendering.picture_source`.
+    :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host. ``small``: the
+    step's small tensors (:mod:`actviz.summaries.small_tensors`), where a tensor its sample covers whole is batched.
     """
     reduction = reduce_tensor(tensor, options.histogram_sample_size, small=small) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None

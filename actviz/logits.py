@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .summaries import local_shard
+from .summaries.one_tensor import local_shard
 from .tags import LOGITS
 
 __all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]

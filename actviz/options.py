@@ -38,7 +38,7 @@ def cpu_shortcuts() -> bool:
 def fused_setting() -> bool | None:
     """``ACTVIZ_FUSED``: ``1`` forces the compiled summaries on every device, ``0`` turns them off.
 
-    Unset (or any other value), :func:`actviz.fused.use_fused` decides: on for CUDA and
+    Unset (or any other value), :func:`actviz.summaries.fused.use_fused` decides: on for CUDA and
     the other devices Inductor compiles for, off on the CPU (see "Performance" in the README).
 
     Example:
@@ -71,7 +71,7 @@ class CaptureOptions:
         outputs: ``"first"`` logs the first tensor of a tuple, list or dict output under the
             layer's name; ``"all"`` logs each with its position as a suffix.
         update_ratio: Log each parameter's relative change across the update after a stats step.
-        merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.merge`).
+        merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.summaries.merge_ranks`).
         unit_counts: Count dead ReLU channels and saturated Tanh/Sigmoid outputs (:mod:`actviz.unit_counts`).
         transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.transformer_step`):
             ``None`` for models with an attention module, ``True`` always, ``False`` never.

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .summaries import flat_view, local_shard, sample_stride, wide_dtype
+from .summaries.one_tensor import flat_view, local_shard, sample_stride, wide_dtype
 
 __all__ = ["LOW_PRECISION", "OUTLIER_THRESHOLD", "outlier_numbers", "outlier_vector"]
 
@@ -41,7 +41,7 @@ def outlier_vector(tensor: torch.Tensor, sample_size: int | None) -> torch.Tenso
     """``[max|x|, count(|x| >= 6), Σ(x-μ)², Σ(x-μ)⁴, median |x| of the strided sample]`` on the device.
 
     Sums in float64 (float32 on MPS); the sample is the one the histogram is counted on
-    (:func:`~actviz.summaries.sample_stride`).
+    (:func:`~actviz.summaries.one_tensor.sample_stride`).
 
     Example:
         >>> [round(v, 4) for v in outlier_vector(torch.tensor([1.0, -7.0, 2.0, 0.0]), None).tolist()]

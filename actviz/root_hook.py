@@ -10,7 +10,7 @@ input typed as the forward's. What it does, wherever the model goes:
   and where that name is not live it unpickles as :func:`inert_step_hook`;
 * ``torch.compile`` traces it: ``is_compiling()`` is a constant there, so no graph break; it
   leaves one op, ``actviz::forward_step``, whose Python body counts the step each time the
-  graph runs (see :mod:`actviz.compiled`);
+  graph runs (see :mod:`actviz.compiled_model`);
 * ``torch.jit.trace``, ``torch.export``, ONNX export: returns at once (no op, no step);
 * ``torch.jit.script``: only its first two lines compile (``is_scripting()`` is a constant).
 """

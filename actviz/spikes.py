@@ -49,9 +49,9 @@ from .alerts import Alert
 from .optimizer_steps import subscribe
 from .options import cpu_shortcuts
 from .safe_warnings import warn_safely
-from .summaries import local_shard
+from .summaries.one_tensor import local_shard
 from .tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
-from .transfer import HostCopy
+from .output.pending_step import HostCopy
 
 __all__ = ["FOLLOW", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
 

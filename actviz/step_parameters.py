@@ -7,7 +7,7 @@ discriminator's real and fake batches), clipping and ``GradScaler.unscale_``. A 
 yet known to step an optimizer (:class:`LoopHistory`) also has them reduced at the end of
 each backward pass, as that pass left them. Gradients zeroed (``zero_grad()`` sets them to
 ``None``) before any optimizer applied them are not logged: :meth:`StepParameters.dropped`
-tells. All of them are reduced together (:func:`~actviz.batch_summaries.reduce_tensors`).
+tells. All of them are reduced together (:func:`~actviz.summaries.many_tensors.reduce_tensors`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ import torch
 from torch import nn
 
 from .amp import loss_scale_of, unscaled_by
-from .batch_summaries import reduce_tensors
-from .hooks import OwnedHook
-from .merge import is_sharded
+from .summaries.many_tensors import reduce_tensors
+from .owned_hooks import OwnedHook
+from .summaries.merge_ranks import is_sharded
 from .optimizer_steps import subscribe
 from .options import CaptureOptions
-from .summaries import Reduction, local_shard, reduce_tensor
+from .summaries.header import Reduction
+from .summaries.one_tensor import local_shard, reduce_tensor
 from .tags import UPDATE_RATIO
-from .transfer import PendingStep
+from .output.pending_step import PendingStep
 
 __all__ = ["LoopHistory", "StepParameters"]
 

@@ -7,14 +7,14 @@ step (:mod:`actviz.transformer_step`, :mod:`actviz.probe`, :mod:`actviz.flow`, .
 from the pattern constants below; :data:`ROWS` documents them, and the tables of README.md
 (``readme=True`` rows) and docs/how-it-works.md are :func:`markdown_table` of it (a test checks).
 
-:func:`step_items` turns a :class:`~actviz.results.StepResults` into ``(kind, tag, value)``
-items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.results.Summary` for ``"histogram"``,
+:func:`step_items` turns a :class:`~actviz.output.results.StepResults` into ``(kind, tag, value)``
+items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.output.results.Summary` for ``"histogram"``,
 a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"``, markdown for
-``"text"``. :class:`~actviz.sinks.TensorBoardSink` maps them to TensorBoard values; a sink of
-your own (``watch(sink=...)``, see :class:`actviz.sinks.Sink`) can use it too.
+``"text"``. :class:`~actviz.output.tensorboard.TensorBoardSink` maps them to TensorBoard values; a sink of
+your own (``watch(sink=...)``, see :class:`actviz.output.sink.Sink`) can use it too.
 
 Example:
-    >>> from actviz.results import StepResults, Summary
+    >>> from actviz.output.results import StepResults, Summary
     >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])})
     >>> [(kind, tag) for kind, tag, value in step_items(results)]
     [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm'), ('scalar', 'gradient_stats/fc/nonfinite')]
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .results import StepResults
+from .output.results import StepResults
 
 __all__ = ["KINDS", "PATTERNS", "ROWS", "Item", "Row", "markdown_table", "pattern_of", "step_items"]
 

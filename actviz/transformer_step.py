@@ -48,17 +48,17 @@ from torch import nn
 
 from .attention import AttentionMode, attention_modules
 from .attention_stats import head_numbers
-from .compiled import outside_graphs
-from .hooks import HookHandles
+from .compiled_model import outside_graphs
+from .owned_hooks import HookHandles
 from .layer_outputs import output_tensors
 from .logits import LOGIT_TAGS, find_logits, last_linear_width, logit_vector
 from .outliers import outlier_numbers, outlier_vector
 from .probe import unwrap_for_probe
-from .results import StepResults
+from .output.results import StepResults
 from .safe_warnings import warn_safely
-from .summaries import finish, reduce_tensor
+from .summaries.one_tensor import finish, reduce_tensor
 from .tags import ACTIVATION_STAT, ATTENTION
-from .transfer import PendingStep
+from .output.pending_step import PendingStep
 from .transformer_alerts import TransformerAlerts
 
 __all__ = ["SINK_WEIGHT", "TransformerStep", "finish_on_host"]

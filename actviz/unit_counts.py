@@ -44,10 +44,10 @@ def is_relu_family(module: nn.Module) -> bool:
 
 
 def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any) -> None:
-    """Add the device counts of one layer output to ``pending`` (a :class:`~actviz.transfer.PendingStep`).
+    """Add the device counts of one layer output to ``pending`` (a :class:`~actviz.output.pending_step.PendingStep`).
 
     Example:
-        >>> from actviz.transfer import PendingStep
+        >>> from actviz.output.pending_step import PendingStep
         >>> pending = PendingStep(0, bins=8)
         >>> unit_counts(nn.Tanh(), "act", torch.tensor([0.999, -0.999, 0.0, 0.5]), pending)
         >>> pending.resolve().scalars

@@ -18,8 +18,8 @@ from torch import nn
 
 from ._internals import inside_functorch_transform
 from .capture import StepCapture
-from .compiled import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
-from .delivery import Delivery
+from .compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
+from .output.delivery import Delivery
 from .diagnosis import Alert, Diagnosis
 from .layer_slots import LayerSlots, parameters_of
 from .notices import Notices
@@ -27,11 +27,11 @@ from .open_steps import OpenSteps
 from .open_watchers import register, unregister
 from .options import CaptureOptions
 from .probe import Probe, unwrap_for_probe
-from .results import StepResults
+from .output.results import StepResults
 from .root_hook import StepHook
 from .schedule import Schedule
 from .silences import Silences
-from .sink_interface import Sink
+from .output.sink import Sink
 from .step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
@@ -151,7 +151,7 @@ class Watcher:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         self._next_step = step
         if self._logs(step) and step != self._last_started_step:
-            eager_ahead()  # for a model compiled after watch(): see actviz.compiled
+            eager_ahead()  # for a model compiled after watch(): see actviz.compiled_model
 
     def flush(self) -> None:
         """Write the pending step, if any, and wait until everything is in the writer. Never raises a write error."""

@@ -15,9 +15,9 @@ from bench_models import Trainer, build_model
 from torch import nn
 
 import actviz
-from actviz.results import StepResults, Summary
-from actviz.sinks import TensorBoardSink
-from actviz.summaries import summarize
+from actviz.output.results import StepResults, Summary
+from actviz.output.tensorboard import TensorBoardSink
+from actviz.summaries.one_tensor import summarize
 
 
 def histogram_benchmark(sizes: list[int], tmp: Path, quick: bool) -> list[dict[str, Any]]:

@@ -48,7 +48,7 @@ from torch import nn
 
 import actviz
 from actviz.options import cpu_shortcuts
-from actviz.sinks import use_fast_crc
+from actviz.output.tensorboard import use_fast_crc
 
 DEVICE = torch.device("cpu")  # --device sets it
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     amortised_steps = args.amortised_steps if args.amortised_steps is not None else (0 if quick else 200)
 
     torch.set_num_threads(args.threads)
-    # actviz's fast TensorBoard checksum is process-wide (actviz.sinks.use_fast_crc): switch it on
+    # actviz's fast TensorBoard checksum is process-wide (actviz.output.tensorboard.use_fast_crc): switch it on
     # before any case, so that every SummaryWriter-based case, tutorial and ignite too, gets it.
     fast_crc = use_fast_crc()
     warnings.filterwarnings("ignore")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.summaries import summarize
+from actviz.summaries.one_tensor import summarize
 
 PATHS = {
     "fused": {"ACTVIZ_FUSED": "1", "ACTVIZ_CPU_SHORTCUTS": "1"},

@@ -13,8 +13,9 @@ import torch
 from conftest import Run, small_cnn
 
 import actviz
-from actviz import Summary, fused
-from actviz.summaries import reduce_tensor, summarize
+from actviz import Summary
+from actviz.summaries import fused
+from actviz.summaries.one_tensor import reduce_tensor, summarize
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

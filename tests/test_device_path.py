@@ -15,10 +15,10 @@ import torch
 import torchvision
 
 import actviz
-from actviz.batch_summaries import reduce_tensors
+from actviz.summaries.many_tensors import reduce_tensors
 from actviz.rendering import heatmap, picture_source
-from actviz.summaries import reduce_tensor
-from actviz.transfer import HostCopy, PendingStep
+from actviz.summaries.one_tensor import reduce_tensor
+from actviz.output.pending_step import HostCopy, PendingStep
 from conftest import CountOps
 
 @pytest.fixture(autouse=True)

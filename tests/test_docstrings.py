@@ -32,7 +32,7 @@ def examples(module: object) -> list[doctest.DocTest]:
 def test_every_module_is_found() -> None:
     files = {path for path in (ROOT / "actviz").rglob("*.py")}
     assert len(MODULES) == len(files), "a module pkgutil does not see: a folder without __init__.py?"
-    assert {"actviz.results", "actviz.report.html", "actviz.integrations.lightning"} <= set(MODULES)
+    assert {"actviz.output.results", "actviz.report.html", "actviz.integrations.lightning"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -156,7 +156,7 @@ def test_layout_fits_every_size(rows, columns):
 
 def test_history_keeps_at_most_max_columns_evenly_and_the_last():
     from actviz.flow import MAX_COLUMNS, FlowHistory
-    from actviz.results import StepResults, Summary
+    from actviz.output.results import StepResults, Summary
 
     flow = FlowHistory()
     for step in range(MAX_COLUMNS + 1):

@@ -15,9 +15,9 @@ from conftest import Run
 from torch import nn
 
 import actviz
-from actviz import fused
-import actviz.summaries
-from actviz.summaries import header_sums, reduce_tensor, summarize
+from actviz.summaries import fused
+import actviz.summaries.one_tensor
+from actviz.summaries.one_tensor import header_sums, reduce_tensor, summarize
 
 KEY = ("header_sums", "cpu", torch.float32, False)  # under fused.LARGE elements
 
@@ -114,7 +114,7 @@ def test_float32_squares_past_the_float32_range_are_right_where_eager_reads_inf(
 
 
 def test_tensors_past_the_int32_counts_take_the_eager_path(monkeypatch):
-    monkeypatch.setattr(actviz.summaries, "_INT32_COUNTS_MAX", 100)  # instead of 2**31 elements: 8 GB of float32
+    monkeypatch.setattr(actviz.summaries.one_tensor, "_INT32_COUNTS_MAX", 100)  # instead of 2**31 elements: 8 GB of float32
     before = calls()
     assert not compiled(reduce_tensor(torch.randn(100))) and compiled(reduce_tensor(torch.randn(99)))
     assert calls() == before + 1
@@ -158,7 +158,7 @@ def test_graphs_stay_bounded_over_many_layer_shapes(monkeypatch):
     model = staircase(wide=True)  # 33 layers
     before = calls()
     # A sample of 8: outputs of 9 elements or more are larger than it and compiled; the last layer's (1 and 3
-    # elements) are batched with the step's small tensors (actviz/small_batch.py), never compiled.
+    # elements) are batched with the step's small tensors (actviz/summaries/small_tensors.py), never compiled.
     with tempfile.TemporaryDirectory() as folder, torch._dynamo.config.patch(recompile_limit=1):  # no recompile
         with actviz.watch(model, folder, every=1, layers=nn.Linear, histogram_sample_size=8):
             for batch in (1, 3):  # output lengths 9..39, 40,000 and 1, then 27..117, 120,000 and 3

@@ -9,7 +9,7 @@ a layer looked up by name      ``actviz.selection.find_layer``      ``get_submod
 values in [0, 1] to pixels     ``actviz.pixels.to_uint8``           ``* 255`` and ``uint8`` on one line
 DTensor, FSDP, DDP by name     ``actviz.distributed_types``         ``type(x).__name__`` compared, or the
                                                                     class names as strings, elsewhere
-a list of hook handles         ``actviz.hooks.HookHandles``         a loop that calls ``.remove()`` on
+a list of hook handles         ``actviz.owned_hooks.HookHandles``         a loop that calls ``.remove()`` on
                                                                     each item, elsewhere
 =============================  ===================================  =====================================
 """
@@ -28,7 +28,7 @@ from conftest import hooks_left
 from torch import nn
 
 from actviz.distributed_types import is_ddp, is_dtensor, is_fsdp_parameter
-from actviz.hooks import HookHandles
+from actviz.owned_hooks import HookHandles
 from actviz.pixels import to_uint8
 from actviz.selection import find_layer
 from actviz.suggestions import closest, did_you_mean
@@ -202,7 +202,7 @@ HOMES = {
     "selection.py": {"layer lookup (get_submodule)"},
     "pixels.py": {"float to uint8"},
     "distributed_types.py": {"class name check"},
-    "hooks.py": {"hook-handle list"},
+    "owned_hooks.py": {"hook-handle list"},
 }
 
 

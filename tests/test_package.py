@@ -170,7 +170,7 @@ def test_every_process_wide_side_effect_is_made_in_a_module_the_docs_name() -> N
     section = _side_effect_section()
     named = {match.replace(".", "/") for match in re.findall(r"actviz[/.]([\w/.]*\w)", section)}
     named = {name.removesuffix("/py") for name in named} | {name.rsplit("/", 1)[0] for name in named}
-    assert {"optimizer_steps", "open_watchers", "distributed_types", "_internals", "sinks"} <= named
+    assert {"optimizer_steps", "open_watchers", "distributed_types", "_internals", "output/tensorboard"} <= named
     unnamed, making = {}, set()
     for path in sorted(PACKAGE.rglob("*.py")):
         module = str(path.relative_to(PACKAGE).with_suffix(""))
@@ -181,7 +181,7 @@ def test_every_process_wide_side_effect_is_made_in_a_module_the_docs_name() -> N
             making.add(module)
         if made and module not in named:
             unnamed[module] = made
-    assert {"optimizer_steps", "open_watchers", "distributed_types", "sinks"} <= making  # the scan sees them
+    assert {"optimizer_steps", "open_watchers", "distributed_types", "output/tensorboard"} <= making  # the scan sees them
     assert unnamed == {}, "a process-wide side effect (or a check by class name) in a module that the " \
                           "Side effects section of docs/how-it-works.md does not name: add it there, or move it"
 

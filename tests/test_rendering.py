@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from actviz.png import encode_png
+from actviz.output.png import encode_png
 from actviz.rendering import (
     _resize,
     feature_map_grid,

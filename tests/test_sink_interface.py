@@ -12,8 +12,8 @@ from conftest import hooks_left, small_cnn, train_step
 
 import actviz
 from actviz.open_watchers import watching
-from actviz.results import StepResults
-from actviz.sink_interface import FanOutSink
+from actviz.output.results import StepResults
+from actviz.output.sink import FanOutSink
 from actviz.tags import ONCE_NOT_ZERO, step_items
 
 

@@ -19,11 +19,11 @@ from tensorboard.summary.writer import record_writer
 from torch.utils.tensorboard import SummaryWriter
 
 import actviz
-from actviz import sinks
+from actviz.output import tensorboard as sinks
 from actviz.rendering import feature_map_grid
-from actviz.results import StepResults, Summary
-from actviz.sinks import TensorBoardSink, use_fast_crc
-from actviz.summaries import summarize
+from actviz.output.results import StepResults, Summary
+from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
+from actviz.summaries.one_tensor import summarize
 
 
 def finish_summary(tensor: torch.Tensor) -> Summary:
@@ -54,7 +54,7 @@ def test_no_sink_patches_tensorboard_but_watch_does(tmp_path, monkeypatch):
 def test_fast_crc_is_fail_safe_when_tensorboard_renames_the_checksum(monkeypatch, caplog):
     monkeypatch.delattr(record_writer, "masked_crc32c")
     monkeypatch.setattr(sinks, "_fast_crc_failure_logged", False)
-    with caplog.at_level(logging.DEBUG, logger="actviz.sinks"):
+    with caplog.at_level(logging.DEBUG, logger="actviz.output.tensorboard"):
         assert use_fast_crc() is False
         assert use_fast_crc() is False
     assert not hasattr(record_writer, "masked_crc32c")  # left as it was: nothing added

@@ -1,4 +1,4 @@
-"""Small tensors reduced together at a step's end (actviz/small_batch.py): values against float64, ops, syncs."""
+"""Small tensors reduced together at a step's end (actviz/summaries/small_tensors.py): values against float64, ops, syncs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.batch_summaries import reduce_tensors
-from actviz.small_batch import SmallTensors, reduce_segments
-from actviz.summaries import finish, reduce_tensor
+from actviz.summaries.many_tensors import reduce_tensors
+from actviz.summaries.small_tensors import SmallTensors, reduce_segments
+from actviz.summaries.one_tensor import finish, reduce_tensor
 from conftest import CountOps
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-import actviz.batch_summaries
-from actviz.batch_summaries import reduce_tensors
+import actviz.summaries.many_tensors
+from actviz.summaries.many_tensors import reduce_tensors
 from actviz.options import DEFAULT_SAMPLE_SIZE
-from actviz.results import HEADER_SIZE, Summary
-from actviz.summaries import finish, flat_view, reduce_tensor, sample_stride, summarize
+from actviz.output.results import HEADER_SIZE, Summary
+from actviz.summaries.one_tensor import finish, flat_view, reduce_tensor, sample_stride, summarize
 
 
 @pytest.fixture(autouse=True, params=["shortcuts", "device"])
@@ -199,7 +199,7 @@ def test_float32_squares_that_overflow(path):
 
 
 def test_reduce_tensors_gives_what_reduce_tensor_gives_one_by_one(monkeypatch):
-    monkeypatch.setattr(actviz.batch_summaries, "CHUNK_BYTES", 40_000)  # several chunks, and tensors alone
+    monkeypatch.setattr(actviz.summaries.many_tensors, "CHUNK_BYTES", 40_000)  # several chunks, and tensors alone
     generator = torch.Generator().manual_seed(5)
     tensors = [
         torch.randn(32, generator=generator),                # a bias
@@ -304,7 +304,7 @@ torch.set_num_threads(1)
 dtype = getattr(torch, sys.argv[1])
 tensor = torch.empty(20_000_000, dtype=dtype)
 tensor.view(torch.uint8).random_(0, 2) if dtype == torch.bool else tensor.random_(0, 100)
-from actviz.summaries import reduce_tensor
+from actviz.summaries.one_tensor import reduce_tensor
 reduce_tensor(torch.zeros(10, dtype=dtype))  # imports and first calls, before the peak is read
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 reduction = reduce_tensor(tensor)
@@ -330,9 +330,9 @@ def test_extra_memory_of_an_integer_output_is_at_most_its_size(dtype, most, path
 
 
 def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
-    import actviz.piecewise
+    import actviz.summaries.piecewise
 
-    monkeypatch.setattr(actviz.piecewise, "PIECE", 1000)  # instead of 4 M elements: eleven pieces
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)  # instead of 4 M elements: eleven pieces
     generator = torch.Generator().manual_seed(8)
     tensor = torch.randn(10_500, generator=generator) * 0.01 + 1000
     tensor[4321] = float("nan")

@@ -7,7 +7,7 @@
 layer's output goes through :func:`actviz.layer_outputs.reduce_output`, the watcher's own
 per-layer work, in a forward hook (:mod:`~actviz.report.capture`), which adds only the
 report's dead-channel count. The results (:mod:`~actviz.report.results`) are written by
-the watcher's :class:`~actviz.sinks.TensorBoardSink`, one run per image, and, if asked, as
+the watcher's :class:`~actviz.output.tensorboard.TensorBoardSink`, one run per image, and, if asked, as
 a static HTML page (:mod:`~actviz.report.html`).
 
 torchvision and tqdm are imported when a report runs, not by ``import actviz``.
@@ -29,9 +29,9 @@ from ..gradcam import grad_cam, gradcam_overlay, last_conv_name
 from ..layer_outputs import output_tensors
 from ..probe import gradcam_layers
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
-from ..results import StepResults
+from ..output.results import StepResults
 from ..selection import LayerSpec, layer_display_name, select_layers
-from ..sinks import TensorBoardSink, use_fast_crc
+from ..output.tensorboard import TensorBoardSink, use_fast_crc
 from .capture import capture_layers
 from .errors import ImageError, ReportError, WeightsError
 from .images import display_image, folder_name, load_image, run_names
@@ -141,7 +141,7 @@ def report(
     )
     if result.logdir is not None:
         result.logdir.mkdir(parents=True, exist_ok=True)
-        use_fast_crc()  # process-wide and fail-safe: see actviz.sinks.use_fast_crc
+        use_fast_crc()  # process-wide and fail-safe: see actviz.output.tensorboard.use_fast_crc
     model_dir = None if result.logdir is None else result.logdir / folder_name(built.name, "model")
     with _progress_bar(len(paths) * len(selected), progress, f"{built.name} report") as bar:
         for path, run in zip(paths, run_names(paths)):

@@ -17,11 +17,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hooks import HookHandles
+from ..owned_hooks import HookHandles
 from ..layer_outputs import batch_dim_of, output_tensors, reduce_output
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..selection import layer_display_name
-from ..summaries import Reduction, finish
+from ..summaries.header import Reduction
+from ..summaries.one_tensor import finish
 from .results import LayerRecord
 
 __all__ = ["capture_layers", "dead_channels"]

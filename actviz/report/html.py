@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from .._version import __version__
-from ..png import encode_png
+from ..output.png import encode_png
 from .models import RANDOM_WEIGHTS_NOTE, SEED
 from .results import ImageReport, LayerRecord, ReportResult
 

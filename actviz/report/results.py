@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..options import DEFAULT_MAX_CHANNELS
-from ..results import Summary
+from ..output.results import Summary
 
 __all__ = ["ImageReport", "LayerRecord", "ReportResult"]
 

@@ -7,10 +7,10 @@
 * :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
   of half their bytes at a time in float64.
 
-Both write the header row of :mod:`actviz.reduction` and the strided sample behind it.
+Both write the header row of :mod:`actviz.summaries.header` and the strided sample behind it.
 
 Example:
-    >>> from actviz.summaries import finish
+    >>> from actviz.summaries.one_tensor import finish
     >>> summary = finish(reduce_integers(torch.tensor([0, 3, 5], dtype=torch.uint8), 1, torch.float64))
     >>> summary.num, summary.zeros, summary.min, summary.max, summary.sum
     (3, 1, 0.0, 5.0, 8.0)
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .reduction import HEADER, Reduction
+from .header import HEADER, Reduction
 
 __all__ = ["PIECE", "reduce_in_pieces", "reduce_integers"]
 

@@ -25,9 +25,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .distributed_types import is_dtensor
-from .reduction import HEADER
-from .summaries import Reduction, wide_dtype
+from ..distributed_types import is_dtensor
+from .header import HEADER
+from .header import Reduction
+from .one_tensor import wide_dtype
 
 __all__ = ["is_sharded", "merge_across_ranks"]
 
@@ -91,7 +92,7 @@ def _device_of(reduction: Reduction) -> torch.device:
 
 
 def _row(reduction: Reduction, device: torch.device, wide: torch.dtype) -> torch.Tensor:
-    """One reduction's header row (:data:`~actviz.reduction.FIELDS`) on ``device``."""
+    """One reduction's header row (:data:`~actviz.summaries.header.FIELDS`) on ``device``."""
     header = reduction.header
     if not isinstance(header, torch.Tensor):  # the CPU shortcut's host numbers
         return torch.tensor([float(value) for value in header], dtype=wide, device=device)

@@ -1,6 +1,6 @@
 """From the device to the writer thread: one step's small results, in one copy per device.
 
-The hooks leave :class:`~actviz.summaries.Reduction` objects and picture sources on
+The hooks leave :class:`~actviz.summaries.header.Reduction` objects and picture sources on
 the tensors' devices in a :class:`PendingStep`. When the step ends,
 :meth:`PendingStep.send` packs every tensor of a device into one byte buffer and
 starts a single copy to the host; on a GPU the copy goes to pinned memory without
@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from .options import cpu_shortcuts
+from ..options import cpu_shortcuts
 from .results import StepResults
-from .small_batch import SmallTensors
-from .summaries import Reduction, finish
+from ..summaries.small_tensors import SmallTensors
+from ..summaries.header import Reduction
+from ..summaries.one_tensor import finish
 
 __all__ = ["HostCopy", "PendingStep"]
 
@@ -108,7 +109,7 @@ class PendingStep:
 
     Args:
         step: The step number.
-        bins: Histogram buckets, for :func:`~actviz.summaries.finish`.
+        bins: Histogram buckets, for :func:`~actviz.summaries.one_tensor.finish`.
     """
 
     def __init__(self, step: int, bins: int) -> None:
@@ -138,7 +139,7 @@ class PendingStep:
         """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
 
         ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
-        ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.merge`).
+        ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.summaries.merge_ranks`).
         """
         self._kinds.append(kind)
         self._tags.append(tag)
@@ -157,7 +158,7 @@ class PendingStep:
         return self._mergeable
 
     def reduce_small(self) -> None:
-        """Reduce the small tensors added since the last call, together (:mod:`actviz.small_batch`)."""
+        """Reduce the small tensors added since the last call, together (:mod:`actviz.summaries.small_tensors`)."""
         self.small.reduce()
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:

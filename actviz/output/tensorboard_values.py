@@ -1,9 +1,9 @@
 """TensorBoard ``Summary.Value`` protos of the tagged items of :func:`actviz.tags.step_items`.
 
-Pure functions, so that :class:`~actviz.sinks.TensorBoardSink` only decides where they go.
+Pure functions, so that :class:`~actviz.output.tensorboard.TensorBoardSink` only decides where they go.
 
 Example:
-    >>> from actviz.summaries import finish, reduce_tensor
+    >>> from actviz.summaries.one_tensor import finish, reduce_tensor
     >>> from actviz.tags import step_items
     >>> results = StepResults(3, gradients={"fc": finish(reduce_tensor(torch.tensor([3.0, -4.0]), None), 2)})
     >>> values = [value for item in step_items(results) for value in _values(*item)]
@@ -23,7 +23,7 @@ from torch.utils.tensorboard.summary import text as text_summary
 from .png import encode_png
 from .results import StepResults, Summary  # noqa: F401 - StepResults for the example
 
-__all__: list[str] = []  # used by actviz.sinks
+__all__: list[str] = []  # used by actviz.output.tensorboard
 
 
 def _values(kind: str, tag: str, value: Any) -> list[SummaryProto.Value]:

@@ -1,12 +1,12 @@
 """Many tensors reduced together: parameters and their gradients in a fixed number of ops.
 
-A ResNet-50 has 161 parameters. Reducing each on its own (:func:`~actviz.summaries.reduce_tensor`)
+A ResNet-50 has 161 parameters. Reducing each on its own (:func:`~actviz.summaries.one_tensor.reduce_tensor`)
 would dispatch eight ops per parameter; here the small ones (the sample covers them whole:
-biases, norms, small convolutions) share the segment reduction of :mod:`actviz.small_batch`,
+biases, norms, small convolutions) share the segment reduction of :mod:`actviz.summaries.small_tensors`,
 about 25 ops per million elements, and the larger floating tensors of one device and dtype share
 about twenty ops per 128 MB, whatever their count: one copy into a flat buffer, then ``_foreach``
-reductions over views of it (on a CPU, one op per tensor each). The results are the same :class:`~actviz.summaries.Reduction`
-objects, finished on the host by :func:`~actviz.summaries.finish`.
+reductions over views of it (on a CPU, one op per tensor each). The results are the same :class:`~actviz.summaries.header.Reduction`
+objects, finished on the host by :func:`~actviz.summaries.one_tensor.finish`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,10 @@ from collections.abc import Sequence
 
 import torch
 
-from .options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from .summaries import (
-    Reduction,
-    flat_view,
-    local_shard,
-    reduce_tensor,
-    sample_stride,
-    wide_dtype,
-)
-from .small_batch import SmallTensors
+from ..options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
+from .header import Reduction
+from .one_tensor import flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype
+from .small_tensors import SmallTensors
 
 __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 
@@ -43,7 +37,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
     Zeros are not counted by the shortcut.
 
     Example:
-        >>> from actviz.summaries import finish
+        >>> from actviz.summaries.one_tensor import finish
         >>> bias, weight = torch.tensor([1.0, -1.0]), torch.arange(6.0).view(2, 3)
         >>> [finish(r).sum for r in reduce_tensors([bias, weight])]
         [0.0, 15.0]

@@ -1,6 +1,6 @@
 """Delivery: where a finished step goes, the last part of the one-way path hook → capture → deliver → sink.
 
-:class:`Delivery` hands each finished :class:`~actviz.transfer.PendingStep` to the sink:
+:class:`Delivery` hands each finished :class:`~actviz.output.pending_step.PendingStep` to the sink:
 queued for the writer thread, or, with ``strict=True``, finished and written at once on
 the training thread, so that a failed write raises there. Once a step is written it
 becomes :attr:`Delivery.latest`, and the user's ``on_step`` callback gets it. A failed
@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .background import BackgroundSink
+from .writer_thread import BackgroundSink
 from .results import StepResults
-from .safe_warnings import warn_safely
-from .sink_interface import Sink
-from .tags import ALERTS, LAYERS
-from .transfer import PendingStep
+from ..safe_warnings import warn_safely
+from .sink import Sink
+from ..tags import ALERTS, LAYERS
+from .pending_step import PendingStep
 
 __all__ = ["Delivery"]
 
@@ -29,7 +29,7 @@ class Delivery:
     """Writes finished steps through a sink, keeps the last one and calls ``on_step``.
 
     Args:
-        sink: The sink (:class:`actviz.sinks.TensorBoardSink`, or a fan-out to the user's too).
+        sink: The sink (:class:`actviz.output.tensorboard.TensorBoardSink`, or a fan-out to the user's too).
         strict: Write on the training thread and let errors raise.
         on_step: Called with each step's results once written.
         diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.Diagnosis`).
@@ -129,7 +129,7 @@ def first_nonfinite(results: StepResults) -> str | None:
     not finite, or else the first the backward pass reached with a gradient that is not; ``None`` if none.
 
     Example:
-        >>> from actviz.results import Summary
+        >>> from actviz.output.results import Summary
         >>> finite, bad = Summary(4, 0, 0, 0.0, 1.0, 1.0, 1.0, [4.0]), Summary(4, 2, 0, 0.0, 1.0, 1.0, 1.0, [2.0])
         >>> first_nonfinite(StepResults(12, activations={"encoder.2": finite, "encoder.3": bad, "head": bad}))
         "actviz: NaN or Inf first at step 12, in the output of 'encoder.3' (the first watched layer, in forward order, whose output is not finite)"

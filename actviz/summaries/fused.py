@@ -1,7 +1,7 @@
 """Compiled summaries: a pure tensor function run through ``torch.compile`` (Inductor), safely.
 
 :func:`run` compiles a function of one 1-D tensor, such as
-:func:`actviz.summaries.header_sums`, once per (function, device, dtype, size class) and
+:func:`actviz.summaries.one_tensor.header_sums`, once per (function, device, dtype, size class) and
 calls it. Every tensor of one device and dtype shares the compiled code: its length is an
 unbacked dynamic size (so not even length 1 is specialized), it is given stride 1
 and no view base, and the global state Dynamo guards on is the same on every call.
@@ -42,9 +42,9 @@ from typing import Any
 
 import torch
 
-from ._internals import compiler_stance, inductor_backend, inductor_compiles_for, mark_size_unbacked
-from .options import fused_setting
-from .safe_warnings import warn_safely
+from .._internals import compiler_stance, inductor_backend, inductor_compiles_for, mark_size_unbacked
+from ..options import fused_setting
+from ..safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 
@@ -72,7 +72,7 @@ def use_fused(device: torch.device) -> bool:
     compiling takes longer than it saves in a run (README, "Performance"), and yes on
     any other device Inductor has a code generator for (CUDA, XPU, MPS). In a watcher's
     step only tensors larger than their sample ask: the small ones are batched
-    (:mod:`actviz.small_batch`), as a compiled call per tensor costs the host twice the eager ops.
+    (:mod:`actviz.summaries.small_tensors`), as a compiled call per tensor costs the host twice the eager ops.
 
     Example:
         >>> import os
@@ -95,8 +95,8 @@ def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) 
     """``function(values)`` compiled, for a 1-D tensor; ``None`` where it cannot be (then run it eagerly).
 
     Example:
-        >>> from actviz.summaries import header_sums
-        >>> run(header_sums, torch.arange(4.0)).tolist()  # compiles on first use (seconds); see actviz.reduction
+        >>> from actviz.summaries.one_tensor import header_sums
+        >>> run(header_sums, torch.arange(4.0)).tolist()  # compiles on first use (seconds); see actviz.summaries.header
         [3.0, 3.0, 1.5, 1.25, 0.0, 3.0]
     """
     if torch.compiler.is_compiling():  # Dynamo is tracing a compiled model's hook: break the graph here

@@ -15,11 +15,11 @@ import torch
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
-from ._internals import event_file_writer, replace_record_checksum
+from .._internals import event_file_writer, replace_record_checksum
 from .results import StepResults
-from .sink_interface import Sink
-from .step_values import _image_value, _scalar_values, _text_value, _values
-from .tags import step_items
+from .sink import Sink
+from .tensorboard_values import _image_value, _scalar_values, _text_value, _values
+from ..tags import step_items
 
 #: Custom Scalars charts (anchored regexes on the tags of actviz.tags): each statistic across all layers.
 DASHBOARD_LAYOUT = {
@@ -82,7 +82,7 @@ def _masked_crc32c(crc32c: Callable[[bytes], int]) -> Callable[[bytes], int]:
 
 
 class TensorBoardSink:
-    """Writes :class:`~actviz.results.StepResults` through a ``SummaryWriter``.
+    """Writes :class:`~actviz.output.results.StepResults` through a ``SummaryWriter``.
 
     Args:
         writer: A ``torch.utils.tensorboard.SummaryWriter``.
@@ -139,4 +139,4 @@ class TensorBoardSink:
         self._closed = True
 
 
-from .background import BackgroundSink  # noqa: E402 - re-exported: it was defined here
+from .writer_thread import BackgroundSink  # noqa: E402 - re-exported: it was defined here

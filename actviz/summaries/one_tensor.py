@@ -1,18 +1,18 @@
 """Tensor summaries, made in two halves so that a GPU never waits for the host.
 
 * :func:`reduce_tensor` runs inside the hook, on the tensor's device, and leaves one
-  header row (layout: :mod:`actviz.reduction`) and a strided sample: for a float32
+  header row (layout: :mod:`actviz.summaries.header`) and a strided sample: for a float32
   tensor eight kernel ops (:func:`reduce_values`), nothing read on the host; a tensor its
-  sample covers whole, one copy (:mod:`actviz.small_batch`) in the watcher's hooks. The step's
-  rows go to the host in one copy (:mod:`actviz.transfer`);
-  :func:`actviz.batch_summaries.reduce_tensors` reduces many parameters together.
+  sample covers whole, one copy (:mod:`actviz.summaries.small_tensors`) in the watcher's hooks. The step's
+  rows go to the host in one copy (:mod:`actviz.output.pending_step`);
+  :func:`actviz.summaries.many_tensors.reduce_tensors` reduces many parameters together.
 * :func:`finish` runs on the host, on the writer thread: it decodes the row
-  (:func:`actviz.reduction.decode`) and counts the sample's buckets between min and max.
+  (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
-(:mod:`actviz.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and the other
+(:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and the other
 devices Inductor compiles for, a tensor larger than its sample gets its row from
-:func:`header_sums` compiled (:mod:`actviz.fused`), one read of the tensor; a smaller one,
+:func:`header_sums` compiled (:mod:`actviz.summaries.fused`), one read of the tensor; a smaller one,
 host-bound, is batched with the step's other small tensors (or, outside a watcher's step,
 takes the eager ops). ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor not batched.
 """
@@ -24,12 +24,13 @@ import math
 import numpy as np
 import torch
 
-from . import distributed_types, fused, piecewise
+from .. import distributed_types
+from . import fused, piecewise
 from .cpu_shortcut import reduce_on_cpu
-from .options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
-from .reduction import HEADER, Reduction
-from .results import HEADER_SIZE, Summary
-from .small_batch import SmallTensors
+from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
+from .header import HEADER, Reduction
+from ..output.results import HEADER_SIZE, Summary
+from .small_tensors import SmallTensors
 
 __all__ = [
     "HEADER_SIZE", "Reduction", "finish", "finite_bounds", "flat_view", "header_sums", "reduce_tensor", "reduce_values", "sample_stride",
@@ -89,7 +90,7 @@ def wide_dtype(device: torch.device) -> torch.dtype:
 
 
 def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
-    """The device half of a summary of a 1-D tensor: its header row (see :mod:`actviz.reduction`) and sample.
+    """The device half of a summary of a 1-D tensor: its header row (see :mod:`actviz.summaries.header`) and sample.
 
     A pure tensor function: it never reads a value on the host, so it neither syncs
     with a GPU nor branches on data. A float32 or float64 tensor takes eight kernel ops
@@ -136,12 +137,12 @@ def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
 
 
 def header_sums(values: torch.Tensor) -> torch.Tensor:
-    """The header row (see :mod:`actviz.reduction`) in one pass, written to be compiled into one loop.
+    """The header row (see :mod:`actviz.summaries.header`) in one pass, written to be compiled into one loop.
 
     Sums accumulated in float64 about the first element of ``z`` (the values with NaN and
     ±Inf replaced by 0), so that a large offset cancels nothing; counts in int32 (exact
     below 2**31 elements; :func:`reduce_tensor` sends larger tensors to the eager path);
-    min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.fused`
+    min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.summaries.fused`
     compiles it, and Inductor reads the tensor once.
 
     Example:
@@ -173,7 +174,7 @@ def reduce_tensor(
         sample_size: Most elements in the sample the buckets are counted on; ``None`` for all.
         count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
         small: The step's small tensors: a floating tensor its sample covers whole is copied
-            there and reduced with the others when the step ends (:mod:`actviz.small_batch`).
+            there and reduced with the others when the step ends (:mod:`actviz.summaries.small_tensors`).
 
     Raises:
         TypeError: A complex tensor.
@@ -243,7 +244,7 @@ def summarize(
     sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     count_zeros: bool = True,
 ) -> torch.Tensor:
-    """Summary vector of one tensor, on the host (see :meth:`actviz.results.Summary.vector`).
+    """Summary vector of one tensor, on the host (see :meth:`actviz.output.results.Summary.vector`).
 
     For one tensor at a time: it waits for the device. The watcher reduces on the device
     and copies a whole step back at once instead.

@@ -7,13 +7,13 @@ such tensors per logging step). When the step ends, :meth:`SmallTensors.reduce` 
 copy of a device in about 25 ops, whatever their number: one ``cat``, then segment sums
 (``index_add_``) and segment bounds (``scatter_reduce_``) over a segment-id tensor made once
 on the host for the step's sizes. It writes one ``(k, len(FIELDS))`` header matrix
-(:mod:`actviz.reduction`): counts, mean and centred variance of ``z`` (NaN and ±Inf
+(:mod:`actviz.summaries.header`): counts, mean and centred variance of ``z`` (NaN and ±Inf
 replaced by 0) in float64 (float32 on MPS), and exact min and max of the finite values
 (``+inf``/``-inf`` where there are none). Each tensor's sample is its slice of the ``cat``.
 Nothing is read on the host: no sync.
 
 Example:
-    >>> from actviz.summaries import finish
+    >>> from actviz.summaries.one_tensor import finish
     >>> small = SmallTensors(cpu_shortcut=False)
     >>> first, second = small.add(torch.tensor([1.0, float("nan"), 3.0])), small.add(torch.tensor([-2.0, 0.0]))
     >>> small.reduce()
@@ -31,7 +31,7 @@ import math
 import numpy as np
 import torch
 
-from .reduction import Reduction
+from .header import Reduction
 
 __all__ = ["CHUNK", "SMALL_MAX", "SmallTensors", "reduce_segments"]
 

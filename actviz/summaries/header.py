@@ -16,10 +16,10 @@ path, and anything on MPS), about ``z``, the tensor with NaN and ±Inf replaced 
 ``numel`` stays on the host. A tensor's row lives in a device tensor: alone (a 1-D row,
 possibly followed by its sample) or as row ``index`` of a ``(k, len(FIELDS))`` matrix
 (a step's small tensors, or parameters, reduced together). :func:`decode` turns a row into
-the numbers of a :class:`~actviz.results.Summary`; :func:`actviz.summaries.finish` adds the
+the numbers of a :class:`~actviz.output.results.Summary`; :func:`actviz.summaries.one_tensor.finish` adds the
 bucket counts. To add a statistic, add its name to :data:`FIELDS` (its column follows) and
-compute it where the rows are made (:mod:`actviz.summaries`, :mod:`actviz.small_batch`,
-:mod:`actviz.batch_summaries`, :mod:`actviz.piecewise`, :mod:`actviz.cpu_shortcut`).
+compute it where the rows are made (:mod:`actviz.summaries.one_tensor`, :mod:`actviz.summaries.small_tensors`,
+:mod:`actviz.summaries.many_tensors`, :mod:`actviz.summaries.piecewise`, :mod:`actviz.summaries.cpu_shortcut`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Reduction:
         self.start = start
         self.stop = stop
         self.zeroed = zeroed
-        self.counts: Any = None  # bucket counts merged across ranks (actviz.merge), else counted from the sample
+        self.counts: Any = None  # bucket counts merged across ranks (actviz.summaries.merge_ranks), else counted from the sample
 
     def row(self) -> list[float]:
         """The header row as floats (the header on the host)."""

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .results import StepResults
-from .safe_warnings import warn_safely
-from .sink_interface import Sink
+from ..safe_warnings import warn_safely
+from .sink import Sink
 
 __all__ = ["BackgroundSink", "PendingResults"]
 
@@ -32,7 +32,7 @@ POLL_SECONDS = 0.2
 
 
 class PendingResults(Protocol):
-    """A step on its way to the host (:class:`actviz.transfer.PendingStep`)."""
+    """A step on its way to the host (:class:`actviz.output.pending_step.PendingStep`)."""
 
     step: int
 
@@ -48,7 +48,7 @@ class BackgroundSink:
     a further :meth:`write` waits until one is written, so memory stays bounded.
 
     Args:
-        sink: The sink doing the writing, e.g. a :class:`~actviz.sinks.TensorBoardSink`.
+        sink: The sink doing the writing, e.g. a :class:`~actviz.output.tensorboard.TensorBoardSink`.
         on_error: Called on the worker thread with the pending step and the exception
             when finishing or writing it fails. The thread goes on with the next step.
         max_pending: Most steps queued at once.

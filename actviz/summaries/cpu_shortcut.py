@@ -7,7 +7,7 @@ off (:func:`actviz.options.cpu_shortcuts`).
 
 Example:
     >>> reduction = reduce_on_cpu(torch.tensor([1.0, float("nan"), 3.0]), 1, True)
-    >>> reduction.header  # the header's layout (actviz.reduction): about z, NaN replaced by 0
+    >>> reduction.header  # the header's layout (actviz.summaries.header): about z, NaN replaced by 0
     [3, 2, 1.3333333333333333, 1.5555555555555556, 1.0, 3.0]
 """
 
@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from .reduction import Reduction
+from .header import Reduction
 
 __all__ = ["reduce_on_cpu"]
 

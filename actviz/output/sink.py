@@ -3,16 +3,16 @@
 A sink is any object with three methods, called on actviz's writer thread, one step at a time,
 in step order:
 
-* ``write(results)``: one step's :class:`~actviz.results.StepResults` (the numbers, not the
+* ``write(results)``: one step's :class:`~actviz.output.results.StepResults` (the numbers, not the
   tags: :func:`actviz.tags.step_items` gives every ``(kind, tag, value)`` TensorBoard gets);
 * ``flush()``: make what was written durable (``viz.flush()``);
 * ``close()``: the watcher is closed; nothing is written after.
 
-:class:`~actviz.sinks.TensorBoardSink` is one. A sink of yours that raises is warned about once
+:class:`~actviz.output.tensorboard.TensorBoardSink` is one. A sink of yours that raises is warned about once
 and skipped: it never stops training nor the other sinks.
 
 Example:
-    >>> from actviz.results import StepResults
+    >>> from actviz.output.results import StepResults
     >>> class ListSink:
     ...     def __init__(self): self.steps = []
     ...     def write(self, results): self.steps.append(results.step)
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .results import StepResults
-from .safe_warnings import warn_safely
+from ..safe_warnings import warn_safely
 
 __all__ = ["FanOutSink", "Sink", "check_sink"]
 
@@ -71,7 +71,7 @@ class FanOutSink:
 
     Every sink gets every call. A sink from index ``guard_from`` on (the user's) that raises is
     warned about once per method and goes on getting steps; an error of one before it is raised
-    once all have been called (the caller, :class:`~actviz.background.BackgroundSink`, reports it).
+    once all have been called (the caller, :class:`~actviz.output.writer_thread.BackgroundSink`, reports it).
 
     Args:
         sinks: The sinks.

@@ -1,7 +1,7 @@
 """What one step logs, on the host: :class:`Summary` per tensor and :class:`StepResults` per step.
 
 Nothing here touches a device. The capture produces these (through
-:mod:`actviz.transfer`), the sinks consume them.
+:mod:`actviz.output.pending_step`), the sinks consume them.
 """
 
 from __future__ import annotations

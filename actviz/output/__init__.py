@@ -1,0 +1,24 @@
+"""The output side: a finished step from its devices to the host, the writer thread and the sinks.
+
+* :mod:`~actviz.output.pending_step`: one step's reductions and picture sources, copied to the host in one
+  copy per device;
+* :mod:`~actviz.output.results`: what a step logs, on the host (:class:`Summary`, :class:`StepResults`);
+* :mod:`~actviz.output.delivery`: where a finished step goes: the writer thread, or at once with
+  ``strict=True``;
+* :mod:`~actviz.output.writer_thread`: the writer thread (:class:`BackgroundSink`), never waited on when it
+  cannot answer;
+* :mod:`~actviz.output.sink`: the ``Sink`` interface (``write``, ``flush``, ``close``) that
+  ``watch(sink=...)`` accepts;
+* :mod:`~actviz.output.tensorboard`: :class:`TensorBoardSink`, one sink;
+* :mod:`~actviz.output.tensorboard_values`: the TensorBoard protobufs of one step;
+* :mod:`~actviz.output.png`: the PNG bytes of the pictures, for the event files and the report.
+
+Example:
+    >>> from actviz.output.results import StepResults
+    >>> StepResults(3, scalars={"loss": 0.5}).scalars
+    {'loss': 0.5}
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []
