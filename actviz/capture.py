@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -31,8 +32,8 @@ from torch import nn
 from ._internals import functorch_wrapped
 from .compiled import EagerStance
 from .hooks import HookHandles, OwnedHook
-from .layer_outputs import DrawnTensors, batch_dim_of, layer_table, nested_values, output_tensors, reduce_output
-from .layer_outputs import shape_of as _shape_of
+from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
+from .layer_outputs import reduce_output, shape_of as _shape_of
 from .merge import merge_across_ranks
 from .options import CaptureOptions
 from .step_end import StepEnd
@@ -130,7 +131,7 @@ class StepCapture(StepEnd):
         self._hooks = HookHandles()
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
-        self._seen: set[str] = set()  # layers and gradients already logged: a second call logs nothing
+        self._seen, self._seen_grads = set[str](), set[str]()  # layers, output gradients logged: a 2nd call logs nothing
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
@@ -154,19 +155,19 @@ class StepCapture(StepEnd):
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
-        for name, module in self._layers.items():
-            hook = OwnedHook(self._on_layer_output, module, name, batch_dim_of(module))
-            self._hooks.add("forward", module.register_forward_hook(hook))
+        # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
+        self._grad_hook = OwnedHook(self._on_output_grad)
+        self._by_module = layers_by_module(self._layers.items())
+        layer_hook = OwnedHook(self._on_module_output)
+        for module, *_ in self._by_module.values():
+            self._hooks.add("forward", module.register_forward_hook(layer_hook))
         done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(self._add_backward_hook, self._on_param_grad, self._on_optimizer_step,
-                                    self._on_optimizer_done)
+            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad,
+                                    self._on_optimizer_step, self._on_optimizer_done)
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
-
-    def _add_backward_hook(self, handle: Any) -> None:
-        self._hooks.add("backward", handle)
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
@@ -176,22 +177,28 @@ class StepCapture(StepEnd):
             self._on_error(name, error)
             return None
 
+    def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        entry = self._by_module.get(id(module), (None,))
+        for at in range(1, len(entry) if entry[0] is module else 1, 2):  # else a copy's, sharing the hook dict
+            self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
+
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
-        first = next(iter(output_tensors(output)), None)
-        if first is not None and functorch_wrapped(first[1]):  # a torch.func transform's call: skip the call only
+        first = first_tensor(output)
+        if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
             return
         self._seen.add(name)
         if self._shapes is not None and first is not None:
-            self._shapes[name] = _shape_of(first[1])
+            self._shapes[name] = _shape_of(first)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
         redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
         self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
-        for position, (suffix, tensor) in enumerate(output_tensors(output, self.options.outputs)):
+        tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
+        for position, (suffix, tensor) in enumerate(tensors):
             tag, nested = name + suffix, tensor.is_nested
             if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
                 tensor = nested_values(tensor)
@@ -211,7 +218,7 @@ class StepCapture(StepEnd):
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         if tensor.requires_grad:
-            self._hooks.add("backward", tensor.register_hook(OwnedHook(self._on_output_grad, None, name, tag)))
+            self._hooks.add("backward", tensor.register_hook(self._grad_hook.bind((name, tag))))
             self.expects_backward = True
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -219,13 +226,13 @@ class StepCapture(StepEnd):
         if self.done or not torch.is_grad_enabled():
             return
         for suffix, tensor in output_tensors(output, self.options.outputs):
-            if "grad:" + name + suffix not in self._seen:
+            if name + suffix not in self._seen_grads:
                 self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
-        if self.done or "grad:" + tag in self._seen:
+        if self.done or tag in self._seen_grads:
             return
-        self._seen.add("grad:" + tag)
+        self._seen_grads.add(tag)
         self._pass_reached = True
         self._queue_backward_callback()
         reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False)
@@ -233,7 +240,7 @@ class StepCapture(StepEnd):
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
     def _on_param_grad(self, param: torch.Tensor) -> None:
-        if self.done:
+        if self.done or not self._parameters.watches(param):
             return
         if self.awaiting_optimizer and self._parameters.dropped(param):  # zero_grad() came before any step
             self.finish(dropped=True)

@@ -15,6 +15,7 @@ and draws on the writer thread, on image steps.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,8 +69,45 @@ class FlowLayout:
         return high - (y - self.top) / (self.rows * self.cell_height - 1) * (high - low)
 
 
+_fonts = threading.local()  # one font per thread: loading it decodes a whole font file (FreeType is not shared)
+
+
 def _font() -> ImageFont.ImageFont:
-    return ImageFont.load_default()
+    font = getattr(_fonts, "font", None)
+    if font is None:
+        font = _fonts.font = ImageFont.load_default()
+        _fonts.lengths = {}
+        _fonts.labels = {}
+    return font
+
+
+def _text_length(text: str) -> float:
+    """The width of ``text`` in the default font, measured once per thread: layer names come back every step."""
+    _font()
+    found = _fonts.lengths.get(text)
+    if found is None:
+        if len(_fonts.lengths) > 4096:
+            _fonts.lengths.clear()
+        found = _fonts.lengths[text] = ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(text, font=_font())
+    return found
+
+
+def _labels(names: list[str], layout: FlowLayout) -> np.ndarray:
+    """The row labels, right-aligned left of the grid, drawn once per thread and layout: ``(height, left, 3)``."""
+    _font()
+    key = (tuple(names), layout.left, layout.top, layout.cell_height, layout.height)
+    found = _fonts.labels.get(key)
+    if found is None:
+        image = Image.new("RGB", (layout.left, layout.height), (255, 255, 255))
+        draw = ImageDraw.Draw(image)
+        for row, name in enumerate(names):
+            y = layout.top + row * layout.cell_height + (layout.cell_height - 10) // 2
+            draw.text((layout.left - 4 - _text_length(name), y), name, fill=(0, 0, 0), font=_font())
+        found = np.asarray(image)
+        if len(_fonts.labels) > 8:
+            _fonts.labels.clear()
+        _fonts.labels[key] = found
+    return found
 
 
 def flow_layout(names: list[str], columns: int) -> FlowLayout:
@@ -80,13 +118,12 @@ def flow_layout(names: list[str], columns: int) -> FlowLayout:
         >>> layout.rows, layout.columns, layout.cell_centre(0, 0)[1] > layout.left
         (2, 3, True)
     """
-    draw = ImageDraw.Draw(Image.new("RGB", (1, 1)))
-    label = max((draw.textlength(name, font=_font()) for name in names), default=0)
+    label = max((_text_length(name) for name in names), default=0)
     cell_height = max(12, min(40, 480 // max(1, len(names))))
     cell_width = max(2, min(24, 720 // max(1, columns)))
     left, top = int(label) + 8, 18
     bar_left = left + columns * cell_width + 12
-    width = bar_left + 14 + int(draw.textlength("1e-10", font=_font())) + 8
+    width = bar_left + 14 + int(_text_length("1e-10")) + 8
     return FlowLayout(left, top, cell_width, cell_height, len(names), columns, bar_left, 14, width,
                       top + len(names) * cell_height + 34)
 
@@ -129,13 +166,11 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
     canvas[layout.top:bottom, layout.left:layout.left + grid.shape[1]] = grid
     bar_rows = np.linspace(255, 0, bottom - layout.top).round().astype(np.intp)
     canvas[layout.top:bottom, layout.bar_left:layout.bar_left + layout.bar_width] = PALETTE[bar_rows][:, None, :]
+    canvas[:, :layout.left] = _labels(names, layout)  # white but for the labels: the text below draws over it as before
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
     font = _font()
     draw.text((2, 2), f"{title} (log10 colour; magenta: NaN)", fill=(0, 0, 0), font=font)
-    for row, name in enumerate(names):
-        y = layout.top + row * layout.cell_height + (layout.cell_height - 10) // 2
-        draw.text((layout.left - 4 - draw.textlength(name, font=font), y), name, fill=(0, 0, 0), font=font)
     every = max(1, math.ceil(12 * (high - low) / max(1, bottom - layout.top)))  # labels 12 px apart at least
     for decade in range(high, low - 1, -every):
         y = round(layout.top + (high - decade) / (high - low) * (bottom - layout.top - 1))
@@ -169,8 +204,11 @@ class FlowHistory:
         self.update_ratio = update_ratio
         self.image_steps = image_steps
         self.steps: list[int] = []
-        self.columns: dict[str, list[dict[str, float]]] = {name: [] for name in self._statistics()}
+        # Per statistic: one array per step, indexed by row (rows in order of first appearance). A picture
+        # stacks them in a few numpy ops: drawing at step 1,000 costs no Python loop over every value kept.
+        self.columns: dict[str, list[np.ndarray]] = {name: [] for name in self._statistics()}
         self.rows: dict[str, list[str]] = {name: [] for name in self._statistics()}
+        self._row_index: dict[str, dict[str, int]] = {name: {} for name in self._statistics()}
         self.last_pictures: dict[str, torch.Tensor] = {}
 
     def _statistics(self) -> list[str]:
@@ -181,10 +219,14 @@ class FlowHistory:
         if results.activations or results.gradients:
             self.steps.append(results.step)
             for name in self._statistics():
-                found = self._values(results, name)
-                rows = self.rows[name]
-                rows += [row for row in found if row not in rows]
-                self.columns[name].append(found)
+                found, rows, index = self._values(results, name), self.rows[name], self._row_index[name]
+                for row in found:
+                    if row not in index:
+                        index[row] = len(rows)
+                        rows.append(row)
+                column = np.full(len(rows), -np.inf)
+                column[[index[row] for row in found]] = list(found.values())
+                self.columns[name].append(column)
             if len(self.steps) > MAX_COLUMNS:  # keep every other old column: the picture stays small
                 keep = list(range(0, len(self.steps) - 1, 2)) + [len(self.steps) - 1]
                 self.steps = [self.steps[i] for i in keep]
@@ -197,9 +239,15 @@ class FlowHistory:
 
     def picture(self, name: str) -> torch.Tensor:
         """The flow picture of statistic ``name`` over every step recorded."""
-        rows = self.rows[name]
-        values = np.array([[column.get(row, -np.inf) for column in self.columns[name]] for row in rows], dtype=float)
-        return draw_flow(name, rows, self.steps, values)
+        return draw_flow(name, self.rows[name], self.steps, self.values(name))
+
+    def values(self, name: str) -> np.ndarray:
+        """Statistic ``name`` as a ``(rows, steps)`` array; ``-inf`` where a row was not logged at a step."""
+        columns = self.columns[name]
+        values = np.full((len(self.rows[name]), len(columns)), -np.inf)
+        for at, column in enumerate(columns):
+            values[:len(column), at] = column
+        return values
 
     def _values(self, results: StepResults, name: str) -> dict[str, float]:
         if name == "update_ratio":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
@@ -24,7 +24,9 @@ __all__ = [
     "PER_CHANNEL_AFFINE",
     "DrawnTensors",
     "batch_dim_of",
+    "first_tensor",
     "layer_table",
+    "layers_by_module",
     "nested_values",
     "output_tensors",
     "reduce_output",
@@ -58,6 +60,36 @@ def output_tensors(output: Any, mode: Literal["first", "all"] = "first") -> Iter
     else:
         for path, tensor in found:
             yield "/" + ".".join(path), tensor
+
+
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """The first tensor of a module's output (``output`` itself if it is one), or ``None``.
+
+    Example:
+        >>> first_tensor((None, [torch.ones(2)])).shape
+        torch.Size([2])
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    for _, tensor in output_tensors(output):
+        return tensor
+    return None
+
+
+def layers_by_module(layers: Iterable[tuple[str, nn.Module]]) -> dict[int, tuple[Any, ...]]:
+    """``id(module) -> (module, name, batch dim, name, batch dim, ...)``: what one shared forward hook looks up.
+
+    One tuple per module (a step allocates few objects); a module watched under two names is listed once, with both.
+
+    Example:
+        >>> lstm = nn.LSTM(2, 2)
+        >>> [entry[1:] for entry in layers_by_module([("rnn", lstm), ("alias", lstm)]).values()]
+        [('rnn', 1, 'alias', 1)]
+    """
+    found: dict[int, tuple[Any, ...]] = {}
+    for name, module in layers:
+        found[id(module)] = (*found.get(id(module), (module,)), name, batch_dim_of(module))
+    return found
 
 
 def _walk(value: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
@@ -125,7 +157,9 @@ PER_CHANNEL_AFFINE: tuple[type[nn.Module], ...] = (*batch_and_instance_norm_type
 
 def batch_dim_of(module: nn.Module) -> int:
     # nn.LSTM, nn.GRU, nn.MultiheadAttention and nn.Transformer* put time first unless batch_first=True.
-    return 1 if getattr(module, "batch_first", True) is False else 0
+    # Read from the instance's dict: a missing attribute would raise inside nn.Module.__getattr__ on every step.
+    value = vars(module).get("batch_first", getattr(type(module), "batch_first", True))
+    return 1 if value is False else 0
 
 
 def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]]) -> str:
@@ -155,10 +189,12 @@ class DrawnTensors:
     """
 
     def __init__(self) -> None:
-        self._drawn: dict[int, tuple[weakref.ref[torch.Tensor], int]] = {}
+        self._refs: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._versions: dict[int, int] = {}  # apart from the references: no tuple per tensor
 
     def add(self, tensor: torch.Tensor) -> None:
-        self._drawn[id(tensor)] = (weakref.ref(tensor), tensor_version(tensor))
+        self._refs[id(tensor)] = weakref.ref(tensor)
+        self._versions[id(tensor)] = tensor_version(tensor)
 
     def would_repeat(self, module: nn.Module, inputs: Any) -> bool:
         """True if ``module`` is per-channel affine and its first input is a grid drawn this step, unchanged."""
@@ -167,5 +203,5 @@ class DrawnTensors:
         first = inputs[0] if isinstance(inputs, tuple) and inputs else None
         if not isinstance(first, torch.Tensor) or first.dim() != 4:  # only grids repeat; heat maps do not
             return False
-        drawn = self._drawn.get(id(first))
-        return drawn is not None and drawn[0]() is first and drawn[1] == tensor_version(first)
+        drawn = self._refs.get(id(first))
+        return drawn is not None and drawn() is first and self._versions[id(first)] == tensor_version(first)

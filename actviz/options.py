@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from .unit_counts import unit_counts
+
 __all__ = [
     "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
 ]
@@ -45,8 +47,8 @@ def fused_setting() -> bool | None:
         ...     fused_setting()
         False
     """
-    value = os.environ.get("ACTVIZ_FUSED", "")
-    return {"1": True, "0": False}.get(value)
+    value = os.environ.get("ACTVIZ_FUSED", "")  # read per tensor: no dict made per call
+    return True if value == "1" else False if value == "0" else None
 
 
 def check_positive_int(name: str, value: Any, example: int) -> None:
@@ -112,8 +114,6 @@ class CaptureOptions:
     def count_units(self, module: Any, tag: str, tensor: Any, pending: Any) -> None:
         """With ``unit_counts``, add a layer output's device counts to ``pending`` (see :mod:`actviz.unit_counts`)."""
         if self.unit_counts:
-            from .unit_counts import unit_counts
-
             unit_counts(module, tag, tensor, pending)
 
     @classmethod

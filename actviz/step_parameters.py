@@ -85,7 +85,8 @@ class StepParameters:
         self.named = list(parameters)
         self.update_ratio = options.update_ratio
         self._before: list[torch.Tensor] | None = None
-        self.trainable = [(name, param) for name, param in self.named if param.requires_grad]
+        self.trainable = [pair for pair in self.named if pair[1].requires_grad]  # the same pairs: no new tuples
+        self._trainable_ids = {id(param): param for _, param in self.trainable}
         self._options = options
         self._pending = pending
         self._report = report
@@ -128,10 +129,15 @@ class StepParameters:
             if holds(optimizer):
                 on_optimizer_done(optimizer)
 
+        hook = OwnedHook(on_gradient)  # one for all: on_gradient checks watches(param)
         for _, param in self.trainable:
-            add_handle(param.register_post_accumulate_grad_hook(OwnedHook(on_gradient, param)))
+            add_handle(param.register_post_accumulate_grad_hook(hook))
         if self.trainable:
             add_handle(subscribe(optimizer_hook, after=optimizer_done))
+
+    def watches(self, param: torch.Tensor) -> bool:
+        """Whether ``param`` is one of the trainable parameters watched (not another tensor sharing a hook)."""
+        return self._trainable_ids.get(id(param)) is param
 
     def take_loss_scale(self) -> None:
         """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""

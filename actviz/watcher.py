@@ -271,8 +271,8 @@ class Watcher:
         self._open.add(StepCapture(
             step,
             model,
-            [(name, module) for name, module in self._layers if name not in self._skipped],
-            [(name, param) for name, param in self._parameters if name not in self._skipped],
+            [pair for pair in self._layers if pair[0] not in self._skipped],  # the same pairs: no new tuples
+            [pair for pair in self._parameters if pair[0] not in self._skipped],
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,

@@ -163,7 +163,7 @@ def test_history_keeps_at_most_max_columns_evenly_and_the_last():
         summary = Summary(4, 0, 0, -1.0, 1.0, 0.0, float(step + 1), [4.0])
         flow.add(StepResults(step, activations={"fc": summary}, gradients={"fc": summary}))
     assert flow.steps == list(range(0, MAX_COLUMNS, 2)) + [MAX_COLUMNS]  # every other old column, and the newest
-    assert [column["fc"] for column in flow.columns["gradient_norm"]] == [math.sqrt(s + 1) for s in flow.steps]
+    assert flow.values("gradient_norm")[0].tolist() == [math.sqrt(s + 1) for s in flow.steps]
     assert flow.last_pictures == {}  # no image step: nothing drawn
 
 
