@@ -19,10 +19,10 @@ from .alerts import Alert
 from .api import watch
 from .gradcam import grad_cam
 from .options import CaptureOptions
+from .output.results import StepResults, Summary
 from .rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
 from .report.images import load_images
-from .output.results import StepResults, Summary
 from .schedule import Schedule
 from .selection import select_layers
 from .summaries.one_tensor import summarize

@@ -19,15 +19,15 @@ from .alerts import Alert, check_alerts
 from .amp import check_grad_scaler
 from .compiled_model import unwrap_compiled
 from .diagnosis import make_diagnosis
-from .probe import Probe, check_probe, gradcam_layers
+from .open_watchers import watching
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .output.results import StepResults
+from .output.sink import FanOutSink, Sink, check_sink
+from .output.tensorboard import TensorBoardSink, use_fast_crc
+from .probe import Probe, check_probe, gradcam_layers
 from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
-from .output.sink import FanOutSink, Sink, check_sink
-from .output.tensorboard import TensorBoardSink, use_fast_crc
-from .open_watchers import watching
 from .watcher import Watcher
 
 __all__ = ["watch"]

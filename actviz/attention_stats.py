@@ -30,7 +30,6 @@ from collections.abc import Sequence
 
 import torch
 
-
 __all__ = ["DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "head_numbers", "sampled_rows"]
 
 #: Query rows sampled per call.

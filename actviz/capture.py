@@ -31,15 +31,24 @@ from torch import nn
 
 from ._internals import functorch_wrapped
 from .compiled_model import EagerStance
-from .owned_hooks import HookHandles, OwnedHook
-from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
-from .layer_outputs import reduce_output, shape_of as _shape_of
-from .summaries.merge_ranks import merge_across_ranks
+from .layer_outputs import (
+    DrawnTensors,
+    first_tensor,
+    layer_table,
+    layers_by_module,
+    nested_values,
+    output_tensors,
+    reduce_output,
+)
+from .layer_outputs import shape_of as _shape_of
 from .options import CaptureOptions
+from .output.pending_step import PendingStep
+from .owned_hooks import HookHandles, OwnedHook
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
+from .summaries.merge_ranks import merge_across_ranks
 from .summaries.one_tensor import reduce_tensor
-from .output.pending_step import PendingStep
+from .tags import LAYERS
 from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
@@ -284,7 +293,7 @@ class StepCapture(StepEnd):
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._shapes is not None:
-            self._pending.add_text("layers", layer_table(list(self._layers.items()), self._shapes))
+            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
         if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):

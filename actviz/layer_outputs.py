@@ -16,11 +16,11 @@ from torch import nn
 
 from ._internals import batch_and_instance_norm_types, tensor_version
 from .options import CaptureOptions
+from .output.pending_step import Draw
 from .rendering import picture_source
-from .summaries.small_tensors import SmallTensors
 from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
-from .output.pending_step import Draw
+from .summaries.small_tensors import SmallTensors
 
 __all__ = [
     "PER_CHANNEL_AFFINE",

@@ -25,8 +25,8 @@ from .attention_maps import attention_pictures, record_attention
 from .compiled_model import eager, unwrap_compiled
 from .distributed_types import is_ddp, is_fsdp_parameter
 from .gradcam import call_model, grad_cam, gradcam_overlay, last_conv_name
-from .owned_hooks import HookHandles
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
+from .owned_hooks import HookHandles
 from .pixels import to_uint8
 from .rendering import _normalize, picture_source
 from .selection import find_layer

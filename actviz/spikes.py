@@ -48,10 +48,10 @@ from torch import nn
 from .alerts import Alert
 from .optimizer_steps import subscribe
 from .options import cpu_shortcuts
+from .output.pending_step import HostCopy
 from .safe_warnings import warn_safely
 from .summaries.one_tensor import local_shard
 from .tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
-from .output.pending_step import HostCopy
 
 __all__ = ["FOLLOW", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
 

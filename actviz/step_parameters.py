@@ -21,15 +21,15 @@ import torch
 from torch import nn
 
 from .amp import loss_scale_of, unscaled_by
-from .summaries.many_tensors import reduce_tensors
-from .owned_hooks import OwnedHook
-from .summaries.merge_ranks import is_sharded
 from .optimizer_steps import subscribe
 from .options import CaptureOptions
+from .output.pending_step import PendingStep
+from .owned_hooks import OwnedHook
 from .summaries.header import Reduction
+from .summaries.many_tensors import reduce_tensors
+from .summaries.merge_ranks import is_sharded
 from .summaries.one_tensor import local_shard, reduce_tensor
 from .tags import UPDATE_RATIO
-from .output.pending_step import PendingStep
 
 __all__ = ["LoopHistory", "StepParameters"]
 

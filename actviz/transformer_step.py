@@ -49,16 +49,16 @@ from torch import nn
 from .attention import AttentionMode, attention_modules
 from .attention_stats import head_numbers
 from .compiled_model import outside_graphs
-from .owned_hooks import HookHandles
 from .layer_outputs import output_tensors
 from .logits import LOGIT_TAGS, find_logits, last_linear_width, logit_vector
 from .outliers import outlier_numbers, outlier_vector
-from .probe import unwrap_for_probe
+from .output.pending_step import PendingStep
 from .output.results import StepResults
+from .owned_hooks import HookHandles
+from .probe import unwrap_for_probe
 from .safe_warnings import warn_safely
 from .summaries.one_tensor import finish, reduce_tensor
 from .tags import ACTIVATION_STAT, ATTENTION
-from .output.pending_step import PendingStep
 from .transformer_alerts import TransformerAlerts
 
 __all__ = ["SINK_WEIGHT", "TransformerStep", "finish_on_host"]

@@ -19,19 +19,19 @@ from torch import nn
 from ._internals import inside_functorch_transform
 from .capture import StepCapture
 from .compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
-from .output.delivery import Delivery
 from .diagnosis import Alert, Diagnosis
 from .layer_slots import LayerSlots, parameters_of
 from .notices import Notices
 from .open_steps import OpenSteps
 from .open_watchers import register, unregister
 from .options import CaptureOptions
-from .probe import Probe, unwrap_for_probe
+from .output.delivery import Delivery
 from .output.results import StepResults
+from .output.sink import Sink
+from .probe import Probe, unwrap_for_probe
 from .root_hook import StepHook
 from .schedule import Schedule
 from .silences import Silences
-from .output.sink import Sink
 from .step_parameters import LoopHistory
 
 __all__ = ["Watcher"]

@@ -27,11 +27,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from demo_train import make_dataset, small_cnn
 from PIL import Image
 from torch import nn
 
 import actviz
-from demo_train import make_dataset, small_cnn
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

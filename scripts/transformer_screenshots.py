@@ -15,11 +15,11 @@ import tempfile
 from pathlib import Path
 
 import torch
+from demo_train import make_dataset
+from make_screenshots import CHROMIUM, CHROMIUM_FLAGS, TIMEOUT_MS, filter_tags, save_small, tensorboard
 from torchvision.models import VisionTransformer
 
 import actviz
-from demo_train import make_dataset
-from make_screenshots import CHROMIUM, CHROMIUM_FLAGS, TIMEOUT_MS, filter_tags, save_small, tensorboard
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = [

@@ -85,9 +85,9 @@ def test_text_model_probe_draws_maps_but_no_rollout(read_run):
 
 def test_a_long_sequence_keeps_its_first_rows_and_keys_only():
     import torch.nn.functional as F
+    from test_attention import brute_force
 
     from actviz.attention_maps import MAX_POSITIONS, ProbeMode
-    from test_attention import brute_force
 
     torch.manual_seed(0)
     q, k = torch.randn(1, 2, 1100, 4), torch.randn(1, 2, 1100, 4)

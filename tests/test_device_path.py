@@ -13,13 +13,14 @@ import tempfile
 import pytest
 import torch
 import torchvision
+from conftest import CountOps
 
 import actviz
-from actviz.summaries.many_tensors import reduce_tensors
-from actviz.rendering import heatmap, picture_source
-from actviz.summaries.one_tensor import reduce_tensor
 from actviz.output.pending_step import HostCopy, PendingStep
-from conftest import CountOps
+from actviz.rendering import heatmap, picture_source
+from actviz.summaries.many_tensors import reduce_tensors
+from actviz.summaries.one_tensor import reduce_tensor
+
 
 @pytest.fixture(autouse=True)
 def device_path(monkeypatch):

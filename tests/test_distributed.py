@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import time
-
-import pytest
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

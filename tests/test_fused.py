@@ -15,8 +15,8 @@ from conftest import Run
 from torch import nn
 
 import actviz
-from actviz.summaries import fused
 import actviz.summaries.one_tensor
+from actviz.summaries import fused
 from actviz.summaries.one_tensor import header_sums, reduce_tensor, summarize
 
 KEY = ("header_sums", "cpu", torch.float32, False)  # under fused.LARGE elements

@@ -9,20 +9,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 import torch
 from conftest import small_cnn, train_step
-from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 from tensorboard.summary.writer import record_writer
 from torch.utils.tensorboard import SummaryWriter
 
 import actviz
 from actviz.output import tensorboard as sinks
-from actviz.rendering import feature_map_grid
 from actviz.output.results import StepResults, Summary
 from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
+from actviz.rendering import feature_map_grid
 from actviz.summaries.one_tensor import summarize
 
 

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
+from conftest import CountOps
 from torch import nn
 
 import actviz
 from actviz.summaries.many_tensors import reduce_tensors
-from actviz.summaries.small_tensors import SmallTensors, reduce_segments
 from actviz.summaries.one_tensor import finish, reduce_tensor
-from conftest import CountOps
+from actviz.summaries.small_tensors import SmallTensors, reduce_segments
 
 
 @pytest.fixture(autouse=True)

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from ..api import watch
+from ..safe_warnings import warn_safely
 from ..watcher import Watcher
 from . import _check_watch_kwargs
-from ..safe_warnings import warn_safely
 
 try:
     from transformers.trainer_callback import TrainerCallback, TrainerControl, TrainerState

@@ -20,9 +20,9 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..api import watch
+from ..safe_warnings import warn_safely
 from ..watcher import Watcher
 from . import _check_watch_kwargs
-from ..safe_warnings import warn_safely
 
 try:
     import lightning.pytorch as pl

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from .writer_thread import BackgroundSink
-from .results import StepResults
 from ..safe_warnings import warn_safely
-from .sink import Sink
 from ..tags import ALERTS, LAYERS
 from .pending_step import PendingStep
+from .results import StepResults
+from .sink import Sink
+from .writer_thread import BackgroundSink
 
 __all__ = ["Delivery"]
 

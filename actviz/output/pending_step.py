@@ -16,10 +16,11 @@ from typing import Any
 import torch
 
 from ..options import cpu_shortcuts
-from .results import StepResults
-from ..summaries.small_tensors import SmallTensors
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
+from ..summaries.small_tensors import SmallTensors
+from ..tags import GRAD_SCALE
+from .results import StepResults
 
 __all__ = ["HostCopy", "PendingStep"]
 
@@ -178,7 +179,7 @@ class PendingStep:
 
         Scaled summaries are divided by it on the host, so the GPU never waits to read it.
         """
-        self.add_scalar("amp/grad_scale", scale)
+        self.add_scalar(GRAD_SCALE, scale)
 
     def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor, full_tag: bool = False) -> None:
         """Keep what ``draw(*sources)`` turns into a picture on the host.
@@ -226,7 +227,7 @@ class PendingStep:
             results.scalars[tag] = float(host[id(value)])
         for work, carried in self._host_work:
             work(results, [host[id(tensor)] for tensor in carried])
-        scale = results.scalars.get("amp/grad_scale", 1.0)
+        scale = results.scalars.get(GRAD_SCALE, 1.0)
         for kind, tag, reduction, scaled in zip(self._kinds, self._tags, self._reductions, self._scaled):
             summary = finish(reduction, self.bins)
             getattr(results, kind)[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary

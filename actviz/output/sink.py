@@ -34,8 +34,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .results import StepResults
 from ..safe_warnings import warn_safely
+from .results import StepResults
 
 __all__ = ["FanOutSink", "Sink", "check_sink"]
 

@@ -16,10 +16,10 @@ from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
 from .._internals import event_file_writer, replace_record_checksum
+from ..tags import step_items
 from .results import StepResults
 from .sink import Sink
 from .tensorboard_values import _image_value, _scalar_values, _text_value, _values
-from ..tags import step_items
 
 #: Custom Scalars charts (anchored regexes on the tags of actviz.tags): each statistic across all layers.
 DASHBOARD_LAYOUT = {

@@ -27,11 +27,11 @@ from torch import nn
 
 from ..gradcam import grad_cam, gradcam_overlay, last_conv_name
 from ..layer_outputs import output_tensors
-from ..probe import gradcam_layers
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..output.results import StepResults
-from ..selection import LayerSpec, layer_display_name, select_layers
 from ..output.tensorboard import TensorBoardSink, use_fast_crc
+from ..probe import gradcam_layers
+from ..selection import LayerSpec, layer_display_name, select_layers
 from .capture import capture_layers
 from .errors import ImageError, ReportError, WeightsError
 from .images import display_image, folder_name, load_image, run_names

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..owned_hooks import HookHandles
 from ..layer_outputs import batch_dim_of, output_tensors, reduce_output
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
+from ..owned_hooks import HookHandles
 from ..selection import layer_display_name
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish

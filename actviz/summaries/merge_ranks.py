@@ -26,8 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed_types import is_dtensor
-from .header import HEADER
-from .header import Reduction
+from .header import HEADER, Reduction
 from .one_tensor import wide_dtype
 
 __all__ = ["is_sharded", "merge_across_ranks"]

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 
 from .. import distributed_types
+from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
+from ..output.results import HEADER_SIZE, Summary
 from . import fused, piecewise
 from .cpu_shortcut import reduce_on_cpu
-from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
 from .header import HEADER, Reduction
-from ..output.results import HEADER_SIZE, Summary
 from .small_tensors import SmallTensors
 
 __all__ = [
