@@ -31,16 +31,8 @@ from torch import nn
 
 from ._internals import functorch_wrapped
 from .compiled_model import EagerStance
-from .layer_outputs import (
-    DrawnTensors,
-    first_tensor,
-    layer_table,
-    layers_by_module,
-    nested_values,
-    output_tensors,
-    reduce_output,
-)
-from .layer_outputs import shape_of as _shape_of
+from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
+from .layer_outputs import reduce_output, shape_of as _shape_of
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
 from .owned_hooks import HookHandles, OwnedHook
