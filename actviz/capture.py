@@ -1,22 +1,23 @@
-"""The hooks of one logging step, and the small results they leave.
+"""The hooks of one logging step, and the small results they leave: a step's life, stage by stage.
 
-A :class:`StepCapture` exists only for a step that logs. It hooks the watched layers and
-their parameters, reduces every tensor inside its hook, on the tensor's device (layer outputs
-through :func:`~actviz.layer_outputs.reduce_output`, into a :class:`~actviz.output.pending_step.PendingStep`),
-decides itself when the step is over, and hands it on with one call of ``deliver``; the
-writer thread resolves it and the sink writes it.
+A :class:`StepCapture` exists only for a step that logs; every tensor is reduced in its hook, on its
+device, into a :class:`~actviz.output.pending_step.PendingStep`. The stages, in order:
 
-When a step is over: when an optimizer holding a watched parameter steps after its backward
-pass, however many forwards and backwards come between (a GAN discriminator's real and fake
-batches; see :mod:`actviz.step_parameters`); in a loop without optimizer, at the next
-training forward; at ``flush()``/``close()``. A step whose outputs require grad waits for its
-backward pass even if other forwards come first (a siamese pair, an RL episode); if a backward
-updates the watched parameters without reaching its outputs, it ends without gradients and
-says so once. A step with nothing to wait for ends with its forward.
+1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, parameter hooks;
+2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient;
+3. end of forward (``_on_forward_done``): forward hooks off; over now if nothing waits for a backward;
+4. output gradient (``_on_output_grad``): the gradient flowing into each layer, reduced;
+5. end of backward (:class:`~actviz.step_end.StepEnd`): parameter gradients kept as the pass left
+   them when the loop has shown no optimizer (or a closure runs inside one: LBFGS);
+6. optimizer step (``_on_optimizer_step``): the gradients it applies, however many backwards came
+   between (a GAN discriminator's real and fake batches; :mod:`actviz.step_parameters`);
+7. end (``finish``, also at the next training forward of a loop without optimizer, and at ``flush()``):
+   hooks off, one copy to the host started, ``deliver`` called once.
 
-No hook holds a batch: a later in-place op cannot change what was logged. Output gradients
-come from ``output.register_hook`` (module backward hooks raise on in-place ReLUs,
-pytorch#61519). Layers run without grad (``checkpoint``) get it when backward recomputes them.
+A step whose outputs require grad waits for its backward even if other forwards come first (a siamese
+pair, an RL episode; :mod:`actviz.open_steps`). No hook holds a batch: a later in-place op cannot change
+what was logged. Output gradients come from ``output.register_hook`` (module backward hooks raise on
+in-place ReLUs, pytorch#61519); layers run without grad (``checkpoint``) get it when backward recomputes them.
 """
 
 from __future__ import annotations
