@@ -7,8 +7,7 @@ device, into a :class:`~actviz.output.pending_step.PendingStep`. The stages, in 
 2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient;
 3. end of forward (``_on_forward_done``): forward hooks off; over now if nothing waits for a backward;
 4. output gradient (``_on_output_grad``): the gradient flowing into each layer, reduced;
-5. end of backward (:class:`~actviz.step_end.StepEnd`): parameter gradients kept as the pass left
-   them when the loop has shown no optimizer (or a closure runs inside one: LBFGS);
+5. end of backward (:class:`~actviz.step_end.StepEnd`): the gradients kept as left, unless an optimizer applies them;
 6. optimizer step (``_on_optimizer_step``): the gradients it applies, however many backwards came
    between (a GAN discriminator's real and fake batches; :mod:`actviz.step_parameters`);
 7. end (``finish``, also at the next training forward of a loop without optimizer, and at ``flush()``):
