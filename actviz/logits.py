@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .summaries.one_tensor import local_shard
+from .summaries.piecewise import PIECE
 from .tags import LOGITS
 
 __all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]
@@ -72,9 +73,19 @@ def logit_vector(logits: torch.Tensor) -> torch.Tensor:
         [0.0, 1.3863, 1.3863]
     """
     values = local_shard(logits)  # detached; a DTensor's local shard
-    if values.dtype not in (torch.float32, torch.float64):
-        values = values.float()
-    log_z = torch.logsumexp(values, dim=-1)
-    probabilities = torch.softmax(values, dim=-1)
+    rows = values.reshape(-1, values.shape[-1]) if values.dim() else values.reshape(1, 1)
+    # A vocabulary's logits: rows a piece at a time, so that the temporaries stay about a piece's size.
+    step = max(1, PIECE // max(1, rows.shape[1])) if rows.numel() > PIECE else rows.shape[0]
+    found = [_row_numbers(chunk) for chunk in rows.split(step)]
+    parts = found[0] if len(found) == 1 else torch.cat(found, dim=1)
+    return torch.stack([parts[0].amax(), parts[1].mean(), parts[2].mean().neg()]).float()
+
+
+def _row_numbers(rows: torch.Tensor) -> torch.Tensor:
+    """``[max, log Z, Σ p log p]`` of each row of ``(n, classes)`` logits, float32 or float64."""
+    if rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()
+    log_z = torch.logsumexp(rows, dim=-1)
+    probabilities = torch.softmax(rows, dim=-1)
     entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
-    return torch.stack([values.amax(), log_z.mean(), entropy.mean().neg()]).float()
+    return torch.stack([rows.amax(dim=-1), log_z, entropy])

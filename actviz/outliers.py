@@ -23,6 +23,7 @@ import math
 import torch
 
 from .summaries.one_tensor import flat_view, local_shard, sample_stride, wide_dtype
+from .summaries.piecewise import PIECE
 
 __all__ = ["LOW_PRECISION", "OUTLIER_THRESHOLD", "outlier_numbers", "outlier_vector"]
 
@@ -48,17 +49,36 @@ def outlier_vector(tensor: torch.Tensor, sample_size: int | None) -> torch.Tenso
         [7.0, 1.0, 50.0, 1394.0, 1.0]
     """
     values = flat_view(local_shard(tensor))
+    wide = wide_dtype(values.device)
+    stride = sample_stride(values.numel(), sample_size)
+    if values.numel() > PIECE:  # a vocabulary's logits: whole-size temporaries would add several times its size
+        return _outlier_vector_in_pieces(values, stride, wide)
     if values.dtype not in (torch.float32, torch.float64):
         values = values.float()  # 16-bit and float8: moments in float32 at least
-    wide = wide_dtype(values.device)
     magnitude = values.abs()
     centred = values - values.mean(dtype=wide)
-    stride = sample_stride(values.numel(), sample_size)
     # Σ(x-μ)² and Σ((x-μ)²)² in one op: a 4th power in float64 is slow on a CPU.
     squares, fourths = torch._foreach_powsum([centred, centred.square()], 2, dtype=wide)
     return torch.stack([
         magnitude.amax(), (magnitude >= OUTLIER_THRESHOLD).sum(), squares, fourths, magnitude[::stride].median(),
     ]).to(wide)
+
+
+def _outlier_vector_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> torch.Tensor:
+    """:func:`outlier_vector` of a large 1-D tensor, :data:`PIECE` elements at a time: extra memory about a piece's."""
+    pieces = values.split(PIECE)
+    mean = torch.stack([piece.sum(dtype=wide) for piece in pieces]).sum() / values.numel()
+    found = []
+    for piece in pieces:
+        piece = piece.float() if piece.dtype not in (torch.float32, torch.float64) else piece
+        magnitude = piece.abs()
+        centred = piece - mean.to(piece.dtype)
+        squares, fourths = torch._foreach_powsum([centred, centred.square()], 2, dtype=wide)
+        found.append(torch.stack([magnitude.amax().to(wide), (magnitude >= OUTLIER_THRESHOLD).sum().to(wide),
+                                  squares, fourths]))
+    parts = torch.stack(found)
+    sample = values[::stride].float().abs()
+    return torch.stack([parts[:, 0].amax(), *parts[:, 1:].sum(0), sample.median().to(wide)])
 
 
 def outlier_numbers(vector: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:

@@ -79,3 +79,18 @@ def test_transformer_stats_false_logs_none_of_them(read_run):
     run = read_run(log_dir)
     assert not [tag for tag in run.scalar_tags if tag.startswith(("logits/", "attention/")) or "max_abs" in tag]
     assert "activation_stats/head/mean" in run.scalar_tags
+
+
+def test_vocabulary_sized_logits_are_reduced_rows_at_a_time_with_the_same_numbers(monkeypatch):
+    import actviz.logits as logits
+
+    torch.manual_seed(0)
+    values = torch.randn(2, 50, 300) * 4
+    whole = logit_vector(values)
+    monkeypatch.setattr(logits, "PIECE", 1_000)  # three rows of 300 classes at a time: 34 pieces
+    pieces = logit_vector(values)
+    x = values.double().reshape(-1, 300)
+    log_z = torch.logsumexp(x, -1)
+    entropy = -(torch.softmax(x, -1) * torch.log_softmax(x, -1)).sum(-1)
+    assert torch.allclose(whole, pieces, rtol=1e-6)
+    assert pieces.tolist() == pytest.approx([x.max().item(), log_z.mean().item(), entropy.mean().item()], rel=1e-5)

@@ -127,3 +127,19 @@ def test_the_nan_alert_and_the_transformer_alerts_share_the_alerts_text(read_run
     alerts = read_run(log_dir).events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
     assert "NaN or Inf first at step 0, in the output of '1'" in alerts
     assert "massive activation in '0.up'" in alerts
+
+
+def test_a_vocabulary_sized_output_is_reduced_a_piece_at_a_time_with_the_same_numbers(monkeypatch):
+    import actviz.outliers as outliers
+
+    torch.manual_seed(0)
+    tensor = torch.randn(3, 1000, 70) * 3
+    tensor[0, 0, 0] = 40.0  # an outlier in the first piece
+    whole = outlier_vector(tensor, 4096)
+    monkeypatch.setattr(outliers, "PIECE", 10_000)  # 21 pieces
+    pieces = outlier_vector(tensor, 4096)
+    assert torch.allclose(whole, pieces, rtol=1e-9)
+    expected = by_numpy(tensor.numpy(), None)
+    numbers = outlier_numbers(pieces.tolist(), tensor.numel(), tensor.dtype)
+    for key, value in expected.items():
+        assert numbers[key] == pytest.approx(value, rel=1e-6), key
