@@ -72,7 +72,7 @@ def test_many_parameters_take_the_same_ops_whatever_their_count():
         assert count.syncs == []
         counts.append(len(count.kernels))
         assert len({id(reduction.header) for reduction in reductions}) == 2  # the small ones' matrix, the others'
-    assert counts[0] == counts[1] <= 56, counts  # segment reduction (small_batch) + _foreach reductions
+    assert counts[0] == counts[1] <= 56, counts  # segment reduction (small_tensors) + _foreach reductions
 
 
 def test_a_step_of_many_summaries_packs_in_a_handful_of_ops():

@@ -52,7 +52,7 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
         alone = numel == 0 or not tensor.is_floating_point() or size > CHUNK_BYTES
         if alone or (shortcut and tensor.device.type == "cpu"):  # on the CPU a plain loop is faster
             reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
-        elif (sample_size is None or numel <= sample_size) and small.takes(tensor):  # segment sums: small_batch
+        elif (sample_size is None or numel <= sample_size) and small.takes(tensor):  # segment sums: small_tensors
             reductions[index] = small.add(flat_view(tensor), copy=False)
         else:
             groups.setdefault((tensor.device, tensor.dtype), []).append(index)
