@@ -28,6 +28,7 @@ function                               private API
 :func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
 :func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
+:func:`flatten_copy`                   ``torch._C._nn.flatten_dense_tensors``
 =====================================  ===========================================
 
 The summaries also call ``torch._foreach_norm``, ``torch._foreach_powsum``,
@@ -46,26 +47,11 @@ import torch
 from torch import nn
 
 __all__ = [
-    "batch_and_instance_norm_types",
-    "compiled_call",
-    "compiled_original",
-    "compiler_stance",
-    "event_file_writer",
-    "forward_hooks",
-    "functorch_wrapped",
-    "grad_scaler_scale",
-    "grad_scaler_unscaled",
-    "image_classification",
-    "inductor_backend",
-    "inductor_compiles_for",
-    "inside_functorch_transform",
-    "mark_size_unbacked",
-    "mark_trace_time_constant",
-    "queue_end_of_backward",
-    "replace_record_checksum",
-    "set_compiled_call",
-    "swap_stance",
-    "tensor_version",
+    "batch_and_instance_norm_types", "compiled_call", "compiled_original", "compiler_stance", "event_file_writer",
+    "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale", "grad_scaler_unscaled",
+    "image_classification", "inductor_backend", "inductor_compiles_for", "inside_functorch_transform",
+    "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_record_checksum",
+    "set_compiled_call", "swap_stance", "tensor_version",
 ]
 
 
@@ -298,3 +284,17 @@ def inside_functorch_transform() -> bool:
 def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:
     """``module``'s forward (or pre-) hooks by id: a copy of a watched model has no handles, only this dict."""
     return module._forward_pre_hooks if pre else module._forward_hooks
+
+
+def flatten_copy(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One new 1-D tensor of every element of ``tensors``, in order (a ``cat`` of their flat views), not on autograd's tape.
+
+    Why private: ``torch.cat`` takes 1-D views made one by one in Python; this is the same ``cat`` with the views
+    made in C++ (what DDP and ``torch._utils._flatten_dense_tensors`` use), one call for a model's parameters.
+
+    Example:
+        >>> flatten_copy([torch.ones(2, 2, requires_grad=True), torch.zeros(1)])
+        tensor([1., 1., 1., 1., 0.])
+    """
+    with torch.no_grad():
+        return torch._C._nn.flatten_dense_tensors(list(tensors))

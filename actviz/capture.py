@@ -166,8 +166,7 @@ class StepCapture(StepEnd):
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_param_grad,
-                                    self._on_optimizer_step, self._on_optimizer_done)
+            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_optimizer_step, self._on_optimizer_done)
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -240,14 +239,6 @@ class StepCapture(StepEnd):
                                   self._pending.small)
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
-
-    def _on_param_grad(self, param: torch.Tensor) -> None:
-        if self.done or not self._parameters.watches(param):
-            return
-        if self.awaiting_optimizer and self._parameters.dropped(param):  # zero_grad() came before any step
-            self.finish(dropped=True)
-            return
-        self._queue_backward_callback()  # a backward pass is under way: see how it ends
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")

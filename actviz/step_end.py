@@ -88,7 +88,11 @@ class StepEnd:
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """An optimizer that holds a watched parameter is about to apply the gradients: the step is over."""
-        if self.done or not self.backward_seen:
+        if self.done:
+            return
+        if not self.backward_seen:  # gradients from another forward's backward: this one's outputs got none
+            if self.expects_backward and not self.in_forward:
+                self.finish(missed_backward=True)
             return
         self._history.optimizer_steps = True
         if self._parameters.dropped():  # zeroed since this step's backward: the optimizer applies others
@@ -117,6 +121,9 @@ class StepEnd:
         runs a forward and a backward first), unless the loop is known to step none.
         """
         if self.backward_seen:
+            if self.want_stats and self._parameters.dropped():  # zero_grad() came before any optimizer step
+                self.finish(dropped=True)
+                return
             waits = self._history.optimizer_steps is not False and self._parameters.trainable and self.want_stats
             self._forwards_since += self.awaiting_optimizer
             if self._stepped or not waits:

@@ -24,7 +24,6 @@ from .amp import loss_scale_of, unscaled_by
 from .optimizer_steps import subscribe
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
-from .owned_hooks import OwnedHook
 from .summaries.header import Reduction
 from .summaries.many_tensors import reduce_tensors
 from .summaries.merge_ranks import is_sharded
@@ -92,7 +91,8 @@ class StepParameters:
         self._pending = pending
         self._report = report
         self._grad_scaler = grad_scaler
-        self._sharded = {name for name, param in self.named if is_sharded(param)}
+        # merged across ranks (merge_ranks) only when sharded: looked at only then
+        self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
         self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
         self._grads_scaled = False
         self._grad_refs: dict[int, weakref.ref[torch.Tensor]] = {}  # each .grad as the step's backward left it
@@ -101,21 +101,19 @@ class StepParameters:
 
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
-        for tag, reduction in self._reduce({name: param for name, param in self.named}).items():
+        for tag, reduction in self._reduce(self.named, [param for _, param in self.named]).items():
             self._pending.add("weights", tag, reduction, mergeable=tag in self._sharded)
 
     def attach(
         self,
         add_handle: Callable[[Any], None],
-        on_gradient: Callable[[torch.Tensor], None],
         on_optimizer_step: Callable[[torch.optim.Optimizer], None],
         on_optimizer_done: Callable[[torch.optim.Optimizer], None],
     ) -> None:
-        """Hook the trainable parameters and the optimizers; the handles go to ``add_handle``.
+        """Hook the optimizers that hold a trainable watched parameter; the handle goes to ``add_handle``.
 
-        ``on_gradient(param)`` runs when a backward pass accumulates into one of them,
-        ``on_optimizer_step(optimizer)`` before an optimizer that holds one of them steps,
-        ``on_optimizer_done(optimizer)`` after it (a closure may have run the backward inside).
+        ``on_optimizer_step(optimizer)`` runs before such an optimizer steps, ``on_optimizer_done(optimizer)``
+        after it (a closure may have run the backward inside).
         """
         watched = {id(param) for _, param in self.trainable}
 
@@ -130,9 +128,6 @@ class StepParameters:
             if holds(optimizer):
                 on_optimizer_done(optimizer)
 
-        hook = OwnedHook(on_gradient)  # one for all: on_gradient checks watches(param)
-        for _, param in self.trainable:
-            add_handle(param.register_post_accumulate_grad_hook(hook))
         if self.trainable:
             add_handle(subscribe(optimizer_hook, after=optimizer_done))
 
@@ -167,11 +162,11 @@ class StepParameters:
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
         self.taken_at_step = self.taken_at_step or optimizer is not None
-        grads = {name: param.grad for name, param in self.trainable if param.grad is not None}
+        with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
         if self.update_ratio and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
-        if grads:
-            self._grads = self._reduce(grads)
+        if with_grads:
+            self._grads = self._reduce(with_grads, [param.grad for _, param in with_grads])
             self._grads_scaled = self.scale_taken and not (
                 optimizer is not None and unscaled_by(self._grad_scaler, optimizer)
             )
@@ -190,14 +185,16 @@ class StepParameters:
             self._pending.add("weight_grads", tag, reduction, scaled=scaled, mergeable=mergeable)
         self._grads = {}
 
-    def _reduce(self, named: dict[str, torch.Tensor]) -> dict[str, Reduction]:
-        """Reduce many tensors in a fixed number of ops; if that fails, one by one, to name the one that fails."""
+    def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:
+        """Reduce ``tensors`` (the parameters of ``named``, or their gradients) in a fixed number of ops;
+        if that fails, one by one, to name the one that fails."""
         sample_size = self._options.histogram_sample_size
+        owners = [param for _, param in named]
         try:
-            return dict(zip(named, reduce_tensors(list(named.values()), sample_size)))
+            return dict(zip([name for name, _ in named], reduce_tensors(tensors, sample_size, owners)))
         except Exception:  # noqa: BLE001 - a hook must never stop training
             found = {}
-            for tag, tensor in named.items():
+            for (tag, _), tensor in zip(named, tensors):
                 try:
                     found[tag] = reduce_tensor(tensor, sample_size, count_zeros=False)
                 except Exception as error:  # noqa: BLE001

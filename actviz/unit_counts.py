@@ -43,6 +43,10 @@ def is_relu_family(module: nn.Module) -> bool:
     return isinstance(module, (nn.ReLU, nn.ReLU6))
 
 
+#: The layer types counted here: every other layer costs one ``isinstance``.
+_COUNTED = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Tanh, nn.Sigmoid)
+
+
 def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any) -> None:
     """Add the device counts of one layer output to ``pending`` (a :class:`~actviz.output.pending_step.PendingStep`).
 
@@ -53,8 +57,8 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
         >>> pending.resolve().scalars
         {'health/saturated/act': 0.5}
     """
-    if not tensor.is_floating_point() or tensor.numel() == 0:
-        return
+    if not isinstance(module, _COUNTED) or not tensor.is_floating_point() or tensor.numel() == 0:
+        return  # most layers (convolutions, norms, linears): one isinstance
     try:
         _count(module, tag, tensor, pending)
     except Exception:

@@ -122,6 +122,13 @@ def hooks_left(model: nn.Module) -> dict[str, int]:
     return counts
 
 
+def optimizer_listeners() -> int:
+    """How many open logging steps (of every watcher in the process) wait for an optimizer step."""
+    from actviz import optimizer_steps
+
+    return len(optimizer_steps._listeners)
+
+
 NO_HOOKS = {"forward": 0, "forward_pre": 0, "backward": 0, "backward_pre": 0, "param": 0}
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import NO_HOOKS, hooks_left, small_cnn, train_step
+from conftest import optimizer_listeners, NO_HOOKS, hooks_left, small_cnn, train_step
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
@@ -240,17 +240,18 @@ def test_a_step_ends_at_the_optimizer_step_or_else_at_the_next_forward(tmp_path,
     model = small_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     viz = actviz.watch(model, tmp_path, every=1)
+    before = optimizer_listeners()  # the watcher's own, and other tests' watchers'
     model(torch.randn(2, 3, 8, 8)).sum().backward()
-    assert hooks_left(model)["param"] > 0  # waiting for the optimizer to take the gradients
+    assert optimizer_listeners() == before + 1  # waiting for the optimizer to take the gradients
     optimizer.step()
-    assert hooks_left(model)["param"] == 0  # the optimizer's step ended step 0
+    assert optimizer_listeners() == before  # the optimizer's step ended step 0
     model(torch.randn(2, 3, 8, 8)).sum().backward()  # step 1: no optimizer step
     model.eval()
     model(torch.randn(2, 3, 8, 8))  # an eval forward is not a step: step 1 still open
-    assert hooks_left(model)["param"] > 0
+    assert optimizer_listeners() == before + 1
     model.train()
     model(torch.randn(2, 3, 8, 8))  # step 2 starts: step 1 still waits for the optimizer step
-    assert hooks_left(model)["param"] > 0
+    assert optimizer_listeners() == before + 2
     with pytest.warns(RuntimeWarning, match="no weight_grads for step 1"):  # none came: said, not logged
         viz.flush()
     run = read_run(tmp_path)
@@ -477,11 +478,12 @@ def test_an_error_in_the_users_forward_leaves_no_layer_hooks(tmp_path, read_run)
 
 def test_close_removes_everything_even_mid_step(tmp_path):
     model = small_cnn()
+    before = optimizer_listeners()
     viz = actviz.watch(model, tmp_path, every=1)
     model(torch.randn(2, 3, 8, 8))  # a logging step waiting for its backward
-    assert hooks_left(model)["param"] > 0
+    assert optimizer_listeners() > before
     viz.close()
-    assert hooks_left(model) == NO_HOOKS
+    assert hooks_left(model) == NO_HOOKS and optimizer_listeners() == before
     viz.close()  # idempotent
     assert hooks_left(model) == NO_HOOKS
 

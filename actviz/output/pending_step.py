@@ -121,7 +121,7 @@ class PendingStep:
         self._tags: list[str] = []
         self._reductions: list[Reduction] = []
         self._scaled: list[bool] = []
-        self._mergeable: list[tuple[str, Reduction]] = []
+        self._mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
         self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
@@ -147,7 +147,7 @@ class PendingStep:
         self._reductions.append(reduction)
         self._scaled.append(scaled)
         if mergeable:
-            self._mergeable.append((f"{kind}/{tag}", reduction))
+            self._mergeable.append(len(self._tags) - 1)
 
     @property
     def mergeable(self) -> list[tuple[str, Reduction]]:
@@ -156,7 +156,7 @@ class PendingStep:
         The small tensors are reduced first (:meth:`reduce_small`), so that every reduction has its header.
         """
         self.reduce_small()
-        return self._mergeable
+        return [(f"{self._kinds[index]}/{self._tags[index]}", self._reductions[index]) for index in self._mergeable]
 
     def reduce_small(self) -> None:
         """Reduce the small tensors added since the last call, together (:mod:`actviz.summaries.small_tensors`)."""
@@ -197,9 +197,11 @@ class PendingStep:
         """
         self.reduce_small()
         unique: dict[int, torch.Tensor] = {}
-        for reduction in self._reductions:
-            for tensor in reduction.device_tensors():
-                unique[id(tensor)] = tensor
+        for reduction in self._reductions:  # many share one header and one sample: look each up once
+            header, sample = reduction.header, reduction.sample
+            if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
+                for tensor in reduction.device_tensors():
+                    unique[id(tensor)] = tensor
         for _, _, sources, _ in self._pictures:
             for source in sources:
                 unique[id(source)] = source

@@ -12,10 +12,14 @@ objects, finished on the host by :func:`~actviz.summaries.one_tensor.finish`.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from .. import distributed_types
+from .._internals import flatten_copy
 from ..options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from .header import Reduction
 from .one_tensor import flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype
@@ -27,14 +31,22 @@ __all__ = ["CHUNK_BYTES", "reduce_tensors"]
 CHUNK_BYTES = 128 << 20
 
 
-def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE) -> list[Reduction]:
+def reduce_tensors(
+    tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE,
+    owners: Sequence[torch.Tensor] | None = None,
+) -> list[Reduction]:
     """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
 
-    Floating tensors of one device and dtype are reduced together, up to 128 MB at a
-    time: one copy into a flat buffer, then ``_foreach`` reductions over views of it
-    (about twenty ops in all), into one header matrix and one sample buffer. Larger tensors and other dtypes go one at a time, and so does
-    every CPU tensor while the CPU shortcut is on, where a plain loop measures faster.
-    Zeros are not counted by the shortcut.
+    Floating tensors of one device its sample covers whole (biases, norms, small convolutions)
+    are copied end to end in one op and share the segment reduction of
+    :mod:`actviz.summaries.small_tensors`. Larger floating tensors of one device and dtype are
+    reduced together, up to 128 MB at a time: one copy into a flat buffer, then ``_foreach``
+    reductions over views of it (about twenty ops in all), into one header matrix and one sample
+    buffer. Larger tensors and other dtypes go one at a time, and so does every CPU tensor while
+    the CPU shortcut is on, where a plain loop measures faster. Zeros are not counted by the shortcut.
+
+    ``owners``: the parameters ``tensors`` belong to (themselves, or whose ``.grad`` they are), the
+    same every step: which tensor goes where is then decided once and kept (:class:`_Plan`).
 
     Example:
         >>> from actviz.summaries.one_tensor import finish
@@ -42,28 +54,37 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
         >>> [finish(r).sum for r in reduce_tensors([bias, weight])]
         [0.0, 15.0]
     """
-    tensors = [local_shard(tensor) for tensor in tensors]
+    plan = _Plan.find(tensors, owners, sample_size, cpu_shortcuts())
     reductions: list[Reduction | None] = [None] * len(tensors)
+    if plan.flat:
+        small = SmallTensors(cpu_shortcut=False)
+        try:
+            for indices, sizes, device in plan.flat:
+                flat = flatten_copy([tensors[index] for index in indices])  # one op: the values as they are now
+                if flat.device != device or not flat.is_floating_point():
+                    raise ValueError(f"tensors planned on {device} now give {flat.dtype} on {flat.device}")
+                for index, reduction in zip(indices, small.add_segments(flat, sizes)):
+                    reductions[index] = reduction
+        except Exception:
+            _Plan.forget(plan)  # a parameter moved or changed: planned again next time
+            raise
+        small.reduce()
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    shortcut = cpu_shortcuts()
-    small = SmallTensors(shortcut)
-    for index, tensor in enumerate(tensors):
-        numel, size = tensor.numel(), tensor.numel() * tensor.element_size()
-        alone = numel == 0 or not tensor.is_floating_point() or size > CHUNK_BYTES
-        if alone or (shortcut and tensor.device.type == "cpu"):  # on the CPU a plain loop is faster
+    shards = {index: local_shard(tensors[index]) for index in plan.rest}
+    for index, tensor in shards.items():
+        if tensor.numel() == 0 or not tensor.is_floating_point() or tensor.numel() * tensor.element_size() > CHUNK_BYTES:
             reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
-        elif (sample_size is None or numel <= sample_size) and small.takes(tensor):  # segment sums: small_tensors
-            reductions[index] = small.add(flat_view(tensor), copy=False)
+        elif plan.shortcut and tensor.device.type == "cpu":  # on the CPU a plain loop is faster
+            reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
         else:
             groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-    small.reduce()  # now: one cat copies them, before an optimizer changes them
     for indices in groups.values():
         chunk: list[int] = []
         chunk_bytes = 0
         for index in [*indices, None]:
-            size = 0 if index is None else tensors[index].numel() * tensors[index].element_size()
+            size = 0 if index is None else shards[index].numel() * shards[index].element_size()
             if chunk and (index is None or chunk_bytes + size > CHUNK_BYTES):
-                found = _reduce_together([tensors[i] for i in chunk], sample_size)
+                found = _reduce_together([shards[i] for i in chunk], sample_size)
                 for i, reduction in zip(chunk, found):
                     reductions[i] = reduction
                 chunk, chunk_bytes = [], 0
@@ -71,6 +92,53 @@ def reduce_tensors(tensors: Sequence[torch.Tensor], sample_size: int | None = DE
                 chunk.append(index)
                 chunk_bytes += size
     return reductions  # type: ignore[return-value]
+
+
+class _Plan:
+    """Which of a list of tensors are copied end to end (:attr:`flat`, per device) and which go as before (:attr:`rest`).
+
+    Planned once for a list of parameters, kept while the same parameters, with the same sizes,
+    come again: a step then spends no Python per parameter on deciding.
+    """
+
+    __slots__ = ("flat", "key", "numels", "owners", "rest", "shortcut")
+    _kept: dict[tuple[Any, ...], _Plan] = {}
+
+    def __init__(self, tensors: Sequence[torch.Tensor], sample_size: int | None, shortcut: bool) -> None:
+        self.shortcut = shortcut
+        self.numels = tuple(map(torch.Tensor.numel, tensors))
+        self.owners: list[weakref.ref[torch.Tensor]] = []
+        self.key: tuple[Any, ...] = ()
+        small = SmallTensors(shortcut)
+        by_device: dict[torch.device, list[int]] = {}
+        self.rest: list[int] = []
+        for index, tensor in enumerate(tensors):
+            whole = tensor.numel() > 0 and (sample_size is None or tensor.numel() <= sample_size)
+            if whole and not distributed_types.is_dtensor(tensor) and small.takes(tensor):
+                by_device.setdefault(tensor.device, []).append(index)
+            else:
+                self.rest.append(index)
+        self.flat = [(indices, [self.numels[i] for i in indices], device) for device, indices in by_device.items()]
+
+    @classmethod
+    def find(cls, tensors: Sequence[torch.Tensor], owners: Sequence[torch.Tensor] | None, sample_size: int | None,
+             shortcut: bool) -> _Plan:
+        """The kept plan for ``owners`` if their tensors still have the same sizes, else a new one (kept if ``owners``)."""
+        if owners is None:
+            return cls(tensors, sample_size, shortcut)
+        key = (tuple(map(id, owners)), sample_size, shortcut)
+        plan = cls._kept.get(key)
+        if (plan is None or plan.numels != tuple(map(torch.Tensor.numel, tensors))
+                or not all(ref() is owner for ref, owner in zip(plan.owners, owners))):
+            if len(cls._kept) > 8:  # ever new parameter lists: keep a few
+                cls._kept.clear()
+            plan = cls._kept[key] = cls(tensors, sample_size, shortcut)
+            plan.key, plan.owners = key, [weakref.ref(owner) for owner in owners]
+        return plan
+
+    @classmethod
+    def forget(cls, plan: _Plan) -> None:
+        cls._kept.pop(plan.key, None)
 
 
 _reciprocals: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], torch.Tensor] = {}

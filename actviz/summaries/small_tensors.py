@@ -27,10 +27,12 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from .._internals import flatten_copy
 from .header import Reduction
 
 __all__ = ["CHUNK", "SMALL_MAX", "SmallTensors", "reduce_segments"]
@@ -104,7 +106,7 @@ class _Batch:
         self.stop = 0
 
     def reduce(self) -> None:
-        flat = torch.cat(self.copies)  # one copy of them all, their sample; mixed dtypes promote
+        flat = flatten_copy(self.copies)  # one copy of them all, their sample; mixed dtypes promote
         wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
         with torch.no_grad():
             header = reduce_segments(flat.to(wide), tuple(self.sizes))
@@ -126,28 +128,73 @@ class SmallTensors:
         self._batches: dict[torch.device, _Batch] = {}
         self._full: list[_Batch] = []  # batches that reached CHUNK elements: the reduction's memory stays bounded
 
+    def add_whole(self, tensor: torch.Tensor, sample_size: int | None) -> Reduction | None:
+        """:meth:`add` a copy of a hook's plain tensor that its sample covers whole, or ``None`` if it is not one.
+
+        The fast path of a layer output or its gradient: a few attribute reads, then ``detach`` and one copy.
+        """
+        numel = tensor.numel()
+        if (type(tensor) is not torch.Tensor or numel == 0 or numel > SMALL_MAX  # DTensor, nested: the general path
+                or (sample_size is not None and numel > sample_size) or not self.takes(tensor)):
+            return None
+        return self.add(tensor.detach())
+
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
         return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
 
     def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
-        """Keep ``values`` (1-D, floating) and return its :class:`Reduction`, completed by :meth:`reduce`.
+        """Keep ``values`` (floating, any shape) and return its :class:`Reduction`, completed by :meth:`reduce`.
 
         ``copy``: copy it now (a hook's tensor, which a later in-place op may change); without,
         the caller must call :meth:`reduce` before the tensor changes.
         """
-        device, numel = values.device, values.numel()
-        batch = self._batches.get(device)
-        if batch is None or batch.stop + numel > CHUNK:
-            if batch is not None:
-                self._full.append(batch)
-            batch = self._batches[device] = _Batch()
+        numel = values.numel()
+        batch = self._batch_for(values.device, numel)
         reduction = Reduction(numel, 1, None, len(batch.reductions), None, batch.stop, batch.stop + numel)
-        batch.copies.append(values.clone() if copy else values)
+        batch.copies.append(values.clone(memory_format=torch.contiguous_format) if copy else values)
         batch.reductions.append(reduction)
         batch.sizes.append(numel)
         batch.stop += numel
         return reduction
+
+    def add_segments(self, flat: torch.Tensor, sizes: Sequence[int]) -> list[Reduction]:
+        """Keep ``flat``, a new 1-D floating copy of many tensors end to end (``sizes`` elements each, every one > 0):
+        one :class:`Reduction` per tensor, completed by :meth:`reduce`. Many parameters take one copy this way.
+
+        Example:
+            >>> from actviz.summaries.one_tensor import finish
+            >>> small = SmallTensors(cpu_shortcut=False)
+            >>> first, second = small.add_segments(torch.tensor([1.0, 2.0, -4.0]), (2, 1))
+            >>> small.reduce()
+            >>> finish(first).sum, finish(second).min
+            (3.0, -4.0)
+        """
+        found: list[Reduction] = []
+        start = offset = 0
+        while start < len(sizes):  # pieces of at most CHUNK elements, or one tensor
+            stop, total = start + 1, sizes[start]
+            while stop < len(sizes) and total + sizes[stop] <= CHUNK:
+                total += sizes[stop]
+                stop += 1
+            batch = self._batch_for(flat.device, total)
+            for size in sizes[start:stop]:
+                found.append(Reduction(size, 1, None, len(batch.reductions), None, batch.stop, batch.stop + size))
+                batch.reductions.append(found[-1])
+                batch.stop += size
+            batch.copies.append(flat.narrow(0, offset, total) if total < flat.numel() else flat)
+            batch.sizes.extend(sizes[start:stop])
+            start, offset = stop, offset + total
+        return found
+
+    def _batch_for(self, device: torch.device, numel: int) -> _Batch:
+        """The device's open batch, or a new one if ``numel`` more elements would pass :data:`CHUNK`."""
+        batch = self._batches.get(device)
+        if batch is None or (batch.stop and batch.stop + numel > CHUNK):
+            if batch is not None:
+                self._full.append(batch)
+            batch = self._batches[device] = _Batch()
+        return batch
 
     def reduce(self) -> None:
         """Reduce every tensor added since the last call: per device (and :data:`CHUNK`) one ``cat`` and
