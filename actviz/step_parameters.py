@@ -101,8 +101,8 @@ class StepParameters:
 
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
-        for tag, reduction in self._reduce(self.named, [param for _, param in self.named]).items():
-            self._pending.add("weights", tag, reduction, mergeable=tag in self._sharded)
+        found = self._reduce(self.named, [param for _, param in self.named])
+        self._pending.add_many("weights", found, mergeable=self._sharded)
 
     def attach(
         self,
@@ -180,9 +180,7 @@ class StepParameters:
             for (name, _), ratio in zip(self.trainable, ratios):
                 self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
             self._before = None
-        for tag, reduction in self._grads.items():
-            scaled, mergeable = self._grads_scaled, tag in self._sharded
-            self._pending.add("weight_grads", tag, reduction, scaled=scaled, mergeable=mergeable)
+        self._pending.add_many("weight_grads", self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
 
     def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:
@@ -191,7 +189,8 @@ class StepParameters:
         sample_size = self._options.histogram_sample_size
         owners = [param for _, param in named]
         try:
-            return dict(zip([name for name, _ in named], reduce_tensors(tensors, sample_size, owners)))
+            reductions = reduce_tensors(tensors, sample_size, owners, self._pending.small)  # copies: reduced at the end
+            return dict(zip([name for name, _ in named], reductions))
         except Exception:  # noqa: BLE001 - a hook must never stop training
             found = {}
             for (tag, _), tensor in zip(named, tensors):

@@ -10,7 +10,7 @@ writer thread, waits for the copy and finishes the summaries and pictures there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -148,6 +148,17 @@ class PendingStep:
         self._scaled.append(scaled)
         if mergeable:
             self._mergeable.append(len(self._tags) - 1)
+
+    def add_many(self, kind: str, reductions: dict[str, Reduction], scaled: bool = False,
+                 mergeable: Collection[str] = ()) -> None:
+        """:meth:`add` each ``tag: reduction`` of ``reductions``, all of one ``kind``; the tags in ``mergeable`` are."""
+        start = len(self._tags)
+        self._kinds.extend([kind] * len(reductions))
+        self._tags.extend(reductions)
+        self._reductions.extend(reductions.values())
+        self._scaled.extend([scaled] * len(reductions))
+        if mergeable:
+            self._mergeable.extend(start + index for index, tag in enumerate(reductions) if tag in mergeable)
 
     @property
     def mergeable(self) -> list[tuple[str, Reduction]]:

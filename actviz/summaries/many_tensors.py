@@ -33,7 +33,7 @@ CHUNK_BYTES = 128 << 20
 
 def reduce_tensors(
     tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE,
-    owners: Sequence[torch.Tensor] | None = None,
+    owners: Sequence[torch.Tensor] | None = None, small: SmallTensors | None = None,
 ) -> list[Reduction]:
     """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
 
@@ -47,6 +47,8 @@ def reduce_tensors(
 
     ``owners``: the parameters ``tensors`` belong to (themselves, or whose ``.grad`` they are), the
     same every step: which tensor goes where is then decided once and kept (:class:`_Plan`).
+    ``small``: the step's small tensors, where the copied ones join the step's one segment
+    reduction (completed by ``small.reduce()``); without, they are reduced here.
 
     Example:
         >>> from actviz.summaries.one_tensor import finish
@@ -57,18 +59,19 @@ def reduce_tensors(
     plan = _Plan.find(tensors, owners, sample_size, cpu_shortcuts())
     reductions: list[Reduction | None] = [None] * len(tensors)
     if plan.flat:
-        small = SmallTensors(cpu_shortcut=False)
+        batch = small if small is not None else SmallTensors(cpu_shortcut=False)
         try:
             for indices, sizes, device in plan.flat:
                 flat = flatten_copy([tensors[index] for index in indices])  # one op: the values as they are now
                 if flat.device != device or not flat.is_floating_point():
                     raise ValueError(f"tensors planned on {device} now give {flat.dtype} on {flat.device}")
-                for index, reduction in zip(indices, small.add_segments(flat, sizes)):
+                for index, reduction in zip(indices, batch.add_segments(flat, sizes)):
                     reductions[index] = reduction
         except Exception:
             _Plan.forget(plan)  # a parameter moved or changed: planned again next time
             raise
-        small.reduce()
+        if small is None:
+            batch.reduce()
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     shards = {index: local_shard(tensors[index]) for index in plan.rest}
     for index, tensor in shards.items():
