@@ -282,7 +282,7 @@ def inside_functorch_transform() -> bool:
 
 
 def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:
-    """``module``'s forward (or pre-) hooks by id: a copy of a watched model has no handles, only this dict."""
+    """``module``'s forward (or pre-) hooks by key: all a copy keeps of them; ``owned_hooks.ForwardHooks`` fills it."""
     return module._forward_pre_hooks if pre else module._forward_hooks
 
 

@@ -31,11 +31,11 @@ from torch import nn
 
 from ._internals import functorch_wrapped
 from .compiled_model import EagerStance
-from .layer_outputs import DrawnTensors, first_tensor, layer_table, layers_by_module, nested_values, output_tensors
+from .layer_outputs import DrawnTensors, first_tensor, layer_table, nested_values, output_tensors
 from .layer_outputs import reduce_output, shape_of as _shape_of
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
-from .owned_hooks import HookHandles, OwnedHook
+from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries.merge_ranks import merge_across_ranks
@@ -130,6 +130,7 @@ class StepCapture(StepEnd):
         for tag, draw, sources, full_tag in pictures:
             self._pending.add_picture(tag, draw, *sources, full_tag=full_tag)
         self._hooks = HookHandles()
+        self._layer_pairs = list(layers)  # the watcher's own pairs: its steps reuse their lookup (LoopHistory)
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
         self._seen, self._seen_grads = set[str](), set[str]()  # layers, output gradients logged: a 2nd call logs nothing
@@ -158,10 +159,11 @@ class StepCapture(StepEnd):
     def _attach(self, model: nn.Module) -> None:
         # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
         self._grad_hook = OwnedHook(self._on_output_grad)
-        self._by_module = layers_by_module(self._layers.items())
-        layer_hook = OwnedHook(self._on_module_output)
+        self._by_module = self._history.lookup(self._layer_pairs)
+        layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
+        self._hooks.add("forward", layer_hooks)
         for module, *_ in self._by_module.values():
-            self._hooks.add("forward", module.register_forward_hook(layer_hook))
+            layer_hooks.add(module)
         done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:

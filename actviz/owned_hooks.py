@@ -11,6 +11,7 @@ anything of the watcher's.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from torch import nn
 
 from ._internals import forward_hooks
 
-__all__ = ["HookHandles", "InertHook", "OwnedHook", "Removable"]
+__all__ = ["ForwardHooks", "HookHandles", "InertHook", "OwnedHook", "Removable"]
 
 
 class Removable(Protocol):
@@ -112,6 +113,42 @@ class OwnedHook:
 
     def __copy__(self) -> InertHook:
         return InertHook()
+
+
+class ForwardHooks:
+    """One hook put on many modules' forward, straight into their hook dicts, under one key of actviz's own.
+
+    A logging step hooks a hundred layers or more: ``register_forward_hook`` makes a handle and
+    three weak references per module, this one dict entry. The key is negative, so that it never
+    meets one of torch's (which count up from 0); torch runs the hook as one it registered.
+    :meth:`remove` takes every entry out again, and is safe to call again.
+
+    Example:
+        >>> import torch
+        >>> layer, seen = torch.nn.Linear(2, 2), []
+        >>> hooks = ForwardHooks(lambda module, args, output: seen.append(output.shape))
+        >>> hooks.add(layer)
+        >>> _ = layer(torch.ones(1, 2)); hooks.remove(); hooks.remove(); _ = layer(torch.ones(1, 2))
+        >>> seen, len(layer._forward_hooks)
+        ([torch.Size([1, 2])], 0)
+    """
+
+    __slots__ = ("_hook", "_key", "_modules")
+    _keys = itertools.count(1)
+
+    def __init__(self, hook: Callable[..., Any]) -> None:
+        self._hook = hook
+        self._key = -next(ForwardHooks._keys)
+        self._modules: list[nn.Module] = []
+
+    def add(self, module: nn.Module) -> None:
+        forward_hooks(module)[self._key] = self._hook
+        self._modules.append(module)
+
+    def remove(self) -> None:
+        modules, self._modules = self._modules, []
+        for module in modules:
+            forward_hooks(module).pop(self._key, None)
 
 
 class HookHandles:

@@ -12,6 +12,7 @@ tells. All of them are reduced together (:func:`~actviz.summaries.many_tensors.r
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from .optimizer_steps import subscribe
 from .options import CaptureOptions
@@ -39,9 +41,19 @@ class LoopHistory:
 
     ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
     logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
+    ``layer_lookup``: the last step's ``(layers, layers_by_module(layers))``, reused while its
+    steps watch the same ``(name, module)`` pairs (:meth:`lookup`).
     """
 
     optimizer_steps: bool | None = None
+    layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]]] | None = None
+
+    def lookup(self, layers: list[tuple[str, nn.Module]]) -> dict[int, tuple[Any, ...]]:
+        """``layers_by_module(layers)``, made again only when the pairs changed."""
+        kept = self.layer_lookup
+        if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
+            kept = self.layer_lookup = (list(layers), layers_by_module(layers))
+        return kept[1]
 
 
 class StepParameters:

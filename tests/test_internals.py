@@ -249,3 +249,18 @@ def test_forward_hooks_are_the_dicts_module_hooks_live_in() -> None:
     layer.register_forward_hook(lambda *args: calls.append(1))
     layer(torch.ones(2))
     assert calls == [1] and len(_internals.forward_hooks(layer)) == 1
+
+
+def test_a_hook_put_straight_into_the_dict_runs_in_order_and_torch_ids_are_never_negative() -> None:
+    """What ``owned_hooks.ForwardHooks`` relies on: torch calls every entry of the dict, in order, as a plain hook."""
+    layer, calls = torch.nn.Linear(2, 2), []
+    first = layer.register_forward_hook(lambda *args: calls.append("first"))
+    _internals.forward_hooks(layer)[-5] = lambda module, args, output: calls.append(("ours", output.shape))
+    layer.register_forward_hook(lambda *args: calls.append("last"))
+    layer(torch.ones(1, 2))
+    assert calls == ["first", ("ours", torch.Size([1, 2])), "last"]
+    assert first.id >= 0  # torch counts its ids up from 0: a negative key never meets one
+    del _internals.forward_hooks(layer)[-5]
+    calls.clear()
+    layer(torch.ones(1, 2))
+    assert calls == ["first", "last"]
