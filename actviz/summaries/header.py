@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIELDS", "HEADER", "Reduction", "decode"]
+__all__ = ["FIELDS", "HEADER", "Reduction", "decode", "finite_bounds"]
 
 #: The header's columns, in order. Adding one is adding a name here and computing it where rows are made.
 FIELDS = ("nonzero", "finite_nonzero", "mean", "variance", "min", "max")
@@ -128,3 +128,15 @@ def decode(row: list[float], numel: int) -> tuple[int, int | None, float, float,
         finite_mean = total / finite if finite else 0.0
         spread = max(0.0, centered - nonfinite * mean * mean - finite * (finite_mean - mean) ** 2)
     return nonfinite, zeros, low, high, total, squares, spread
+
+
+def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
+    """The ``min`` and ``max`` fields: of the finite elements of a 1-D tensor, as two 1-element tensors;
+    ``+inf``/``-inf`` if none. Every path that takes them from a tensor's own values calls this.
+
+    Example:
+        >>> [bound.item() for bound in finite_bounds(torch.tensor([2.0, float("nan"), 3.0, -float("inf")]))]
+        [2.0, 3.0]
+    """
+    low = torch.nan_to_num(values, math.inf, math.inf, math.inf).amin(0, keepdim=True)
+    return [low, torch.nan_to_num(values, -math.inf, -math.inf, -math.inf).amax(0, keepdim=True)]

@@ -29,7 +29,7 @@ from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_se
 from ..output.results import HEADER_SIZE, Summary
 from . import fused, piecewise
 from .cpu_shortcut import reduce_on_cpu
-from .header import HEADER, Reduction
+from .header import HEADER, Reduction, finite_bounds
 from .small_tensors import SmallTensors
 
 __all__ = [
@@ -123,17 +123,6 @@ def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
         return Reduction(numel, 1, torch.cat(parts), 0, zeroed, 0, numel, zeroed=True)
     row = torch.cat([*parts, values[::stride]])
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
-
-
-def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
-    """Min and max of the finite elements of a 1-D tensor, as two 1-element tensors; ``+inf``/``-inf`` if none.
-
-    Example:
-        >>> [bound.item() for bound in finite_bounds(torch.tensor([2.0, float("nan"), 3.0, -float("inf")]))]
-        [2.0, 3.0]
-    """
-    low = torch.nan_to_num(values, math.inf, math.inf, math.inf).amin(0, keepdim=True)
-    return [low, torch.nan_to_num(values, -math.inf, -math.inf, -math.inf).amax(0, keepdim=True)]
 
 
 def header_sums(values: torch.Tensor) -> torch.Tensor:

@@ -18,11 +18,10 @@ Example:
 
 from __future__ import annotations
 
-import math
 
 import torch
 
-from .header import HEADER, Reduction
+from .header import HEADER, Reduction, finite_bounds
 
 __all__ = ["PIECE", "reduce_in_pieces", "reduce_integers"]
 
@@ -36,8 +35,9 @@ def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
     for piece in values.split(PIECE):
         zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
         found[0].append(torch.count_nonzero(zeroed))
-        found[4].append(zeroed.nan_to_num(math.inf, math.inf, math.inf).amin())  # of the finite elements
-        found[5].append(zeroed.nan_to_num(-math.inf, -math.inf, -math.inf).amax())
+        low, high = finite_bounds(zeroed)
+        found[4].append(low)
+        found[5].append(high)
         zeroed.nan_to_num_(0.0, 0.0, 0.0)
         found[1].append(torch.count_nonzero(zeroed))
         for at, result in enumerate(torch.var_mean(zeroed, correction=0), 2):
