@@ -39,6 +39,7 @@ from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries.merge_ranks import merge_across_ranks
+from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
 from .tags import LAYERS
 from .transformer_step import TransformerStep
@@ -204,11 +205,13 @@ class StepCapture(StepEnd):
             tag, nested = name + suffix, tensor.is_nested
             if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
                 tensor = nested_values(tensor)
-            # Only the first tensor is drawn: later ones (an LSTM's h and c) are not batch-first.
+            # A small tensor is a row of the step's batch; only the first is drawn (an LSTM's h and c are not batch-first).
+            row = self._pending.small.add_whole(tensor, self.options.histogram_sample_size) if self.want_stats else None
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats, small=self._pending.small,
+                tensor, self.options, stats=self.want_stats and row is None, small=self._pending.small,
                 draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
             )
+            reduction = row if row is not None else reduction
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
                 self.options.count_units(self._layers[name], tag, tensor, self._pending)  # for health alerts
@@ -237,10 +240,14 @@ class StepCapture(StepEnd):
         self._seen_grads.add(tag)
         self._pass_reached = True
         self._queue_backward_callback()
-        reduction = self._guarded(name, reduce_tensor, grad, self.options.histogram_sample_size, False,
-                                  self._pending.small)
+        reduction = self._guarded(name, self._reduce_gradient, grad)
         if reduction is not None:
             self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+
+    def _reduce_gradient(self, grad: torch.Tensor) -> Reduction | int:
+        """A small gradient is a row of the step's batch (no object); any other is reduced now."""
+        row = self._pending.small.add_whole(grad, self.options.histogram_sample_size)
+        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False, self._pending.small)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")

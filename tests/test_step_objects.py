@@ -60,9 +60,11 @@ def objects_of_open_step(blocks: int) -> collections.Counter[str]:
         gc.collect()
         gc.disable()
         try:
-            before = {id(thing) for thing in gc.get_objects()}
+            kept = gc.get_objects()  # held, so that no id of theirs is reused by a new object
+            before = {id(thing) for thing in kept}
             forward_backward()
             new = collections.Counter(type(thing).__name__ for thing in gc.get_objects() if id(thing) not in before)
+            del kept
         finally:
             gc.enable()
         optimizer.step()

@@ -119,7 +119,7 @@ class PendingStep:
         # one entry per summary, in four parallel lists: no tuple per summary
         self._kinds: list[str] = []
         self._tags: list[str] = []
-        self._reductions: list[Reduction] = []
+        self._reductions: list[Reduction | int] = []  # an int: a row of self.small, made a Reduction when resolved
         self._scaled: list[bool] = []
         self._mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
         self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
@@ -136,8 +136,11 @@ class PendingStep:
     def empty(self) -> bool:
         return not (self._reductions or self._pictures or self._scalars or self._host_work)
 
-    def add(self, kind: str, tag: str, reduction: Reduction, scaled: bool = False, mergeable: bool = False) -> None:
+    def add(self, kind: str, tag: str, reduction: Reduction | int, scaled: bool = False, mergeable: bool = False) -> None:
         """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
+
+        ``reduction``: a :class:`~actviz.summaries.header.Reduction`, or a row of :attr:`small`
+        (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_row`).
 
         ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
         ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.summaries.merge_ranks`).
@@ -149,7 +152,7 @@ class PendingStep:
         if mergeable:
             self._mergeable.append(len(self._tags) - 1)
 
-    def add_many(self, kind: str, reductions: dict[str, Reduction], scaled: bool = False,
+    def add_many(self, kind: str, reductions: dict[str, Reduction | int], scaled: bool = False,
                  mergeable: Collection[str] = ()) -> None:
         """:meth:`add` each ``tag: reduction`` of ``reductions``, all of one ``kind``; the tags in ``mergeable`` are."""
         start = len(self._tags)
@@ -167,7 +170,13 @@ class PendingStep:
         The small tensors are reduced first (:meth:`reduce_small`), so that every reduction has its header.
         """
         self.reduce_small()
-        return [(f"{self._kinds[index]}/{self._tags[index]}", self._reductions[index]) for index in self._mergeable]
+        found = []
+        for index in self._mergeable:
+            reduction = self._reductions[index]
+            if isinstance(reduction, int):  # a row: its Reduction now, which the merge changes
+                reduction = self._reductions[index] = self.small.reduction(reduction)
+            found.append((f"{self._kinds[index]}/{self._tags[index]}", reduction))
+        return found
 
     def reduce_small(self) -> None:
         """Reduce the small tensors added since the last call, together (:mod:`actviz.summaries.small_tensors`)."""
@@ -207,8 +216,10 @@ class PendingStep:
         that holds its sample behind it. The small tensors are reduced first.
         """
         self.reduce_small()
-        unique: dict[int, torch.Tensor] = {}
+        unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
         for reduction in self._reductions:  # many share one header and one sample: look each up once
+            if isinstance(reduction, int):  # a row of self.small: its batch's tensors are in
+                continue
             header, sample = reduction.header, reduction.sample
             if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
                 for tensor in reduction.device_tensors():
@@ -231,7 +242,9 @@ class PendingStep:
         assert self._copy is not None
         host = dict(zip(self._ids, self._copy.wait()))
         results = StepResults(self.step, texts=dict(self._texts))
-        for reduction in self._reductions:
+        self.small.receive(host)
+        reductions = [self.small.reduction(r) if isinstance(r, int) else r for r in self._reductions]
+        for reduction in reductions:
             reduction.receive(host)
         for tag, draw, sources, full_tag in self._pictures:
             picture = draw(*[host[id(source)] for source in sources])
@@ -241,7 +254,7 @@ class PendingStep:
         for work, carried in self._host_work:
             work(results, [host[id(tensor)] for tensor in carried])
         scale = results.scalars.get(GRAD_SCALE, 1.0)
-        for kind, tag, reduction, scaled in zip(self._kinds, self._tags, self._reductions, self._scaled):
+        for kind, tag, reduction, scaled in zip(self._kinds, self._tags, reductions, self._scaled):
             summary = finish(reduction, self.bins)
             getattr(results, kind)[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
         return results

@@ -34,7 +34,7 @@ CHUNK_BYTES = 128 << 20
 def reduce_tensors(
     tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     owners: Sequence[torch.Tensor] | None = None, small: SmallTensors | None = None,
-) -> list[Reduction]:
+) -> list[Reduction | int]:
     """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
 
     Floating tensors of one device its sample covers whole (biases, norms, small convolutions)
@@ -48,7 +48,8 @@ def reduce_tensors(
     ``owners``: the parameters ``tensors`` belong to (themselves, or whose ``.grad`` they are), the
     same every step: which tensor goes where is then decided once and kept (:class:`_Plan`).
     ``small``: the step's small tensors, where the copied ones join the step's one segment
-    reduction (completed by ``small.reduce()``); without, they are reduced here.
+    reduction (completed by ``small.reduce()``) and are returned as their rows there (``int``,
+    see :meth:`~actviz.summaries.small_tensors.SmallTensors.reduction`); without, they are reduced here.
 
     Example:
         >>> from actviz.summaries.one_tensor import finish
@@ -57,7 +58,7 @@ def reduce_tensors(
         [0.0, 15.0]
     """
     plan = _Plan.find(tensors, owners, sample_size, cpu_shortcuts())
-    reductions: list[Reduction | None] = [None] * len(tensors)
+    reductions: list[Reduction | int | None] = [None] * len(tensors)
     if plan.flat:
         batch = small if small is not None else SmallTensors(cpu_shortcut=False)
         try:
@@ -65,13 +66,16 @@ def reduce_tensors(
                 flat = flatten_copy([tensors[index] for index in indices])  # one op: the values as they are now
                 if flat.device != device or not flat.is_floating_point():
                     raise ValueError(f"tensors planned on {device} now give {flat.dtype} on {flat.device}")
-                for index, reduction in zip(indices, batch.add_segments(flat, sizes)):
-                    reductions[index] = reduction
+                for index, row in zip(indices, batch.add_segments(flat, sizes)):
+                    reductions[index] = row
         except Exception:
             _Plan.forget(plan)  # a parameter moved or changed: planned again next time
             raise
         if small is None:
             batch.reduce()
+            for indices, _, _ in plan.flat:
+                for index in indices:
+                    reductions[index] = batch.reduction(reductions[index])  # type: ignore[arg-type]
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     shards = {index: local_shard(tensors[index]) for index in plan.rest}
     for index, tensor in shards.items():

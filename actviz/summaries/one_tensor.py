@@ -168,8 +168,8 @@ def reduce_tensor(
     Raises:
         TypeError: A complex tensor.
     """
-    if small is not None and (found := small.add_whole(tensor, sample_size)) is not None:
-        return found  # its sample is the whole tensor: batched with the step's other small ones
+    if small is not None and small.whole(tensor, sample_size):
+        return small.add(tensor.detach())  # its sample is the whole tensor: batched with the step's other small ones
     if tensor.is_complex():
         raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
     values = flat_view(local_shard(tensor))

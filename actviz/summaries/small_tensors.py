@@ -96,82 +96,107 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 
 
 class _Batch:
-    """One device's copies (at most :data:`CHUNK` elements), their reductions and sizes, in parallel lists."""
+    """One device's copies (at most :data:`CHUNK` elements) and their sizes, then their header and sample."""
 
-    __slots__ = ("copies", "reductions", "sizes", "stop")
+    __slots__ = ("copies", "header", "reductions", "sample", "sizes", "starts", "stop")
 
     def __init__(self) -> None:
         self.copies: list[torch.Tensor] = []
-        self.reductions: list[Reduction] = []
+        self.reductions: list[Reduction] = []  # the ones made at once (SmallTensors.add): completed by reduce
         self.sizes: list[int] = []
+        self.starts: list[int] = []
         self.stop = 0
+        self.header: torch.Tensor | None = None  # (len(sizes), len(FIELDS)), once reduced
+        self.sample: torch.Tensor | None = None  # every copy end to end, once reduced
 
     def reduce(self) -> None:
         flat = flatten_copy(self.copies)  # one copy of them all, their sample; mixed dtypes promote
         wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
         with torch.no_grad():
-            header = reduce_segments(flat.to(wide), tuple(self.sizes))
+            self.header = reduce_segments(flat.to(wide), tuple(self.sizes))
+        self.sample, self.copies = flat, []
         for reduction in self.reductions:
-            reduction.header, reduction.sample = header, flat
+            reduction.header, reduction.sample = self.header, flat
+
+    def reduction(self, index: int) -> Reduction:
+        start = self.starts[index]
+        return Reduction(self.sizes[index], 1, self.header, index, self.sample, start, start + self.sizes[index])
 
 
 class SmallTensors:
     """One step's small floating tensors, per device, until :meth:`reduce` reduces them all together.
 
+    A tensor added is a *row*, an ``int``: :meth:`reduction` makes its
+    :class:`~actviz.summaries.header.Reduction` when it is wanted, on the writer thread (no
+    object per tensor on the training thread); :meth:`add` makes it at once.
+
     Args:
         cpu_shortcut: CPU tensors take the CPU shortcut instead (``ACTVIZ_CPU_SHORTCUTS``, read once per step).
     """
 
-    __slots__ = ("_batches", "_cpu_shortcut", "_full")
+    __slots__ = ("_batches", "_cpu_shortcut", "_full", "_reduced", "_row_batch", "_row_index")
 
     def __init__(self, cpu_shortcut: bool) -> None:
         self._cpu_shortcut = cpu_shortcut
         self._batches: dict[torch.device, _Batch] = {}
         self._full: list[_Batch] = []  # batches that reached CHUNK elements: the reduction's memory stays bounded
+        self._reduced: list[_Batch] = []
+        self._row_batch: list[_Batch] = []  # per row: its batch and its index there (ints: nothing to collect)
+        self._row_index: list[int] = []
 
-    def add_whole(self, tensor: torch.Tensor, sample_size: int | None) -> Reduction | None:
-        """:meth:`add` a copy of a hook's plain tensor that its sample covers whole, or ``None`` if it is not one.
+    def add_whole(self, tensor: torch.Tensor, sample_size: int | None) -> int | None:
+        """:meth:`add_row` a copy of a hook's plain tensor that its sample covers whole, or ``None`` if it is not one.
 
         The fast path of a layer output or its gradient: a few attribute reads, then ``detach`` and one copy.
         """
+        return self.add_row(tensor.detach()) if self.whole(tensor, sample_size) else None
+
+    def whole(self, tensor: torch.Tensor, sample_size: int | None) -> bool:
+        """Whether ``tensor`` is a plain floating tensor (no DTensor, nested or subclass) its sample covers whole."""
         numel = tensor.numel()
-        if (type(tensor) is not torch.Tensor or numel == 0 or numel > SMALL_MAX  # DTensor, nested: the general path
-                or (sample_size is not None and numel > sample_size) or not self.takes(tensor)):
-            return None
-        return self.add(tensor.detach())
+        return (type(tensor) is torch.Tensor and 0 < numel <= SMALL_MAX
+                and (sample_size is None or numel <= sample_size) and self.takes(tensor))
 
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
         return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
 
-    def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
-        """Keep ``values`` (floating, any shape) and return its :class:`Reduction`, completed by :meth:`reduce`.
+    def add_row(self, values: torch.Tensor, copy: bool = True) -> int:
+        """Keep ``values`` (floating, any shape) and return its row, completed by :meth:`reduce`.
 
         ``copy``: copy it now (a hook's tensor, which a later in-place op may change); without,
         the caller must call :meth:`reduce` before the tensor changes.
         """
         numel = values.numel()
         batch = self._batch_for(values.device, numel)
-        reduction = Reduction(numel, 1, None, len(batch.reductions), None, batch.stop, batch.stop + numel)
         batch.copies.append(values.clone(memory_format=torch.contiguous_format) if copy else values)
-        batch.reductions.append(reduction)
+        self._row_batch.append(batch)
+        self._row_index.append(len(batch.sizes))
+        batch.starts.append(batch.stop)
         batch.sizes.append(numel)
         batch.stop += numel
+        return len(self._row_index) - 1
+
+    def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
+        """:meth:`add_row`, and its :class:`Reduction` at once, completed by :meth:`reduce`."""
+        row = self.add_row(values, copy)
+        reduction = self.reduction(row)
+        self._row_batch[row].reductions.append(reduction)
         return reduction
 
-    def add_segments(self, flat: torch.Tensor, sizes: Sequence[int]) -> list[Reduction]:
+    def add_segments(self, flat: torch.Tensor, sizes: Sequence[int]) -> list[int]:
         """Keep ``flat``, a new 1-D floating copy of many tensors end to end (``sizes`` elements each, every one > 0):
-        one :class:`Reduction` per tensor, completed by :meth:`reduce`. Many parameters take one copy this way.
+        one row per tensor, completed by :meth:`reduce`. Many parameters take one copy this way.
 
         Example:
             >>> from actviz.summaries.one_tensor import finish
             >>> small = SmallTensors(cpu_shortcut=False)
             >>> first, second = small.add_segments(torch.tensor([1.0, 2.0, -4.0]), (2, 1))
             >>> small.reduce()
-            >>> finish(first).sum, finish(second).min
+            >>> finish(small.reduction(first)).sum, finish(small.reduction(second)).min
             (3.0, -4.0)
         """
-        found: list[Reduction] = []
+        rows: list[int] = []
         start = offset = 0
         while start < len(sizes):  # pieces of at most CHUNK elements, or one tensor
             stop, total = start + 1, sizes[start]
@@ -179,14 +204,17 @@ class SmallTensors:
                 total += sizes[stop]
                 stop += 1
             batch = self._batch_for(flat.device, total)
+            first = len(self._row_index)
             for size in sizes[start:stop]:
-                found.append(Reduction(size, 1, None, len(batch.reductions), None, batch.stop, batch.stop + size))
-                batch.reductions.append(found[-1])
+                self._row_index.append(len(batch.sizes))
+                batch.starts.append(batch.stop)
+                batch.sizes.append(size)
                 batch.stop += size
+            self._row_batch.extend([batch] * (stop - start))
+            rows.extend(range(first, len(self._row_index)))
             batch.copies.append(flat.narrow(0, offset, total) if total < flat.numel() else flat)
-            batch.sizes.extend(sizes[start:stop])
             start, offset = stop, offset + total
-        return found
+        return rows
 
     def _batch_for(self, device: torch.device, numel: int) -> _Batch:
         """The device's open batch, or a new one if ``numel`` more elements would pass :data:`CHUNK`."""
@@ -204,3 +232,17 @@ class SmallTensors:
         self._batches, self._full = {}, []
         for batch in batches:
             batch.reduce()
+        self._reduced.extend(batches)
+
+    def reduction(self, row: int) -> Reduction:
+        """The :class:`Reduction` of ``row``: complete once reduced (on the host after :meth:`receive`)."""
+        return self._row_batch[row].reduction(self._row_index[row])
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """Every reduced batch's header and sample: what goes to the host for the rows."""
+        return [tensor for batch in self._reduced for tensor in (batch.header, batch.sample) if tensor is not None]
+
+    def receive(self, host: dict[int, torch.Tensor]) -> None:
+        """Replace the reduced batches' tensors by their host copies, found by ``id`` of the device tensor."""
+        for batch in self._reduced:
+            batch.header, batch.sample = host.get(id(batch.header), batch.header), host.get(id(batch.sample), batch.sample)
