@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from .pixels import to_uint8
 
-__all__ = ["MAX_HEATMAP_SIDE", "MIN_HEATMAP_SIDE", "heatmap_source"]
+__all__ = ["HEATMAP_COLOURS", "MAX_HEATMAP_SIDE", "MIN_HEATMAP_SIDE", "heatmap_source"]
 
 MIN_HEATMAP_SIDE = 64  # heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE
 MAX_HEATMAP_SIDE = 1024
@@ -59,6 +59,9 @@ def _viridis_table() -> torch.Tensor:
 
 
 _VIRIDIS_TABLE = _viridis_table()
+#: Every colour a heat map can have: ``(256, 3)`` ``uint8``, level by level. TensorBoard's heat maps are
+#: stored as indices into it (``actviz.output.png.encode_png(palette=...)``), one byte per pixel.
+HEATMAP_COLOURS = _VIRIDIS_TABLE
 
 
 def _viridis(values: torch.Tensor) -> torch.Tensor:

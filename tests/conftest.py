@@ -45,7 +45,8 @@ class Run:
 
     def image(self, tag: str, step: int) -> np.ndarray:
         (event,) = [event for event in self.events.Images(tag) if event.step == step]
-        array = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)))
+        image = Image.open(io.BytesIO(event.encoded_image_string))
+        array = np.asarray(image.convert("RGB") if image.mode == "P" else image)  # a heat map: palette indices
         assert array.shape[:2] == (event.height, event.width)
         return array
 

@@ -148,3 +148,24 @@ def test_png_round_trip_of_noise_and_repeated_rows(shape):
     decoded = np.asarray(Image.open(io.BytesIO(encode_png(image))))
     expected = image[0].numpy() if shape[0] == 1 else image.permute(1, 2, 0).numpy()
     assert decoded.shape == expected.shape and (decoded == expected).all()
+
+
+def test_a_heat_map_is_stored_as_palette_indices_that_decode_to_the_same_pixels() -> None:
+    from actviz.heatmap_sources import HEATMAP_COLOURS
+    from actviz.rendering import heatmap
+
+    torch.manual_seed(0)
+    picture = heatmap(torch.randn(40, 300).cumsum(1))
+    indexed, plain = encode_png(picture, palette=HEATMAP_COLOURS), encode_png(picture)
+    assert indexed[25] == 3 and plain[25] == 2  # colour types: indexed, RGB
+    decoded = Image.open(io.BytesIO(indexed))
+    assert decoded.mode == "P"
+    assert np.array_equal(np.asarray(decoded.convert("RGB")), picture.permute(1, 2, 0).numpy())
+    assert len(indexed) < len(plain)
+    other = picture.clone()
+    other[0, 0, 0] = 1  # a colour not in the palette: stored as RGB, pixel for pixel
+    assert encode_png(other, palette=HEATMAP_COLOURS)[25] == 2
+    assert np.array_equal(np.asarray(Image.open(io.BytesIO(encode_png(other, palette=HEATMAP_COLOURS)))),
+                          other.permute(1, 2, 0).numpy())
+    gray = torch.randint(0, 256, (1, 5, 7), dtype=torch.uint8)  # grayscale ignores the palette
+    assert encode_png(gray, palette=HEATMAP_COLOURS) == encode_png(gray)

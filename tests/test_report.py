@@ -42,7 +42,8 @@ def _events(run_dir: Path) -> EventAccumulator:
 
 
 def _png(data: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(data)))
+    image = Image.open(io.BytesIO(data))
+    return np.asarray(image.convert("RGB") if image.mode == "P" else image)
 
 
 def _conv_names(model: nn.Module) -> list[str]:

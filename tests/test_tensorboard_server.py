@@ -250,7 +250,7 @@ def test_feature_map_endpoint_returns_a_png_of_the_expected_size(tensorboard: Te
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(data)) as image:
         image.load()
-        assert image.mode == ("RGB" if layer == HEATMAP_LAYER else "L")
+        assert image.mode == ("P" if layer == HEATMAP_LAYER else "L")  # a heat map: indices into viridis
         assert (image.height, image.width) == expected_image_size(layer)
         low, high = image.convert("L").getextrema()
         assert low < high  # not a blank picture

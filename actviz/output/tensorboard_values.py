@@ -20,6 +20,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import text as text_summary
 
+from ..heatmap_sources import HEATMAP_COLOURS
 from .png import encode_png
 from .results import StepResults, Summary  # noqa: F401 - StepResults for the example
 
@@ -62,5 +63,6 @@ def _text_value(tag: str, text: str) -> SummaryProto.Value:
 
 def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
     channels, height, width = image.shape
-    proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=encode_png(image))
+    png = encode_png(image, palette=HEATMAP_COLOURS)  # a heat map: one byte per pixel, the same pixels
+    proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
     return SummaryProto.Value(tag=tag, image=proto)
