@@ -66,23 +66,24 @@ def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> 
     return found
 
 
-def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
-    """The ``(len(sizes), len(FIELDS))`` header of consecutive segments of ``flat`` (a wide floating 1-D tensor).
+def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...], wide: torch.dtype = torch.float64) -> torch.Tensor:
+    """The ``(len(sizes), len(FIELDS))`` header, in ``wide``, of consecutive segments of ``flat`` (a floating 1-D tensor).
 
     A constant number of ops for any number of segments, none of them syncing. Every size must be > 0.
-    The moments are taken about each segment's first element of ``z`` in one pass: that element
-    is one of the segment's values, so ``(first - mean)**2 <= size * variance`` and the shift costs
-    at most ``size`` ulps of the variance, however large the offset.
+    Counts and bounds are taken in ``flat``'s own dtype (exact); the moments in ``wide``, about each
+    segment's first element of ``z`` in one pass: that element is one of the segment's values, so
+    ``(first - mean)**2 <= size * variance`` and the shift costs at most ``size`` ulps of the
+    variance, however large the offset.
 
     Example:
-        >>> reduce_segments(torch.tensor([0.0, 2.0, float("nan"), -1.0, 5.0], dtype=torch.float64), (4, 1)).tolist()
+        >>> reduce_segments(torch.tensor([0.0, 2.0, float("nan"), -1.0, 5.0]), (4, 1)).tolist()
         [[3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], [1.0, 1.0, 5.0, 0.0, 5.0, 5.0]]
     """
-    device, wide = flat.device, flat.dtype
+    device = flat.device
     segment, starts, reciprocal, no_sums, no_low, no_high = _layout(sizes, device, wide)
     columns = torch.empty((flat.numel(), 4), dtype=wide, device=device)  # non-zero, finite non-zero, d, d * d
     torch.ne(flat, 0, out=columns[:, 0])  # NaN and ±Inf count as non-zero
-    zeroed = torch.nan_to_num(flat, 0.0, 0.0, 0.0)
+    zeroed = flat.to(wide, copy=True).nan_to_num_(0.0, 0.0, 0.0)
     torch.ne(zeroed, 0, out=columns[:, 1])
     first = zeroed.index_select(0, starts)
     torch.sub(zeroed, first.index_select(0, segment), out=columns[:, 2])  # d: z less its segment's first
@@ -90,9 +91,9 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     sums = torch.index_add(no_sums, 0, segment, columns)  # out of place: the starting values stay zeros
     shift = sums[:, 2] * reciprocal  # mean of d
     variance = torch.addcmul(sums[:, 3] * reciprocal, shift, shift, value=-1).clamp_min_(0)
-    low = torch.scatter_reduce(no_low, 0, segment, torch.nan_to_num(flat, math.inf, math.inf, math.inf), "amin")
-    high = torch.scatter_reduce(no_high, 0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf), "amax")
-    return torch.stack([sums[:, 0], sums[:, 1], first + shift, variance, low, high], 1)
+    bounds = [torch.scatter_reduce(start.to(flat.dtype), 0, segment, torch.nan_to_num(flat, fill, fill, fill), how)
+              for start, fill, how in ((no_low, math.inf, "amin"), (no_high, -math.inf, "amax"))]
+    return torch.stack([sums[:, 0], sums[:, 1], first + shift, variance, *(bound.to(wide) for bound in bounds)], 1)
 
 
 class _Batch:
@@ -113,7 +114,7 @@ class _Batch:
         flat = flatten_copy(self.copies)  # one copy of them all, their sample; mixed dtypes promote
         wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
         with torch.no_grad():
-            self.header = reduce_segments(flat.to(wide), tuple(self.sizes))
+            self.header = reduce_segments(flat, tuple(self.sizes), wide)
         self.sample, self.copies = flat, []
         for reduction in self.reductions:
             reduction.header, reduction.sample = self.header, flat
