@@ -3,10 +3,10 @@
 A :class:`StepCapture` exists only for a step that logs; every tensor is reduced in its hook, on its
 device, into a :class:`~actviz.output.pending_step.PendingStep`. The stages, in order:
 
-1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, parameter hooks;
+1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, the optimizer hook;
 2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient;
 3. end of forward (``_on_forward_done``): forward hooks off; over now if nothing waits for a backward;
-4. output gradient (``_on_output_grad``): the gradient flowing into each layer, reduced;
+4. output gradient (:class:`~actviz.output_gradients.OutputGradients`): the gradient flowing into each layer, reduced;
 5. end of backward (:class:`~actviz.step_end.StepEnd`): the gradients kept as left, unless an optimizer applies them;
 6. optimizer step (``_on_optimizer_step``): the gradients it applies, however many backwards came
    between (a GAN discriminator's real and fake batches; :mod:`actviz.step_parameters`);
@@ -36,11 +36,10 @@ from .layer_outputs import reduce_output, shape_of as _shape_of
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
 from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
+from .output_gradients import OutputGradients
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries.merge_ranks import merge_across_ranks
-from .summaries.header import Reduction
-from .summaries.one_tensor import reduce_tensor
 from .tags import LAYERS
 from .transformer_step import TransformerStep
 
@@ -52,7 +51,7 @@ logger = logging.getLogger(__name__)
 ErrorHandler = Callable[[str, BaseException], None]
 
 
-class StepCapture(StepEnd):
+class StepCapture(OutputGradients, StepEnd):
     """Hooks and results for one logging step.
 
     Args:
@@ -159,7 +158,7 @@ class StepCapture(StepEnd):
 
     def _attach(self, model: nn.Module) -> None:
         # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
-        self._grad_hook = OwnedHook(self._on_output_grad)
+        self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._by_module = self._history.lookup(self._layer_pairs)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
@@ -220,34 +219,6 @@ class StepCapture(StepEnd):
             if picture is not None:
                 self._pending.add_picture(tag, *picture)
                 self._drawn.add(tensor)
-
-    def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
-        if tensor.requires_grad:
-            self._hooks.add("backward", tensor.register_hook(self._grad_hook.bind((name, tag))))
-            self.expects_backward = True
-
-    def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
-        """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
-        if self.done or not torch.is_grad_enabled():
-            return
-        for suffix, tensor in output_tensors(output, self.options.outputs):
-            if name + suffix not in self._seen_grads:
-                self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
-
-    def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
-        if self.done or tag in self._seen_grads:
-            return
-        self._seen_grads.add(tag)
-        self._pass_reached = True
-        self._queue_backward_callback()
-        reduction = self._guarded(name, self._reduce_gradient, grad)
-        if reduction is not None:
-            self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
-
-    def _reduce_gradient(self, grad: torch.Tensor) -> Reduction | int:
-        """A small gradient is a row of the step's batch (no object); any other is reduced now."""
-        row = self._pending.small.add_whole(grad, self.options.histogram_sample_size)
-        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False, self._pending.small)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")

@@ -1,0 +1,89 @@
+"""The output gradients of a logging step: a pre-hook on the op that made each watched output, and its reduction.
+
+:class:`OutputGradients` is the backward half of :class:`~actviz.capture.StepCapture`. The
+gradient flowing into a layer is the gradient with respect to its output: a pre-hook on the
+output's ``grad_fn`` receives it (the op's ``grad_outputs[output_nr]``), as a tensor hook
+(``output.register_hook``) would, without a hook dict on every output (half the host time). It
+is the gradient with respect to the output as the layer made it, also when a later op changes
+the output in place (an in-place ReLU). A leaf output gets a tensor hook. Module backward hooks
+are never used: they raise on in-place ReLUs (pytorch#61519). A layer run without grad inside a
+training forward (``checkpoint``) is hooked when the backward pass runs it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .layer_outputs import output_tensors
+from .summaries.header import Reduction
+from .summaries.one_tensor import reduce_tensor
+
+__all__ = ["OutputGradients"]
+
+
+class OutputGradients:
+    """Mixed into :class:`~actviz.capture.StepCapture`: hooking and reducing the gradients of the layers' outputs.
+
+    Example:
+        >>> import tempfile, actviz
+        >>> model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 1))
+        >>> with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False) as viz:
+        ...     model(torch.ones(2, 3)).sum().backward()
+        ...     viz.flush()
+        >>> sorted(viz.latest.gradients)  # the Linears' outputs, the first one before its in-place ReLU
+        ['0', '2']
+    """
+
+    done: bool
+    expects_backward: bool
+    options: Any
+    _hooks: Any
+    _pending: Any
+    _parameters: Any
+    _seen_grads: set[str]
+    _pass_reached: bool
+    _grad_hook: Any
+    _node_hook: Any
+    _guarded: Callable[..., Any]
+    _queue_backward_callback: Callable[[], None]
+
+    def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
+        """Hook the gradient with respect to ``tensor``, a watched layer's output (reported as ``tag``)."""
+        if tensor.requires_grad:  # a pre-hook on the op that made it: no hook dict on the tensor (half the cost)
+            node = tensor.grad_fn
+            if node is not None:
+                self._hooks.add("backward", node.register_prehook(self._node_hook.bind((name, tag, tensor.output_nr))))
+            else:  # a leaf
+                self._hooks.add("backward", tensor.register_hook(self._grad_hook.bind((name, tag))))
+            self.expects_backward = True
+
+    def _on_node_grad(self, name: str, tag: str, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
+        if (grad := grads[index]) is not None:  # the gradient with respect to the output, as a tensor hook gets it
+            self._on_output_grad(name, tag, grad)
+
+    def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
+        """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
+        if self.done or not torch.is_grad_enabled():
+            return
+        for suffix, tensor in output_tensors(output, self.options.outputs):
+            if name + suffix not in self._seen_grads:
+                self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
+
+    def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
+        if self.done or tag in self._seen_grads:
+            return
+        self._seen_grads.add(tag)
+        self._pass_reached = True
+        self._queue_backward_callback()
+        reduction = self._guarded(name, self._reduce_gradient, grad)
+        if reduction is not None:
+            self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+
+    def _reduce_gradient(self, grad: torch.Tensor) -> Reduction | int:
+        """A small gradient is a row of the step's batch (no object); any other is reduced now."""
+        row = self._pending.small.add_whole(grad, self.options.histogram_sample_size)
+        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False, self._pending.small)
