@@ -121,7 +121,7 @@ class StepEnd:
         runs a forward and a backward first), unless the loop is known to step none.
         """
         if self.backward_seen:
-            if self.want_stats and self._parameters.dropped():  # zero_grad() came before any optimizer step
+            if self.want_stats and not self._stepped and self._parameters.dropped():  # zeroed before any step
                 self.finish(dropped=True)
                 return
             waits = self._history.optimizer_steps is not False and self._parameters.trainable and self.want_stats

@@ -98,7 +98,6 @@ class StepParameters:
         self.update_ratio = options.update_ratio
         self._before: list[torch.Tensor] | None = None
         self.trainable = [pair for pair in self.named if pair[1].requires_grad]  # the same pairs: no new tuples
-        self._trainable_ids = {id(param): param for _, param in self.trainable}
         self._options = options
         self._pending = pending
         self._report = report
@@ -142,10 +141,6 @@ class StepParameters:
 
         if self.trainable:
             add_handle(subscribe(optimizer_hook, after=optimizer_done))
-
-    def watches(self, param: torch.Tensor) -> bool:
-        """Whether ``param`` is one of the trainable parameters watched (not another tensor sharing a hook)."""
-        return self._trainable_ids.get(id(param)) is param
 
     def take_loss_scale(self) -> None:
         """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""
