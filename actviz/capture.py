@@ -207,7 +207,7 @@ class StepCapture(OutputGradients, StepEnd):
             # A small tensor is a row of the step's batch; only the first is drawn (an LSTM's h and c are not batch-first).
             row = self._pending.small.add_whole(tensor, self.options.histogram_sample_size) if self.want_stats else None
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats and row is None, small=self._pending.small,
+                tensor, self.options, stats=self.want_stats and row is None,
                 draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
             )
             reduction = row if row is not None else reduction

@@ -86,4 +86,4 @@ class OutputGradients:
     def _reduce_gradient(self, grad: torch.Tensor) -> Reduction | int:
         """A small gradient is a row of the step's batch (no object); any other is reduced now."""
         row = self._pending.small.add_whole(grad, self.options.histogram_sample_size)
-        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False, self._pending.small)
+        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False)

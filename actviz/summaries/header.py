@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIELDS", "HEADER", "Reduction", "decode", "finite_bounds"]
+__all__ = ["FIELDS", "HEADER", "Reduction", "decode", "finite_bounds", "wide_dtype"]
 
 #: The header's columns, in order. Adding one is adding a name here and computing it where rows are made.
 FIELDS = ("nonzero", "finite_nonzero", "mean", "variance", "min", "max")
@@ -140,3 +140,8 @@ def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
     """
     low = torch.nan_to_num(values, math.inf, math.inf, math.inf).amin(0, keepdim=True)
     return [low, torch.nan_to_num(values, -math.inf, -math.inf, -math.inf).amax(0, keepdim=True)]
+
+
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """The dtype header rows and moments are taken in on ``device``: float64, or float32 on MPS (no float64 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64

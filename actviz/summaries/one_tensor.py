@@ -29,7 +29,7 @@ from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_se
 from ..output.results import HEADER_SIZE, Summary
 from . import fused, piecewise
 from .cpu_shortcut import reduce_on_cpu
-from .header import HEADER, Reduction, finite_bounds
+from .header import HEADER, Reduction, finite_bounds, wide_dtype
 from .small_tensors import SmallTensors
 
 __all__ = [
@@ -83,10 +83,6 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     order = sorted(range(tensor.dim()), key=lambda dim: (tensor.stride(dim), tensor.size(dim)), reverse=True)
     permuted = tensor.permute(order)
     return permuted.view(-1) if permuted.is_contiguous() else tensor.reshape(-1)
-
-
-def wide_dtype(device: torch.device) -> torch.dtype:
-    return torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
 
 
 def reduce_values(values: torch.Tensor, stride: int) -> Reduction:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .._internals import flatten_copy
-from .header import Reduction
+from .header import Reduction, wide_dtype
 
 __all__ = ["CHUNK", "SMALL_MAX", "SmallTensors", "reduce_segments"]
 
@@ -112,12 +112,18 @@ class _Batch:
 
     def reduce(self) -> None:
         flat = flatten_copy(self.copies)  # one copy of them all, their sample; mixed dtypes promote
-        wide = torch.float32 if flat.device.type == "mps" else torch.float64  # MPS has no float64
         with torch.no_grad():
-            self.header = reduce_segments(flat, tuple(self.sizes), wide)
+            self.header = reduce_segments(flat, tuple(self.sizes), wide_dtype(flat.device))
         self.sample, self.copies = flat, []
         for reduction in self.reductions:
             reduction.header, reduction.sample = self.header, flat
+
+    def add_size(self, size: int) -> int:
+        """Make room for a tensor of ``size`` elements behind the others; its index here."""
+        self.starts.append(self.stop)
+        self.sizes.append(size)
+        self.stop += size
+        return len(self.sizes) - 1
 
     def reduction(self, index: int) -> Reduction:
         start = self.starts[index]
@@ -155,32 +161,26 @@ class SmallTensors:
     def whole(self, tensor: torch.Tensor, sample_size: int | None) -> bool:
         """Whether ``tensor`` is a plain floating tensor (no DTensor, nested or subclass) its sample covers whole."""
         numel = tensor.numel()
-        return (type(tensor) is torch.Tensor and 0 < numel <= SMALL_MAX
-                and (sample_size is None or numel <= sample_size) and self.takes(tensor))
+        return (type(tensor) is torch.Tensor and numel > 0 and (sample_size is None or numel <= sample_size)
+                and self.takes(tensor))
 
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
         return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
 
-    def add_row(self, values: torch.Tensor, copy: bool = True) -> int:
-        """Keep ``values`` (floating, any shape) and return its row, completed by :meth:`reduce`.
-
-        ``copy``: copy it now (a hook's tensor, which a later in-place op may change); without,
-        the caller must call :meth:`reduce` before the tensor changes.
-        """
+    def add_row(self, values: torch.Tensor) -> int:
+        """Keep a copy of ``values`` (floating, any shape), made now: a later in-place op cannot change it.
+        Its row, completed by :meth:`reduce`."""
         numel = values.numel()
         batch = self._batch_for(values.device, numel)
-        batch.copies.append(values.clone(memory_format=torch.contiguous_format) if copy else values)
+        batch.copies.append(values.clone(memory_format=torch.contiguous_format))
         self._row_batch.append(batch)
-        self._row_index.append(len(batch.sizes))
-        batch.starts.append(batch.stop)
-        batch.sizes.append(numel)
-        batch.stop += numel
+        self._row_index.append(batch.add_size(numel))
         return len(self._row_index) - 1
 
-    def add(self, values: torch.Tensor, copy: bool = True) -> Reduction:
+    def add(self, values: torch.Tensor) -> Reduction:
         """:meth:`add_row`, and its :class:`Reduction` at once, completed by :meth:`reduce`."""
-        row = self.add_row(values, copy)
+        row = self.add_row(values)
         reduction = self.reduction(row)
         self._row_batch[row].reductions.append(reduction)
         return reduction
@@ -206,11 +206,7 @@ class SmallTensors:
                 stop += 1
             batch = self._batch_for(flat.device, total)
             first = len(self._row_index)
-            for size in sizes[start:stop]:
-                self._row_index.append(len(batch.sizes))
-                batch.starts.append(batch.stop)
-                batch.sizes.append(size)
-                batch.stop += size
+            self._row_index.extend(batch.add_size(size) for size in sizes[start:stop])
             self._row_batch.extend([batch] * (stop - start))
             rows.extend(range(first, len(self._row_index)))
             batch.copies.append(flat.narrow(0, offset, total) if total < flat.numel() else flat)
