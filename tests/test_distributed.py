@@ -82,13 +82,18 @@ def test_ddp_weight_gradients_are_the_averaged_ones_the_optimizer_applies(tmp_pa
     for rank, twin in enumerate(twins):
         twin(_rank_batch(rank)).square().mean().backward()
     run = Run(tmp_path / "run")
+    # The conv bias before BatchNorm has a gradient of zero plus rounding noise (about 1e-7), which
+    # differs with the number of threads: every value is compared to within 1e-5 of the largest gradient.
+    tolerance = 1e-5 * max(param.grad.abs().max().item() for twin in twins for param in twin.parameters())
     local_differs = False
     for (name, param), (_, other) in zip(twins[0].named_parameters(), twins[1].named_parameters()):
         averaged = ((param.grad + other.grad) / 2).double()
         logged = run.histogram(f"weight_grads/module.{name}", 0)
-        assert logged.sum_squares == pytest.approx((averaged**2).sum().item(), rel=1e-4)
-        assert logged.sum == pytest.approx(averaged.sum().item(), rel=1e-4, abs=1e-7)
-        assert (logged.min, logged.max) == pytest.approx((averaged.min().item(), averaged.max().item()), rel=1e-5)
+        assert logged.sum_squares**0.5 == pytest.approx(averaged.norm().item(), rel=1e-4, abs=tolerance)
+        assert logged.sum == pytest.approx(averaged.sum().item(), rel=1e-4, abs=tolerance * averaged.numel())
+        assert (logged.min, logged.max) == pytest.approx(
+            (averaged.min().item(), averaged.max().item()), rel=1e-5, abs=tolerance
+        )
         local_differs |= abs(logged.sum_squares - (param.grad.double() ** 2).sum().item()) > 1e-3 * logged.sum_squares
     assert local_differs  # rank 0's own gradients would have given other numbers
 
