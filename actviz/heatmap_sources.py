@@ -1,13 +1,17 @@
 """Heat maps' colours and sizes, and their sources bounded on the device.
 
 :func:`heatmap_source` is what :func:`actviz.rendering.picture_source` keeps of a 2-D matrix.
-A matrix within ``MAX_HEATMAP_SIDE`` on both sides is kept as its 256 colour levels, one
-byte per value, computed on the device exactly as :func:`~actviz.rendering.heatmap` computes
-them on the host (the pictures are pixel-identical). A larger one (a language model's
-vocabulary-sized logits) is area-averaged on the device to the size the picture has,
-with the whole matrix's min and max behind it, so that colours keep their meaning. The
-colours (viridis) and sizes that :func:`actviz.rendering.heatmap` uses live here, so that
-both halves share them.
+A matrix within ``MAX_HEATMAP_SIDE`` (512) on both sides is kept as its 256 colour levels, one
+byte per value, computed on the device. A larger one (a language model's 1,024 tokens, or its
+vocabulary-sized logits) is area-averaged on the device to the size the picture has, with the
+whole matrix's min and max behind it, which normalise it on the host, so that colours keep
+their meaning. The picture is drawn on the host as
+palette indices (:class:`~actviz.pixels.PaletteImage`), PNG-encoded as such: no RGB is made on
+the way. :func:`actviz.rendering.heatmap` is the same two halves in one call.
+
+The 512-pixel bound holds the writer thread's work: a GPT-2-small logging step draws 76 heat
+maps of 1,024 tokens, whose pixels (noise-like at the start of training) zlib encodes at about
+60 MB/s. At 1,024 pixels a side they took 2.3 s of the writer thread's CPU; at 512, a quarter.
 """
 
 from __future__ import annotations
@@ -19,12 +23,12 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .pixels import to_uint8
+from .pixels import PaletteImage, to_uint8
 
 __all__ = ["HEATMAP_COLOURS", "MAX_HEATMAP_SIDE", "MIN_HEATMAP_SIDE", "heatmap_source"]
 
 MIN_HEATMAP_SIDE = 64  # heat maps are enlarged until their shorter side reaches this, within MAX_HEATMAP_SIDE
-MAX_HEATMAP_SIDE = 1024
+MAX_HEATMAP_SIDE = 512
 
 # matplotlib's viridis at nine evenly spaced points: dark blue (low) to yellow (high).
 _VIRIDIS = ((68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
@@ -59,8 +63,8 @@ def _viridis_table() -> torch.Tensor:
 
 
 _VIRIDIS_TABLE = _viridis_table()
-#: Every colour a heat map can have: ``(256, 3)`` ``uint8``, level by level. TensorBoard's heat maps are
-#: stored as indices into it (``actviz.output.png.encode_png(palette=...)``), one byte per pixel.
+#: Every colour a heat map can have: ``(256, 3)`` ``uint8``, level by level: a heat map's palette
+#: (:class:`~actviz.pixels.PaletteImage`), whose indices are its levels.
 HEATMAP_COLOURS = _VIRIDIS_TABLE
 
 
@@ -82,13 +86,20 @@ def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
 
 
 
-def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], PaletteImage], torch.Tensor]:
     """``(draw, source)`` of a ``(rows, columns)`` matrix: a few kernel ops, no host sync, no copy of a large one.
 
+    ``source``: the colour levels, one byte per value, of a matrix within ``MAX_HEATMAP_SIDE`` (normalised
+    over the whole); past it, the area average at the picture's size, and the whole's min and max, which
+    the host turns into levels (a few kernels on the device, whatever the size).
+
     Example:
-        >>> draw, source = heatmap_source(torch.randn(100, 768))
-        >>> source.dtype, tuple(draw(source).shape)
-        (torch.uint8, (3, 100, 768))
+        >>> draw, source = heatmap_source(torch.randn(100, 300))
+        >>> source.dtype, tuple(source.shape), draw(source).shape
+        (torch.uint8, (100, 300), (3, 100, 300))
+        >>> draw, source = heatmap_source(torch.randn(100, 768))  # area-averaged to 67 x 512, with min and max
+        >>> source.dtype, tuple(source.shape), draw(source).shape
+        (torch.float32, (34306,), (3, 67, 512))
     """
     rows, columns = matrix.shape
     if max(rows, columns) <= MAX_HEATMAP_SIDE:
@@ -99,19 +110,22 @@ def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch
     return partial(_pooled_heatmap, size), torch.cat([pooled.view(-1), torch.stack([low, high]).float()])
 
 
-def _levels_heatmap(levels: torch.Tensor) -> torch.Tensor:
-    """:func:`heatmap` of a matrix whose colour levels :func:`picture_source` computed on the device."""
+def _levels_heatmap(levels: torch.Tensor) -> PaletteImage:
+    """The heat map of a matrix whose colour levels :func:`heatmap_source` computed: enlarged by a whole factor
+    until its shorter side reaches ``MIN_HEATMAP_SIDE`` (within ``MAX_HEATMAP_SIDE``), kept as palette indices."""
     rows, columns = levels.shape
-    size = _heatmap_size(rows, columns)  # a whole-factor enlargement within the bound
-    factor = size[0] // rows
-    colours = _VIRIDIS_TABLE[levels.long()][:, None, :, None, :].expand(rows, factor, columns, factor, 3)
-    return colours.reshape(size[0], size[1], 3).permute(2, 0, 1)
+    height, width = _heatmap_size(rows, columns)
+    factor = height // rows
+    if factor > 1:
+        levels = levels[:, None, :, None].expand(rows, factor, columns, factor).reshape(height, width)
+    return PaletteImage(levels, HEATMAP_COLOURS)
 
 
-def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> torch.Tensor:
-    """:func:`heatmap` of a matrix that :func:`picture_source` pooled to ``size``, normalised by the whole's bounds."""
+def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> PaletteImage:
+    """The heat map of a matrix that :func:`heatmap_source` pooled to ``size``, normalised by the whole's bounds."""
     values, (low, high) = source[:-2].view(size), source[-2:].tolist()
     if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf in the whole: its own bounds
-        return _viridis(_normalize(values, dims=(0, 1))).permute(2, 0, 1)
+        return PaletteImage(to_uint8(_normalize(values, dims=(0, 1))), HEATMAP_COLOURS)
     span = high - low
-    return _viridis(((values - low) / span).clamp_(0.0, 1.0) if span > 0 else values * 0).permute(2, 0, 1)
+    levels = to_uint8(((values - low) / span).clamp_(0.0, 1.0)) if span > 0 else torch.zeros(size, dtype=torch.uint8)
+    return PaletteImage(levels, HEATMAP_COLOURS)

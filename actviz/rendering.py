@@ -19,13 +19,12 @@ import torch.nn.functional as F
 from .heatmap_sources import (  # noqa: F401 - the heat map's sides are read from this module too
     MAX_HEATMAP_SIDE,
     MIN_HEATMAP_SIDE,
-    _heatmap_size,
     _normalize,
     _viridis,
     heatmap_source,
 )
 from .options import DEFAULT_MAX_CHANNELS
-from .pixels import to_uint8
+from .pixels import PaletteImage, to_uint8
 
 __all__ = [
     "DEFAULT_MAX_CHANNELS", "feature_map_grid", "grid_layout", "heatmap", "picture_source", "select_channels", "tile_size",
@@ -175,22 +174,23 @@ def draw_grid(
 
 def picture_source(
     tensor: torch.Tensor, max_channels: int, batch_dim: int = 0
-) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None:
+) -> tuple[Callable[[torch.Tensor], torch.Tensor | PaletteImage], torch.Tensor] | None:
     """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
 
     ``source`` is a copy on the tensor's device of what the picture shows, no more: the chosen
-    channels of sample 0 (4-D), or sample 0's matrix (3-D), area-averaged on the device to the
-    picture's size when a side is over ``MAX_HEATMAP_SIDE`` (vocabulary-sized logits), with the
-    whole's min and max behind it. ``draw(source)`` is :func:`feature_map_grid` or :func:`heatmap`
-    of sample 0 (up to rounding, pooled).
+    channels of sample 0 (4-D), or the colour levels of sample 0's matrix (3-D), one byte per value;
+    when a side is over ``MAX_HEATMAP_SIDE`` (a language model's hidden states or logits), its area
+    average at the picture's size and the whole's min and max (:func:`~actviz.heatmap_sources.heatmap_source`).
+    ``draw(source)`` is :func:`feature_map_grid` of sample 0, or its :func:`heatmap` as a
+    :class:`~actviz.pixels.PaletteImage` (the same pixels, a byte each).
 
     Example:
         >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
         >>> tuple(source.shape), tuple(draw(source).shape)
         ((64, 5, 5), (1, 298, 298))
         >>> draw, source = picture_source(torch.randn(1, 64, 5000), max_channels=64)
-        >>> tuple(source.shape), tuple(draw(source).shape)  # 13 x 1024 pixels, and min and max
-        ((13314,), (3, 13, 1024))
+        >>> tuple(source.shape), tuple(draw(source).shape)  # area-averaged to 7 x 512, with min and max
+        ((3586,), (3, 7, 512))
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
@@ -205,7 +205,8 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
 
     Values are normalised over the whole matrix and coloured with viridis (dark blue
     low, yellow high). Rows stay rows. The picture is enlarged by a whole factor
-    until its shorter side is at least 64 px, or shrunk to at most 1024 px.
+    until its shorter side is at least 64 px, or area-averaged to at most 512 px (normalised by the
+    whole matrix's min and max).
 
     Args:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
@@ -221,14 +222,5 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"matrix must be a torch.Tensor, got {type(matrix).__name__}")
     if matrix.dim() != 2 or matrix.numel() == 0:
         raise ValueError(f"matrix must be a non-empty 2-D tensor, got shape {tuple(matrix.shape)}")
-    values = _normalize(matrix.detach().float(), dims=(0, 1))
-    size = _heatmap_size(*values.shape)
-    rows, columns = values.shape
-    if size[0] >= rows and size[1] >= columns:  # _heatmap_size enlarges by a whole factor
-        # Colour the small matrix, then repeat each RGB pixel, channels-last, in one copy.
-        factor = size[0] // rows
-        small = _viridis(values)[:, None, :, None, :]
-        colours = small.expand(rows, factor, columns, factor, 3).reshape(size[0], size[1], 3)
-    else:
-        colours = _viridis(_resize(values[None, None], size)[0, 0])
-    return colours.permute(2, 0, 1)
+    draw, source = heatmap_source(matrix.detach())  # the watcher's two halves, in one call
+    return draw(source).rgb()

@@ -9,8 +9,9 @@ from the pattern constants below; :data:`ROWS` documents them, and the tables of
 
 :func:`step_items` turns a :class:`~actviz.output.results.StepResults` into ``(kind, tag, value)``
 items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.output.results.Summary` for ``"histogram"``,
-a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"``, markdown for
-``"text"``. :class:`~actviz.output.tensorboard.TensorBoardSink` maps them to TensorBoard values; a sink of
+a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"`` (a heat map is a
+:class:`~actviz.pixels.PaletteImage`: ``.rgb()`` is that tensor), markdown for ``"text"``.
+:class:`~actviz.output.tensorboard.TensorBoardSink` maps them to TensorBoard values; a sink of
 your own (``watch(sink=...)``, see :class:`actviz.output.sink.Sink`) can use it too.
 
 Example:

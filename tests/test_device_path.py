@@ -17,6 +17,7 @@ from conftest import CountOps
 
 import actviz
 from actviz.output.pending_step import HostCopy, PendingStep
+from actviz.pixels import PaletteImage
 from actviz.rendering import heatmap, picture_source
 from actviz.summaries.many_tensors import reduce_tensors
 from actviz.summaries.one_tensor import reduce_tensor
@@ -145,16 +146,24 @@ def test_logging_step_budget_on_a_small_resnet():
 
 
 def test_a_heat_map_source_is_bounded_on_the_device():
-    logits = torch.randn(1, 300, 20_000)  # vocabulary-sized: the picture is 15 x 1024
+    logits = torch.randn(1, 300, 20_000)  # vocabulary-sized: the picture is 8 x 512
     with CountOps() as count:
         draw, source = picture_source(logits, max_channels=64)
     assert count.syncs == [] and len(count.kernels) <= 4, count.kernels
-    assert source.numel() == 15 * 1024 + 2  # the pooled picture, and the whole's min and max
-    assert tuple(draw(source).shape) == (3, 15, 1024)
-    hidden = torch.randn(2, 1024, 768)
+    assert source.numel() == 8 * 512 + 2  # the pooled picture, and the whole's min and max
+    assert draw(source).shape == (3, 8, 512)
+    hidden = torch.randn(2, 1024, 768)  # 1,024 tokens: the picture is 512 x 384, area-averaged
     draw, source = picture_source(hidden, max_channels=64)
-    assert source.dtype == torch.uint8 and source.numel() == 1024 * 768  # a byte per value, not four
-    assert torch.equal(draw(source), heatmap(hidden[0]))  # the same picture
+    assert source.numel() == 512 * 384 + 2
+    pooled = torch.nn.functional.adaptive_avg_pool2d(hidden[:1], (512, 384))[0]
+    levels = ((pooled - hidden[0].min()) / (hidden[0].max() - hidden[0].min()) * 255).round().to(torch.uint8)
+    image = draw(source)
+    assert isinstance(image, PaletteImage) and torch.equal(image.indices, levels)  # normalised by the whole's bounds
+    assert torch.equal(image.rgb(), heatmap(hidden[0]))  # the same picture as the one-call function
+    within = torch.randn(2, 500, 96)  # within the bound: its levels, a byte per value, not four
+    draw, source = picture_source(within, max_channels=64)
+    assert source.dtype == torch.uint8 and source.numel() == 500 * 96
+    assert torch.equal(draw(source).rgb(), heatmap(within[0]))
 
 
 def test_a_logging_step_creates_few_python_objects():

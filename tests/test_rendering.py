@@ -124,7 +124,7 @@ def test_heatmap_uses_viridis_from_low_to_high_and_keeps_rows():
 
 def test_heatmap_size_limits():
     assert heatmap(torch.randn(16, 64)).shape == (3, 64, 256)
-    assert heatmap(torch.randn(2048, 8)).shape == (3, 1024, 4)
+    assert heatmap(torch.randn(2048, 8)).shape == (3, 512, 2)  # area-averaged to 512 px
 
 
 def test_png_round_trip():
@@ -151,21 +151,21 @@ def test_png_round_trip_of_noise_and_repeated_rows(shape):
 
 
 def test_a_heat_map_is_stored_as_palette_indices_that_decode_to_the_same_pixels() -> None:
-    from actviz.heatmap_sources import HEATMAP_COLOURS
-    from actviz.rendering import heatmap
+    from actviz.heatmap_sources import HEATMAP_COLOURS, heatmap_source
+    from actviz.pixels import PaletteImage
 
     torch.manual_seed(0)
-    picture = heatmap(torch.randn(40, 300).cumsum(1))
-    indexed, plain = encode_png(picture, palette=HEATMAP_COLOURS), encode_png(picture)
+    matrix = torch.randn(20, 200).cumsum(1)
+    draw, source = heatmap_source(matrix)
+    picture = draw(source)
+    assert isinstance(picture, PaletteImage) and picture.palette is HEATMAP_COLOURS
+    rgb = picture.rgb()
+    assert torch.equal(rgb, heatmap(matrix)) and rgb.shape == picture.shape == (3, 40, 400)  # enlarged twice
+    indexed, plain = encode_png(picture), encode_png(rgb)
     assert indexed[25] == 3 and plain[25] == 2  # colour types: indexed, RGB
     decoded = Image.open(io.BytesIO(indexed))
     assert decoded.mode == "P"
-    assert np.array_equal(np.asarray(decoded.convert("RGB")), picture.permute(1, 2, 0).numpy())
+    assert np.array_equal(np.asarray(decoded.convert("RGB")), rgb.permute(1, 2, 0).numpy())
     assert len(indexed) < len(plain)
-    other = picture.clone()
-    other[0, 0, 0] = 1  # a colour not in the palette: stored as RGB, pixel for pixel
-    assert encode_png(other, palette=HEATMAP_COLOURS)[25] == 2
-    assert np.array_equal(np.asarray(Image.open(io.BytesIO(encode_png(other, palette=HEATMAP_COLOURS)))),
-                          other.permute(1, 2, 0).numpy())
-    gray = torch.randint(0, 256, (1, 5, 7), dtype=torch.uint8)  # grayscale ignores the palette
-    assert encode_png(gray, palette=HEATMAP_COLOURS) == encode_png(gray)
+    with pytest.raises(ValueError, match="uint8 indices"):
+        encode_png(PaletteImage(picture.indices.long(), HEATMAP_COLOURS))

@@ -44,8 +44,8 @@ INPUT_SHAPE = (4, 3, 16, 16)
 #: conv1 keeps 16 x 16 with padding 1; conv2 halves it with stride 2.
 CONV_OUTPUTS = {"conv1": (8, 16, 16), "conv2": (16, 8, 8)}
 #: ``mix`` (a 1x1 Conv1d over conv2's 64 positions) outputs (4, 64) per sample, drawn as a
-#: viridis heat map enlarged 16 times, the most that keeps the long side within 1024 px.
-HEATMAP_LAYER, HEATMAP_SIZE = "mix", (4 * 16, 64 * 16)
+#: viridis heat map enlarged 8 times, the most that keeps the long side within 512 px.
+HEATMAP_LAYER, HEATMAP_SIZE = "mix", (4 * 8, 64 * 8)
 LAYERS = ("conv1", "conv2", "mix", "fc")
 PARAMETERS = tuple(f"{layer}.{kind}" for layer in LAYERS for kind in ("weight", "bias"))
 STARTUP_TIMEOUT = 60.0

@@ -426,6 +426,30 @@ def test_transformer_encoder_layer(tmp_path, read_run):
     assert "weight_grads/0.self_attn.in_proj_weight" in run.histogram_tags
 
 
+def test_a_long_sequence_heat_map_is_area_averaged_to_512_pixels_by_the_whole_bounds(tmp_path, read_run):
+    # 1,024 tokens x 96 features: the picture is 512 x 48, each pixel the mean of a 2 x 2 block,
+    # coloured by where it falls between the whole matrix's min and max.
+    from actviz.heatmap_sources import HEATMAP_COLOURS
+    from actviz.pixels import PaletteImage
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 96))
+    inputs = torch.randn(2, 1024, 8)
+    with actviz.watch(model, tmp_path, every=1) as viz:
+        hidden = model(inputs)
+        hidden.sum().backward()
+        viz.flush()
+    matrix = hidden[0].detach().double()
+    pooled = matrix.reshape(512, 2, 48, 2).mean(dim=(1, 3))
+    levels = ((pooled - matrix.min()) / (matrix.max() - matrix.min()) * 255).round().to(torch.uint8)
+    kept = viz.latest.images["0"]
+    assert isinstance(kept, PaletteImage) and kept.shape == (3, 512, 48)
+    assert (kept.indices.int() - levels.int()).abs().max() <= 1  # float32 on the way, float64 here
+    assert (kept.indices != levels).float().mean() < 0.01
+    logged = read_run(tmp_path).image("feature_maps/0", 0)
+    assert np.array_equal(logged, HEATMAP_COLOURS[kept.indices.long()].numpy())  # the PNG decodes to them
+
+
 class ComplexScale(nn.Module):
     """A layer whose output actviz cannot summarize (complex), to make its hook fail."""
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..pixels import PaletteImage
+
 __all__ = ["HEADER_SIZE", "StepResults", "Summary"]
 
 #: Numbers in front of the bucket counts in a summary vector (see :meth:`Summary.vector`).
@@ -123,7 +125,7 @@ class StepResults:
     gradients: dict[str, Summary] = field(default_factory=dict)
     weights: dict[str, Summary] = field(default_factory=dict)
     weight_grads: dict[str, Summary] = field(default_factory=dict)
-    images: dict[str, torch.Tensor] = field(default_factory=dict)  # feature_maps/{layer}
+    images: dict[str, torch.Tensor | PaletteImage] = field(default_factory=dict)  # feature_maps/{layer}; heat maps: PaletteImage
     pictures: dict[str, torch.Tensor] = field(default_factory=dict)  # full tags: probe/input, gradcam/{layer}
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown

@@ -20,7 +20,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import text as text_summary
 
-from ..heatmap_sources import HEATMAP_COLOURS
+from ..pixels import PaletteImage
 from .png import encode_png
 from .results import StepResults, Summary  # noqa: F401 - StepResults for the example
 
@@ -61,8 +61,8 @@ def _text_value(tag: str, text: str) -> SummaryProto.Value:
     return value
 
 
-def _image_value(tag: str, image: torch.Tensor) -> SummaryProto.Value:
+def _image_value(tag: str, image: torch.Tensor | PaletteImage) -> SummaryProto.Value:
     channels, height, width = image.shape
-    png = encode_png(image, palette=HEATMAP_COLOURS)  # a heat map: one byte per pixel, the same pixels
+    png = encode_png(image)  # a heat map (PaletteImage): one byte per pixel, decoded to RGB
     proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
     return SummaryProto.Value(tag=tag, image=proto)

@@ -20,6 +20,7 @@ from torch import nn
 from ..layer_outputs import batch_dim_of, output_tensors, reduce_output
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..owned_hooks import HookHandles
+from ..pixels import PaletteImage
 from ..selection import layer_display_name
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
@@ -58,11 +59,12 @@ class _Reduced:
     channels: int
     dead: int | None
     reduction: Reduction
-    picture: tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor] | None  # (draw, source)
+    picture: tuple[Callable[[torch.Tensor], torch.Tensor | PaletteImage], torch.Tensor] | None  # (draw, source)
 
     def record(self, name: str, options: CaptureOptions) -> LayerRecord:
         self.reduction.receive({id(tensor): tensor.cpu() for tensor in self.reduction.device_tensors()})
         grid = None if self.picture is None else self.picture[0](self.picture[1].cpu())
+        grid = grid.rgb() if isinstance(grid, PaletteImage) else grid  # a heat map: the record keeps RGB
         four_d = len(self.shape) == 4
         shown = min(self.channels, options.max_channels) if four_d else (0 if grid is None else self.channels)
         return LayerRecord(
