@@ -52,7 +52,7 @@ class LayerSlots:
             if slot is None:
                 continue
             name, module = self.layers[index]
-            current = getattr(slot[0], slot[1], None)
+            current = slot[0]._modules.get(slot[1])  # where setattr puts a module: no Module.__getattr__ per layer
             if current is module or not isinstance(current, nn.Module):
                 continue
             changed = True
