@@ -5,13 +5,14 @@ A matrix within ``MAX_HEATMAP_SIDE`` (512) on both sides is kept as its 256 colo
 byte per value, computed on the device. A larger one (a language model's 1,024 tokens, or its
 vocabulary-sized logits) is area-averaged on the device to the size the picture has, with the
 whole matrix's min and max behind it, which normalise it on the host, so that colours keep
-their meaning. The picture is drawn on the host as
-palette indices (:class:`~actviz.pixels.PaletteImage`), PNG-encoded as such: no RGB is made on
-the way. :func:`actviz.rendering.heatmap` is the same two halves in one call.
+their meaning. The picture is drawn on the host as palette indices
+(:class:`~actviz.pixels.PaletteImage`) and PNG-encoded as such: no RGB is made on the way.
+:func:`actviz.rendering.heatmap` is the same two halves in one call.
 
 The 512-pixel bound holds the writer thread's work: a GPT-2-small logging step draws 76 heat
 maps of 1,024 tokens, whose pixels (noise-like at the start of training) zlib encodes at about
-60 MB/s. At 1,024 pixels a side they took 2.3 s of the writer thread's CPU; at 512, a quarter.
+60 MB/s. At 1,024 pixels a side, drawn in RGB, such a step took 3.4 s of the writer thread's
+CPU; at 512, as palette indices, 0.3 s (docs/performance.md, "Memory").
 """
 
 from __future__ import annotations

@@ -55,5 +55,5 @@ class PaletteImage(NamedTuple):
         return (3, *self.indices.shape)
 
     def rgb(self) -> torch.Tensor:
-        """The ``(3, H, W)`` ``uint8`` RGB picture, stored channels-last (as a PNG wants)."""
-        return self.palette[self.indices.long()].permute(2, 0, 1)
+        """The ``(3, H, W)`` ``uint8`` RGB picture, on the indices' device, stored channels-last (as a PNG wants)."""
+        return self.palette.to(self.indices.device)[self.indices.long()].permute(2, 0, 1)

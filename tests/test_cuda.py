@@ -61,6 +61,15 @@ def test_values_equal_the_cpus(tmp_path):
         assert abs(difference).max() <= 1  # GPU convolutions round differently
 
 
+def test_a_heat_map_of_a_cuda_matrix_is_the_cpus():
+    from actviz.rendering import heatmap
+
+    for matrix in (torch.randn(30, 200), torch.randn(1024, 96)):  # levels on the device; pooled
+        on_gpu, on_cpu = heatmap(matrix.cuda()), heatmap(matrix)
+        assert on_gpu.is_cuda and on_gpu.shape == on_cpu.shape
+        assert (on_gpu.cpu() != on_cpu).any(0).float().mean() < 0.01  # a level off by one where rounding differs
+
+
 def cuda_calls() -> int:
     """Calls that ran the compiled summary on a CUDA device."""
     functions = fused.compiled_functions().items()
