@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from ._internals import child_module
 from .safe_warnings import warn_safely
 from .selection import find_layer, layer_display_name
 
@@ -52,7 +53,7 @@ class LayerSlots:
             if slot is None:
                 continue
             name, module = self.layers[index]
-            current = slot[0]._modules.get(slot[1])  # where setattr puts a module: no Module.__getattr__ per layer
+            current = child_module(*slot)
             if current is module or not isinstance(current, nn.Module):
                 continue
             changed = True
