@@ -286,15 +286,6 @@ def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:
     return module._forward_pre_hooks if pre else module._forward_hooks
 
 
-def child_module(parent: nn.Module, name: str) -> nn.Module | None:
-    """``parent``'s child module ``name``, or ``None``: ``getattr`` without ``Module.__getattr__``'s fallbacks.
-
-    Why private: a module's children live in its ``_modules`` dict (where ``setattr`` puts a module); one
-    dict lookup per watched layer per logging step instead of ``Module.__getattr__``'s three.
-    """
-    return parent._modules.get(name)
-
-
 def flatten_copy(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """One new 1-D tensor of every element of ``tensors``, in order (a ``cat`` of their flat views), not on autograd's tape.
 

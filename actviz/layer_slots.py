@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from ._internals import child_module
 from .safe_warnings import warn_safely
 from .selection import find_layer, layer_display_name
 
@@ -53,7 +52,7 @@ class LayerSlots:
             if slot is None:
                 continue
             name, module = self.layers[index]
-            current = child_module(*slot)
+            current = getattr(slot[0], slot[1], None)
             if current is module or not isinstance(current, nn.Module):
                 continue
             changed = True
