@@ -32,7 +32,7 @@ from torch import nn
 from ._internals import functorch_wrapped
 from .compiled_model import EagerStance
 from .layer_outputs import DrawnTensors, first_tensor, layer_table, nested_values, output_tensors
-from .layer_outputs import reduce_output, shape_of as _shape_of
+from .layer_outputs import PER_CHANNEL_AFFINE, reduce_output, shape_of as _shape_of
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
 from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
@@ -42,6 +42,7 @@ from .step_parameters import LoopHistory, StepParameters
 from .summaries.merge_ranks import merge_across_ranks
 from .tags import LAYERS
 from .transformer_step import TransformerStep
+from .unit_counts import unit_counts
 
 __all__ = ["StepCapture"]
 
@@ -159,6 +160,7 @@ class StepCapture(OutputGradients, StepEnd):
     def _attach(self, model: nn.Module) -> None:
         # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
+        self._backward_handles = self._hooks.group("backward")
         self._by_module = self._history.lookup(self._layer_pairs)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
@@ -187,7 +189,7 @@ class StepCapture(OutputGradients, StepEnd):
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
         if self.done or name in self._seen:  # a module called twice logs its first call
             return
-        first = first_tensor(output)
+        first = output if isinstance(output, torch.Tensor) else first_tensor(output)
         if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
             return
         self._seen.add(name)
@@ -195,8 +197,12 @@ class StepCapture(OutputGradients, StepEnd):
             self._shapes[name] = _shape_of(first)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
             self._recompute.add(name)
-        redraws_input = self.want_images and self._drawn.would_repeat(module, inputs)
-        self._guarded(name, self._capture_output, name, batch_dim, output, not redraws_input)
+        # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
+        draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
+        try:
+            self._capture_output(name, batch_dim, output, draw)
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._on_error(name, error)
 
     def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
@@ -205,15 +211,14 @@ class StepCapture(OutputGradients, StepEnd):
             if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
                 tensor = nested_values(tensor)
             # A small tensor is a row of the step's batch; only the first is drawn (an LSTM's h and c are not batch-first).
-            row = self._pending.small.add_whole(tensor, self.options.histogram_sample_size) if self.want_stats else None
             reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats and row is None,
-                draw=self.want_images and draw and position == 0 and not nested, batch_dim=batch_dim,
+                tensor, self.options, stats=self.want_stats, draw=draw and position == 0 and not nested,
+                batch_dim=batch_dim, small=self._pending.small,
             )
-            reduction = row if row is not None else reduction
             if reduction is not None:
                 self._pending.add("activations", tag, reduction, mergeable=True)
-                self.options.count_units(self._layers[name], tag, tensor, self._pending)  # for health alerts
+                if self.options.unit_counts:  # for health alerts
+                    unit_counts(self._layers[name], tag, tensor, self._pending)
                 if not nested:
                     self._hook_gradient(name, tag, tensor)
             if picture is not None:

@@ -20,6 +20,7 @@ from .output.pending_step import Draw
 from .rendering import picture_source
 from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
+from .summaries.small_tensors import SmallTensors
 
 __all__ = [
     "PER_CHANNEL_AFFINE",
@@ -137,15 +138,23 @@ def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 def reduce_output(
     tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0,
-) -> tuple[Reduction | None, tuple[Draw, torch.Tensor] | None]:
+    small: SmallTensors | None = None,
+) -> tuple[Reduction | int | None, tuple[Draw, torch.Tensor] | None]:
     """The per-layer work on one output tensor, shared by the watcher's hooks and :func:`actviz.report`.
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
     (``None`` unless ``draw`` and the tensor is 3-D or 4-D): see
     :func:`~actviz.summaries.one_tensor.reduce_tensor` and :func:`~actviz.rendering.picture_source`.
-    :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host. (In a watcher's
-    step, a tensor its sample covers whole is first batched, :meth:`~actviz.summaries.small_tensors.SmallTensors.add_whole`.)
+    :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host.
+
+    In a watcher's step (``small``, its step's small tensors) a tensor its sample covers whole is copied once,
+    and its summary is that copy's row there (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_copy`,
+    an ``int``); its picture's source is taken from the same copy.
     """
+    copy = small.whole_copy(tensor, options.histogram_sample_size) if stats and small is not None else None
+    if copy is not None:
+        picture = picture_source(copy, options.max_channels, batch_dim, copied=True) if draw else None
+        return small.add_copy(copy), picture  # type: ignore[union-attr]
     reduction = reduce_tensor(tensor, options.histogram_sample_size) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
     return reduction, picture

@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from .unit_counts import unit_counts
 
 __all__ = [
     "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
@@ -110,11 +109,6 @@ class CaptureOptions:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):
             raise TypeError(f"transformer_stats must be None (auto), True or False, got {self.transformer_stats!r}")
-
-    def count_units(self, module: Any, tag: str, tensor: Any, pending: Any) -> None:
-        """With ``unit_counts``, add a layer output's device counts to ``pending`` (see :mod:`actviz.unit_counts`)."""
-        if self.unit_counts:
-            unit_counts(module, tag, tensor, pending)
 
     @classmethod
     def names(cls) -> list[str]:

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from .layer_outputs import output_tensors
-from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
 
 __all__ = ["OutputGradients"]
@@ -48,7 +47,10 @@ class OutputGradients:
     _pass_reached: bool
     _grad_hook: Any
     _node_hook: Any
+    _backward_handles: list[Any]
+    _callback_queued: bool
     _guarded: Callable[..., Any]
+    _on_error: Callable[[str, BaseException], None]
     _queue_backward_callback: Callable[[], None]
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
@@ -56,9 +58,9 @@ class OutputGradients:
         if tensor.requires_grad:  # a pre-hook on the op that made it: no hook dict on the tensor (half the cost)
             node = tensor.grad_fn
             if node is not None:
-                self._hooks.add("backward", node.register_prehook(self._node_hook.bind((name, tag, tensor.output_nr))))
+                self._backward_handles.append(node.register_prehook(self._node_hook.bind((name, tag, tensor.output_nr))))
             else:  # a leaf
-                self._hooks.add("backward", tensor.register_hook(self._grad_hook.bind((name, tag))))
+                self._backward_handles.append(tensor.register_hook(self._grad_hook.bind((name, tag))))
             self.expects_backward = True
 
     def _on_node_grad(self, name: str, tag: str, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
@@ -78,12 +80,13 @@ class OutputGradients:
             return
         self._seen_grads.add(tag)
         self._pass_reached = True
-        self._queue_backward_callback()
-        reduction = self._guarded(name, self._reduce_gradient, grad)
-        if reduction is not None:
-            self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
-
-    def _reduce_gradient(self, grad: torch.Tensor) -> Reduction | int:
-        """A small gradient is a row of the step's batch (no object); any other is reduced now."""
-        row = self._pending.small.add_whole(grad, self.options.histogram_sample_size)
-        return row if row is not None else reduce_tensor(grad, self.options.histogram_sample_size, False)
+        if not self._callback_queued:
+            self._queue_backward_callback()
+        sample_size = self.options.histogram_sample_size
+        try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
+            copy = self._pending.small.whole_copy(grad, sample_size)
+            reduction = self._pending.small.add_copy(copy) if copy is not None else reduce_tensor(grad, sample_size, False)
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._on_error(name, error)
+            return
+        self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)

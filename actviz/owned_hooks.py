@@ -53,12 +53,10 @@ class OwnedHook:
     """``method(*bound, *call_args)`` while ``method``'s object lives, when called on ``target`` only.
 
     Args:
-        method: A bound method of the hook's owner (a watcher or a capture), held weakly.
+        method: A bound method of the hook's owner (a watcher or a capture); the owner is held weakly.
         target: The module or tensor the hook is registered on, passed first by torch to
             module and parameter hooks; ``None`` for tensor gradient hooks (called with the gradient).
         bound: Arguments put before torch's.
-        keep_alive: Hold ``method``'s object strongly: the watcher's root hook keeps the
-            watcher alive as long as the model, as a bound method would (only copies lose it).
 
     Example:
         >>> import copy, pickle, torch
@@ -74,17 +72,19 @@ class OwnedHook:
         True
     """
 
-    __slots__ = ("__weakref__", "_bound", "_method", "_target")
+    __slots__ = ("__weakref__", "_bound", "_function", "_owner", "_target")
 
-    def __init__(self, method: Callable[..., Any], target: Any = None, *bound: Any, keep_alive: bool = False) -> None:
-        self._method: Callable[[], Any] = (lambda: method) if keep_alive else weakref.WeakMethod(method)
+    def __init__(self, method: Callable[..., Any], target: Any = None, *bound: Any) -> None:
+        # The owner by weak reference and the plain function apart: a call makes no bound method (weakref.WeakMethod does).
+        self._owner = weakref.ref(method.__self__)  # type: ignore[attr-defined]
+        self._function = method.__func__  # type: ignore[attr-defined]
         self._target = None if target is None else weakref.ref(target)
         self._bound = bound
 
     def bind(self, bound: tuple[Any, ...]) -> OwnedHook:
         """A hook calling the same method with ``bound`` first: two objects (it and ``bound``), no new weak reference.
 
-        A logging step hooks hundreds of tensors; one shared weak method keeps each hook small.
+        A logging step hooks hundreds of tensors; one shared weak reference keeps each hook small.
 
         Example:
             >>> class Owner:
@@ -94,16 +94,16 @@ class OwnedHook:
             ('a', 1)
         """
         hook = OwnedHook.__new__(OwnedHook)
-        hook._method, hook._target, hook._bound = self._method, self._target, bound
+        hook._owner, hook._function, hook._target, hook._bound = self._owner, self._function, self._target, bound
         return hook
 
     def __call__(self, *args: Any) -> Any:
         if self._target is not None and (not args or args[0] is not self._target()):
             return None  # a copy's module, sharing this hook through a shallow-copied dict
-        method = self._method()
-        if method is None:
+        owner = self._owner()
+        if owner is None:
             return None
-        return method(*self._bound, *args)
+        return self._function(owner, *self._bound, *args)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (InertHook, ())
@@ -133,22 +133,23 @@ class ForwardHooks:
         ([torch.Size([1, 2])], 0)
     """
 
-    __slots__ = ("_hook", "_key", "_modules")
+    __slots__ = ("_dicts", "_hook", "_key")
     _keys = itertools.count(1)
 
     def __init__(self, hook: Callable[..., Any]) -> None:
         self._hook = hook
         self._key = -next(ForwardHooks._keys)
-        self._modules: list[nn.Module] = []
+        self._dicts: list[dict[int, Any]] = []  # the modules' hook dicts: taken out again without a call per module
 
     def add(self, module: nn.Module) -> None:
-        forward_hooks(module)[self._key] = self._hook
-        self._modules.append(module)
+        hooks = forward_hooks(module)
+        hooks[self._key] = self._hook
+        self._dicts.append(hooks)
 
     def remove(self) -> None:
-        modules, self._modules = self._modules, []
-        for module in modules:
-            forward_hooks(module).pop(self._key, None)
+        dicts, self._dicts = self._dicts, []
+        for hooks in dicts:
+            hooks.pop(self._key, None)
 
 
 class HookHandles:
@@ -174,6 +175,10 @@ class HookHandles:
 
     def add(self, group: str, handle: Removable) -> None:
         self._groups.setdefault(group, []).append(handle)
+
+    def group(self, name: str) -> list[Removable]:
+        """The list that holds group ``name``'s handles: a hook that adds many appends to it directly."""
+        return self._groups.setdefault(name, [])
 
     def remove(self, group: str | None = None) -> None:
         """Remove the hooks of ``group``, or all of them."""

@@ -145,11 +145,12 @@ def feature_map_grid(
     return draw_grid(grid_channels(fmap.detach(), max_channels), min_tile, max_tile, padding)
 
 
-def grid_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
-    """The device half of :func:`feature_map_grid`: a copy of the channels to draw, in their dtype."""
+def grid_channels(fmap: torch.Tensor, max_channels: int, copied: bool = False) -> torch.Tensor:
+    """The device half of :func:`feature_map_grid`: a copy of the channels to draw, in their dtype
+    (``fmap`` itself if it is a copy already, ``copied``, and has no more than ``max_channels``)."""
     if fmap.shape[0] > max_channels:
         return fmap.index_select(0, select_channels(fmap, max_channels))
-    return fmap.clone()
+    return fmap if copied else fmap.clone()
 
 
 @torch.no_grad()
@@ -173,7 +174,7 @@ def draw_grid(
 
 
 def picture_source(
-    tensor: torch.Tensor, max_channels: int, batch_dim: int = 0
+    tensor: torch.Tensor, max_channels: int, batch_dim: int = 0, copied: bool = False
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor | PaletteImage], torch.Tensor] | None:
     """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
 
@@ -182,7 +183,9 @@ def picture_source(
     when a side is over ``MAX_HEATMAP_SIDE`` (a language model's hidden states or logits), its area
     average at the picture's size and the whole's min and max (:func:`~actviz.heatmap_sources.heatmap_source`).
     ``draw(source)`` is :func:`feature_map_grid` of sample 0, or its :func:`heatmap` as a
-    :class:`~actviz.pixels.PaletteImage` (the same pixels, a byte each).
+    :class:`~actviz.pixels.PaletteImage` (the same pixels, a byte each). With ``copied``, ``tensor``
+    is a private copy off autograd's tape (a watcher's :meth:`~actviz.summaries.small_tensors.SmallTensors.whole_copy`):
+    a grid of all its channels is a view of it, no second copy.
 
     Example:
         >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
@@ -194,9 +197,10 @@ def picture_source(
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
+    values = tensor if copied else tensor.detach()
     if tensor.dim() == 4:
-        return draw_grid, grid_channels(tensor.detach()[0], max_channels)
-    return heatmap_source(tensor.detach().select(batch_dim, 0))
+        return draw_grid, grid_channels(values[0], max_channels, copied)
+    return heatmap_source(values.select(batch_dim, 0))
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ objects, finished on the host by :func:`~actviz.summaries.one_tensor.finish`.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -136,7 +137,7 @@ class _Plan:
         key = (tuple(map(id, owners)), sample_size, shortcut)
         plan = cls._kept.get(key)
         if (plan is None or plan.numels != tuple(map(torch.Tensor.numel, tensors))
-                or not all(ref() is owner for ref, owner in zip(plan.owners, owners))):
+                or not all(map(operator.is_, map(weakref.ref.__call__, plan.owners), owners))):  # no frame per owner
             if len(cls._kept) > 8:  # ever new parameter lists: keep a few
                 cls._kept.clear()
             plan = cls._kept[key] = cls(tensors, sample_size, shortcut)

@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -105,7 +106,7 @@ class _Batch:
         self.copies: list[torch.Tensor] = []
         self.reductions: list[Reduction] = []  # the ones made at once (SmallTensors.add): completed by reduce
         self.sizes: list[int] = []
-        self.starts: list[int] = []
+        self.starts: list[int] = []  # each size's start in the sample: laid out by reduce
         self.stop = 0
         self.header: torch.Tensor | None = None  # (len(sizes), len(FIELDS)), once reduced
         self.sample: torch.Tensor | None = None  # every copy end to end, once reduced
@@ -115,19 +116,13 @@ class _Batch:
         with torch.no_grad():
             self.header = reduce_segments(flat, tuple(self.sizes), wide_dtype(flat.device))
         self.sample, self.copies = flat, []
+        self.starts = [0, *itertools.accumulate(self.sizes)]
         for reduction in self.reductions:
             reduction.header, reduction.sample = self.header, flat
 
-    def add_size(self, size: int) -> int:
-        """Make room for a tensor of ``size`` elements behind the others; its index here."""
-        self.starts.append(self.stop)
-        self.sizes.append(size)
-        self.stop += size
-        return len(self.sizes) - 1
-
     def reduction(self, index: int) -> Reduction:
-        start = self.starts[index]
-        return Reduction(self.sizes[index], 1, self.header, index, self.sample, start, start + self.sizes[index])
+        start, stop = self.starts[index], self.starts[index + 1]
+        return Reduction(stop - start, 1, self.header, index, self.sample, start, stop)
 
 
 class SmallTensors:
@@ -152,11 +147,21 @@ class SmallTensors:
         self._row_index: list[int] = []
 
     def add_whole(self, tensor: torch.Tensor, sample_size: int | None) -> int | None:
-        """:meth:`add_row` a copy of a hook's plain tensor that its sample covers whole, or ``None`` if it is not one.
+        """:meth:`add_copy` of :meth:`whole_copy`: a hook's plain tensor that its sample covers whole, or ``None``."""
+        copy = self.whole_copy(tensor, sample_size)
+        return None if copy is None else self.add_copy(copy)
 
-        The fast path of a layer output or its gradient: a few attribute reads, then ``detach`` and one copy.
+    def whole_copy(self, tensor: torch.Tensor, sample_size: int | None) -> torch.Tensor | None:
+        """A contiguous copy, off autograd's tape, of a plain floating tensor (no DTensor, nested or subclass)
+        that its sample covers whole, for :meth:`add_copy`; ``None`` if ``tensor`` is not one.
+
+        The fast path of a layer output or its gradient: a few attribute reads, then one copy.
         """
-        return self.add_row(tensor.detach()) if self.whole(tensor, sample_size) else None
+        numel = tensor.numel()
+        if not (type(tensor) is torch.Tensor and 0 < numel <= SMALL_MAX and (sample_size is None or numel <= sample_size)
+                and tensor.is_floating_point() and not (self._cpu_shortcut and tensor.is_cpu)):
+            return None
+        return (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
 
     def whole(self, tensor: torch.Tensor, sample_size: int | None) -> bool:
         """Whether ``tensor`` is a plain floating tensor (no DTensor, nested or subclass) its sample covers whole."""
@@ -171,18 +176,28 @@ class SmallTensors:
     def add_row(self, values: torch.Tensor) -> int:
         """Keep a copy of ``values`` (floating, any shape), made now: a later in-place op cannot change it.
         Its row, completed by :meth:`reduce`."""
-        numel = values.numel()
-        batch = self._batch_for(values.device, numel)
-        batch.copies.append(values.clone(memory_format=torch.contiguous_format))
+        return self.add_copy(values.clone(memory_format=torch.contiguous_format))
+
+    def add_copy(self, copy: torch.Tensor) -> int:
+        """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
+        changes (:meth:`whole_copy`). Its row, completed by :meth:`reduce`."""
+        numel = copy.numel()
+        batch = self._batches.get(copy.device)
+        if batch is None or batch.stop + numel > CHUNK:
+            batch = self._new_batch(copy.device)
+        batch.copies.append(copy)
+        self._row_index.append(len(batch.sizes))
         self._row_batch.append(batch)
-        self._row_index.append(batch.add_size(numel))
+        batch.sizes.append(numel)
+        batch.stop += numel
         return len(self._row_index) - 1
 
     def add(self, values: torch.Tensor) -> Reduction:
         """:meth:`add_row`, and its :class:`Reduction` at once, completed by :meth:`reduce`."""
         row = self.add_row(values)
-        reduction = self.reduction(row)
-        self._row_batch[row].reductions.append(reduction)
+        batch, index = self._row_batch[row], self._row_index[row]
+        reduction = Reduction(batch.sizes[index], 1, None, index, None, batch.stop - batch.sizes[index], batch.stop)
+        batch.reductions.append(reduction)
         return reduction
 
     def add_segments(self, flat: torch.Tensor, sizes: Sequence[int]) -> list[int]:
@@ -204,22 +219,27 @@ class SmallTensors:
             while stop < len(sizes) and total + sizes[stop] <= CHUNK:
                 total += sizes[stop]
                 stop += 1
-            batch = self._batch_for(flat.device, total)
-            first = len(self._row_index)
-            self._row_index.extend(batch.add_size(size) for size in sizes[start:stop])
+            batch = self._batches.get(flat.device)
+            if batch is None or batch.stop + total > CHUNK:
+                batch = self._new_batch(flat.device)
+            first, count = len(self._row_index), len(batch.sizes)
+            self._row_index.extend(range(count, count + stop - start))
             self._row_batch.extend([batch] * (stop - start))
+            batch.sizes.extend(sizes[start:stop])
+            batch.stop += total
             rows.extend(range(first, len(self._row_index)))
             batch.copies.append(flat.narrow(0, offset, total) if total < flat.numel() else flat)
             start, offset = stop, offset + total
         return rows
 
-    def _batch_for(self, device: torch.device, numel: int) -> _Batch:
-        """The device's open batch, or a new one if ``numel`` more elements would pass :data:`CHUNK`."""
+    def _new_batch(self, device: torch.device) -> _Batch:
+        """A new open batch for ``device``: its open one, if it holds anything, is full (the next would pass :data:`CHUNK`)."""
         batch = self._batches.get(device)
-        if batch is None or (batch.stop and batch.stop + numel > CHUNK):
-            if batch is not None:
-                self._full.append(batch)
-            batch = self._batches[device] = _Batch()
+        if batch is not None and not batch.stop:
+            return batch  # empty: a tensor of more than CHUNK elements goes into it alone
+        if batch is not None:
+            self._full.append(batch)
+        batch = self._batches[device] = _Batch()
         return batch
 
     def reduce(self) -> None:
