@@ -82,19 +82,22 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...], wide: torch.dtyp
     """
     device = flat.device
     segment, starts, reciprocal, no_sums, no_low, no_high = _layout(sizes, device, wide)
+    # Few and small temporaries: a step's scratch is these columns, one gather and one filled copy of flat.
     columns = torch.empty((flat.numel(), 4), dtype=wide, device=device)  # non-zero, finite non-zero, d, d * d
     torch.ne(flat, 0, out=columns[:, 0])  # NaN and ±Inf count as non-zero
-    zeroed = flat.to(wide, copy=True).nan_to_num_(0.0, 0.0, 0.0)
-    torch.ne(zeroed, 0, out=columns[:, 1])
-    first = zeroed.index_select(0, starts)
-    torch.sub(zeroed, first.index_select(0, segment), out=columns[:, 2])  # d: z less its segment's first
-    torch.mul(columns[:, 2], columns[:, 2], out=columns[:, 3])
+    shifted = columns[:, 2]
+    shifted.copy_(flat).nan_to_num_(0.0, 0.0, 0.0)  # z
+    torch.ne(shifted, 0, out=columns[:, 1])
+    first = shifted.index_select(0, starts)
+    shifted.sub_(first.index_select(0, segment))  # d: z less its segment's first
+    torch.mul(shifted, shifted, out=columns[:, 3])
     sums = torch.index_add(no_sums, 0, segment, columns)  # out of place: the starting values stay zeros
     shift = sums[:, 2] * reciprocal  # mean of d
     variance = torch.addcmul(sums[:, 3] * reciprocal, shift, shift, value=-1).clamp_min_(0)
-    bounds = [torch.scatter_reduce(start.to(flat.dtype), 0, segment, torch.nan_to_num(flat, fill, fill, fill), how)
-              for start, fill, how in ((no_low, math.inf, "amin"), (no_high, -math.inf, "amax"))]
-    return torch.stack([sums[:, 0], sums[:, 1], first + shift, variance, *(bound.to(wide) for bound in bounds)], 1)
+    filled = torch.nan_to_num(flat, math.inf, math.inf, math.inf)  # the finite values, +inf for the others
+    low = torch.scatter_reduce(no_low.to(flat.dtype), 0, segment, filled, "amin")
+    high = torch.scatter_reduce(no_high.to(flat.dtype), 0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf, out=filled), "amax")
+    return torch.stack([sums[:, 0], sums[:, 1], first + shift, variance, low.to(wide), high.to(wide)], 1)
 
 
 class _Batch:
