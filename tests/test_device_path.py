@@ -18,7 +18,7 @@ from conftest import CountOps
 import actviz
 from actviz.output.pending_step import HostCopy, PendingStep
 from actviz.pixels import PaletteImage
-from actviz.rendering import heatmap, picture_source
+from actviz.rendering import feature_map_grid, heatmap, picture_source
 from actviz.summaries.many_tensors import reduce_tensors
 from actviz.summaries.one_tensor import reduce_tensor
 
@@ -100,6 +100,28 @@ def test_a_picture_takes_at_most_six_ops():
     assert len(count.kernels) == 1
 
 
+def test_a_small_output_is_copied_once_for_its_summary_and_its_grid():
+    """A small 4-D output's grid source is a view of the copy its summary makes: one copy per tensor,
+    taken before a later in-place op (the ReLU) changes the output."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(inplace=True), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 2))
+    inputs = torch.randn(2, 3, 8, 8)
+    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=1)
+    with CountOps() as count:
+        torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 0])).backward()
+        viz.flush()
+    results = viz.latest
+    viz.close()
+    assert sorted(results.activations) == sorted(results.gradients) == ["0", "3"]
+    assert count.kernels.count("aten.clone.default") == 4  # two outputs and their two gradients, no more
+    with torch.no_grad():
+        before_relu = model[0](inputs)
+    assert before_relu.min() < 0  # the in-place ReLU changed the output after its hook
+    assert torch.equal(results.images["0"], feature_map_grid(before_relu[0]))
+    assert results.activations["0"].min == pytest.approx(before_relu.min().item())
+
+
 def test_a_step_goes_to_the_host_in_one_packed_copy():
     tensors = [torch.randn(()), torch.randn(5), torch.randn((), dtype=torch.float64), torch.randn(3).bfloat16()]
     with CountOps() as count:
@@ -164,6 +186,48 @@ def test_a_heat_map_source_is_bounded_on_the_device():
     draw, source = picture_source(within, max_channels=64)
     assert source.dtype == torch.uint8 and source.numel() == 500 * 96
     assert torch.equal(draw(source).rgb(), heatmap(within[0]))
+
+
+def python_calls(step) -> int:
+    """Python function calls made on this thread while ``step()`` runs (deterministic, unlike its time)."""
+    import sys
+
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event == "call":
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        step()
+    finally:
+        sys.setprofile(None)
+    return calls[0]
+
+
+def test_a_logging_step_makes_few_python_calls_per_hooked_tensor():
+    """The host cost of a logging step on a GPU is mostly Python: about 22 calls per layer output or
+    gradient hooked (the hooks, the copies, the step's start and end shared out), 35 before issue 22's last round."""
+    torch.manual_seed(0)
+    bare, watched = torchvision.models.resnet18(num_classes=10), torchvision.models.resnet18(num_classes=10)
+    inputs, labels = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
+    viz = actviz.watch(watched, tempfile.mkdtemp(), every=1, image_every=1)
+    optimizers = {id(model): torch.optim.SGD(model.parameters(), lr=0.0, foreach=True) for model in (bare, watched)}
+
+    def step(model):
+        optimizers[id(model)].zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizers[id(model)].step()
+        if model is watched:
+            viz.flush()
+
+    for model in (bare, watched, bare, watched):  # warm: plans and layouts are made once
+        step(model)
+    extra = python_calls(lambda: step(watched)) - python_calls(lambda: step(bare))
+    viz.close()
+    hooked = 2 * 41  # 41 watched layers' outputs and their gradients
+    assert hooked * 8 < extra <= hooked * 24, extra  # the hooks ran, and cheaply
 
 
 def test_a_logging_step_creates_few_python_objects():
