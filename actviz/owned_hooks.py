@@ -183,8 +183,10 @@ class HookHandles:
     def remove(self, group: str | None = None) -> None:
         """Remove the hooks of ``group``, or all of them."""
         for name in [group] if group is not None else list(self._groups):
-            for handle in self._groups.pop(name, []):
+            handles = self._groups.pop(name, [])
+            for handle in handles:
                 handle.remove()
+            handles.clear()  # a hook that appended to the list itself (group()) holds it no longer
 
     def __enter__(self) -> HookHandles:
         return self

@@ -122,7 +122,7 @@ class PendingStep:
         self._reductions: list[Reduction | int] = []  # an int: a row of self.small, made a Reduction when resolved
         self._scaled: list[bool] = []
         self._mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
-        self._pictures: list[tuple[str, Draw, tuple[torch.Tensor, ...], bool]] = []
+        self._pictures: list[tuple[Any, ...]] = []  # (tag, draw, full_tag, *sources): one tuple per picture
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
@@ -207,7 +207,7 @@ class PendingStep:
         ``tag`` is a layer's name, written as ``feature_maps/{tag}``, or with ``full_tag``
         the whole tag (``probe/input``, ``gradcam/features.10``).
         """
-        self._pictures.append((tag, draw, sources, full_tag))
+        self._pictures.append((tag, draw, full_tag, *sources))
 
     def send(self) -> None:
         """Start the copy to the host. Called once, on the training thread, when the step ends.
@@ -224,8 +224,8 @@ class PendingStep:
             if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
                 for tensor in reduction.device_tensors():
                     unique[id(tensor)] = tensor
-        for _, _, sources, _ in self._pictures:
-            for source in sources:
+        for picture in self._pictures:
+            for source in picture[3:]:
                 unique[id(source)] = source
         for _, value in self._scalars:
             unique[id(value)] = value
@@ -246,7 +246,7 @@ class PendingStep:
         reductions = [self.small.reduction(r) if isinstance(r, int) else r for r in self._reductions]
         for reduction in reductions:
             reduction.receive(host)
-        for tag, draw, sources, full_tag in self._pictures:
+        for tag, draw, full_tag, *sources in self._pictures:
             picture = draw(*[host[id(source)] for source in sources])
             (results.pictures if full_tag else results.images)[tag] = picture
         for tag, value in self._scalars:
