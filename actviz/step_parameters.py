@@ -34,6 +34,8 @@ from .tags import UPDATE_RATIO
 
 __all__ = ["LoopHistory", "StepParameters"]
 
+_GRAD = operator.attrgetter("grad")  # a parameter's .grad, read in C in map()
+
 
 @dataclass
 class LoopHistory:
@@ -106,7 +108,8 @@ class StepParameters:
         self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
         self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
         self._grads_scaled = False
-        self._grad_refs: dict[int, weakref.ref[torch.Tensor]] = {}  # each .grad as the step's backward left it
+        self._trainable = [param for _, param in self.trainable]
+        self._grad_refs: list[weakref.ref[torch.Tensor] | None] = []  # each .grad as the step's backward left it
         self.taken_at_step = False  # reduced as an optimizer applied them
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
 
@@ -151,20 +154,18 @@ class StepParameters:
 
     def note_gradients(self) -> None:
         """Remember which tensors the step's backward left in ``.grad``: later passes accumulate into them."""
-        self._grad_refs = {id(param): weakref.ref(param.grad) for _, param in self.trainable if param.grad is not None}
+        self._grad_refs = [None if grad is None else weakref.ref(grad) for grad in map(_GRAD, self._trainable)]
 
-    def dropped(self, param: torch.Tensor | None = None) -> bool:
-        """Whether ``param``'s (or any watched) gradient was zeroed to ``None`` since :meth:`note_gradients`."""
-        params = [param] if param is not None else [param for _, param in self.trainable]
-        for each in params:
-            ref = self._grad_refs.get(id(each))
-            if ref is not None and (ref() is None or ref() is not each.grad):
+    def dropped(self) -> bool:
+        """Whether a watched gradient was zeroed to ``None`` (or replaced) since :meth:`note_gradients`."""
+        for ref, grad in zip(self._grad_refs, map(_GRAD, self._trainable)):
+            if ref is not None and ((noted := ref()) is None or noted is not grad):
                 return True
         return False
 
     def discard_gradients(self) -> None:
         """Log no gradients for this step: no optimizer applied the ones its backward made."""
-        self._grads, self._grad_refs = {}, {}
+        self._grads, self._grad_refs = {}, []
 
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
