@@ -155,3 +155,40 @@ def test_fan_out_calls_every_sink_and_raises_the_first_sinks_error_after():
     with pytest.raises(ValueError, match="first"):
         FanOutSink([Failing(), later], guard_from=1).write(StepResults(3, scalars={"a": 1.0}))
     assert later.steps == [3]
+
+
+def test_flush_is_done_by_the_writer_thread_after_the_steps_queued_before(tmp_path):
+    """The training thread does no file I/O in flush(): the writer thread flushes once the steps before are written;
+    a flush that fails warns once, and training and the next flushes go on."""
+    import threading
+
+    class RecordingSink(ListSink):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flushed_after: list[list[int]] = []
+            self.threads: list[str] = []
+            self.fail = True
+
+        def flush(self) -> None:
+            super().flush()
+            self.flushed_after.append(list(self.steps))
+            self.threads.append(threading.current_thread().name)
+            if self.fail:
+                self.fail = False
+                raise OSError("disk full")
+
+    model = small_cnn(inplace=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    sink = RecordingSink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, sink=sink, every=1, image_every=False) as viz:
+            for _ in range(2):
+                train_step(model, optimizer)
+            viz.flush()  # the first flush fails: warned, not raised
+            train_step(model, optimizer)
+            viz.flush()
+    assert sink.flushed_after[:2] == [[0, 1], [0, 1, 2]]
+    assert sink.threads[:2] == ["actviz-writer", "actviz-writer"]
+    flush_warnings = [str(w.message) for w in caught if "flush() raised" in str(w.message)]
+    assert len(flush_warnings) == 1 and "disk full" in flush_warnings[0], flush_warnings

@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 #: Seconds between two checks that the writer thread is still there, while waiting on it.
 POLL_SECONDS = 0.2
 
+#: Queued by :meth:`BackgroundSink.flush`: the writer thread flushes the sink when it comes to it.
+_FLUSH: Any = object()
+
 
 class PendingResults(Protocol):
     """A step on its way to the host (:class:`actviz.output.pending_step.PendingStep`)."""
@@ -85,7 +88,7 @@ class BackgroundSink:
         self._on_error = on_error
         self._resolve = resolve or (lambda pending: pending.resolve())
         self._after_write = after_write
-        self._queue: queue.Queue[PendingResults | None] = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)  # steps, _FLUSH, or None: stop
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._stop_sent = False  # the thread was asked to stop once the queue is drained
@@ -117,11 +120,17 @@ class BackgroundSink:
         self._put(pending)
 
     def flush(self) -> None:
-        """Wait until every queued step is written, then flush the writer. Never raises a write error."""
+        """Wait until every queued step is written and the writer flushed. Never raises a write error.
+
+        The writer thread flushes, after the steps queued before: the training thread does no file I/O.
+        """
         if not self._usable() or self.on_thread():
             return  # on the writer thread, the steps before this one are written already
+        if self._thread is None:  # nothing was ever queued
+            self._guarded("flush", self.sink.flush)
+            return
+        self._put(_FLUSH)
         self._wait_until_written()
-        self._guarded("flush", self.sink.flush)
 
     def close(self) -> None:
         """Write what is queued, stop the thread and close the sink. Safe to call more than once, and again
@@ -202,7 +211,10 @@ class BackgroundSink:
             try:
                 if pending is None:
                     return
-                self._process(pending)
+                if pending is _FLUSH:
+                    self._guarded("flush", self.sink.flush)
+                else:
+                    self._process(pending)
             finally:
                 self._queue.task_done()
 
