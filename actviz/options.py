@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-
 __all__ = [
     "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
 ]

@@ -108,7 +108,7 @@ class StepParameters:
         self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
         self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
         self._grads_scaled = False
-        self._trainable = [param for _, param in self.trainable]
+        self._trainable_params = [param for _, param in self.trainable]
         self._grad_refs: list[weakref.ref[torch.Tensor] | None] = []  # each .grad as the step's backward left it
         self.taken_at_step = False  # reduced as an optimizer applied them
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
@@ -154,11 +154,11 @@ class StepParameters:
 
     def note_gradients(self) -> None:
         """Remember which tensors the step's backward left in ``.grad``: later passes accumulate into them."""
-        self._grad_refs = [None if grad is None else weakref.ref(grad) for grad in map(_GRAD, self._trainable)]
+        self._grad_refs = [None if grad is None else weakref.ref(grad) for grad in map(_GRAD, self._trainable_params)]
 
     def dropped(self) -> bool:
         """Whether a watched gradient was zeroed to ``None`` (or replaced) since :meth:`note_gradients`."""
-        for ref, grad in zip(self._grad_refs, map(_GRAD, self._trainable)):
+        for ref, grad in zip(self._grad_refs, map(_GRAD, self._trainable_params)):
             if ref is not None and ((noted := ref()) is None or noted is not grad):
                 return True
         return False

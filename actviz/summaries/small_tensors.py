@@ -96,7 +96,8 @@ def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...], wide: torch.dtyp
     variance = torch.addcmul(sums[:, 3] * reciprocal, shift, shift, value=-1).clamp_min_(0)
     filled = torch.nan_to_num(flat, math.inf, math.inf, math.inf)  # the finite values, +inf for the others
     low = torch.scatter_reduce(no_low.to(flat.dtype), 0, segment, filled, "amin")
-    high = torch.scatter_reduce(no_high.to(flat.dtype), 0, segment, torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf, out=filled), "amax")
+    torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf, out=filled)  # the same buffer, -inf for the others
+    high = torch.scatter_reduce(no_high.to(flat.dtype), 0, segment, filled, "amax")
     return torch.stack([sums[:, 0], sums[:, 1], first + shift, variance, low.to(wide), high.to(wide)], 1)
 
 
@@ -160,9 +161,7 @@ class SmallTensors:
 
         The fast path of a layer output or its gradient: a few attribute reads, then one copy.
         """
-        numel = tensor.numel()
-        if not (type(tensor) is torch.Tensor and 0 < numel <= SMALL_MAX and (sample_size is None or numel <= sample_size)
-                and tensor.is_floating_point() and not (self._cpu_shortcut and tensor.is_cpu)):
+        if not self.whole(tensor, sample_size):
             return None
         return (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
 
