@@ -128,7 +128,7 @@ class PendingStep:
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
         self._ids: list[int] = []
-        #: The small tensors the hooks copy (``pending.small.add_whole(...)``), reduced together
+        #: The small tensors the hooks copy (``pending.small.whole_copy(...)``, then ``add_copy``), reduced together
         #: before merging or sending; ``ACTVIZ_CPU_SHORTCUTS`` is read once, here, per step.
         self.small = SmallTensors(cpu_shortcuts())
 

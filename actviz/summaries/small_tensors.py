@@ -150,11 +150,6 @@ class SmallTensors:
         self._row_batch: list[_Batch] = []  # per row: its batch and its index there (ints: nothing to collect)
         self._row_index: list[int] = []
 
-    def add_whole(self, tensor: torch.Tensor, sample_size: int | None) -> int | None:
-        """:meth:`add_copy` of :meth:`whole_copy`: a hook's plain tensor that its sample covers whole, or ``None``."""
-        copy = self.whole_copy(tensor, sample_size)
-        return None if copy is None else self.add_copy(copy)
-
     def whole_copy(self, tensor: torch.Tensor, sample_size: int | None) -> torch.Tensor | None:
         """A contiguous copy, off autograd's tape, of a plain floating tensor (no DTensor, nested or subclass)
         that its sample covers whole, for :meth:`add_copy`; ``None`` if ``tensor`` is not one.
