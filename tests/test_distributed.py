@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -35,9 +36,22 @@ def _worker(rank: int, init_file: str, log_root: str) -> None:
         dist.destroy_process_group()
 
 
+def _collected(rank: int, worker, *args) -> None:
+    """``worker(rank, *args)``, then a garbage collection while the interpreter is whole.
+
+    A caught exception (an import's, say) leaves frames in a reference cycle, and with them the
+    worker's locals: the DDP model and what it holds of gloo. Left to the interpreter's shutdown,
+    their destruction can abort the process ("terminate called without an active exception",
+    about one run in thirty here; pytorch#179291 describes how). Collected here, they go
+    while Python still runs, as in a training script whose model goes out of scope before exit.
+    """
+    worker(rank, *args)
+    gc.collect()
+
+
 def run_workers(worker, *args, timeout: float = 180) -> None:
     """Run ``worker(rank, *args)`` on WORLD_SIZE processes; fail instead of hanging past ``timeout``."""
-    context = mp.start_processes(worker, args=args, nprocs=WORLD_SIZE, join=False, start_method="spawn")
+    context = mp.start_processes(_collected, args=(worker, *args), nprocs=WORLD_SIZE, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     try:
         while not context.join(timeout=5):
