@@ -204,7 +204,7 @@ class StepCapture(OutputGradients, StepEnd):
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
 
-    def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool = True) -> None:
+    def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool) -> None:
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
         for position, (suffix, tensor) in enumerate(tensors):
             tag, nested = name + suffix, tensor.is_nested
