@@ -48,7 +48,6 @@ class OutputGradients:
     _grad_hook: Any
     _node_hook: Any
     _backward_handles: list[Any]
-    _callback_queued: bool
     _guarded: Callable[..., Any]
     _on_error: Callable[[str, BaseException], None]
     _queue_backward_callback: Callable[[], None]
@@ -80,8 +79,7 @@ class OutputGradients:
             return
         self._seen_grads.add(tag)
         self._pass_reached = True
-        if not self._callback_queued:
-            self._queue_backward_callback()
+        self._queue_backward_callback()
         sample_size = self.options.histogram_sample_size
         try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
             copy = self._pending.small.whole_copy(grad, sample_size)

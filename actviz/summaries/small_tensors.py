@@ -179,9 +179,7 @@ class SmallTensors:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
         changes (:meth:`whole_copy`). Its row, completed by :meth:`reduce`."""
         numel = copy.numel()
-        batch = self._batches.get(copy.device)
-        if batch is None or batch.stop + numel > CHUNK:
-            batch = self._new_batch(copy.device)
+        batch = self._batch_for(copy.device, numel)
         batch.copies.append(copy)
         self._row_index.append(len(batch.sizes))
         self._row_batch.append(batch)
@@ -216,9 +214,7 @@ class SmallTensors:
             while stop < len(sizes) and total + sizes[stop] <= CHUNK:
                 total += sizes[stop]
                 stop += 1
-            batch = self._batches.get(flat.device)
-            if batch is None or batch.stop + total > CHUNK:
-                batch = self._new_batch(flat.device)
+            batch = self._batch_for(flat.device, total)
             first, count = len(self._row_index), len(batch.sizes)
             self._row_index.extend(range(count, count + stop - start))
             self._row_batch.extend([batch] * (stop - start))
@@ -229,14 +225,13 @@ class SmallTensors:
             start, offset = stop, offset + total
         return rows
 
-    def _new_batch(self, device: torch.device) -> _Batch:
-        """A new open batch for ``device``: its open one, if it holds anything, is full (the next would pass :data:`CHUNK`)."""
+    def _batch_for(self, device: torch.device, numel: int) -> _Batch:
+        """The device's open batch, or a new one if ``numel`` more elements would pass :data:`CHUNK`."""
         batch = self._batches.get(device)
-        if batch is not None and not batch.stop:
-            return batch  # empty: a tensor of more than CHUNK elements goes into it alone
-        if batch is not None:
-            self._full.append(batch)
-        batch = self._batches[device] = _Batch()
+        if batch is None or (batch.stop and batch.stop + numel > CHUNK):
+            if batch is not None:
+                self._full.append(batch)
+            batch = self._batches[device] = _Batch()
         return batch
 
     def reduce(self) -> None:
