@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from typing import Any
 
 
 def peak_bytes() -> int:
@@ -40,7 +41,8 @@ def thread_cpu_seconds(native_id: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(tokens: int) -> None:
+def watched_gpt2(tokens: int) -> tuple[Any, Any, Any]:
+    """GPT-2 small (random init, training mode), a batch of ``tokens`` ids, and its watcher (every=2, pictures on)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -50,18 +52,31 @@ def measure(tokens: int) -> None:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config()).train()
     ids = torch.randint(0, 50257, (1, tokens))
-    viz = actviz.watch(model, tempfile.mkdtemp(), every=2, image_every=2)
+    return model, ids, actviz.watch(model, tempfile.mkdtemp(), every=2, image_every=2)
+
+
+def train_step(model: Any, ids: Any, viz: Any) -> None:
+    model(ids, labels=ids).loss.backward()
+    model.zero_grad(set_to_none=True)
+    viz.flush()
+
+
+def writer_thread() -> threading.Thread | None:
+    return next((thread for thread in threading.enumerate() if thread.name == "actviz-writer"), None)
+
+
+def measure(tokens: int) -> None:
+    model, ids, viz = watched_gpt2(tokens)
 
     def step() -> int:
         reset_peak()
-        model(ids, labels=ids).loss.backward()
-        model.zero_grad(set_to_none=True)
-        viz.flush()
+        train_step(model, ids, viz)
         return peak_bytes()
 
     step()  # step 0: logs, and warms up
     bare = step()  # step 1: nothing logged
-    writer = next(thread for thread in threading.enumerate() if thread.name == "actviz-writer")
+    writer = writer_thread()
+    assert writer is not None
     cpu_before = thread_cpu_seconds(writer.native_id)
     logging = step()  # step 2: logs, pictures on
     writer_cpu = thread_cpu_seconds(writer.native_id) - cpu_before
@@ -75,25 +90,15 @@ def measure_writer(tokens: int, logging_steps: int = 4) -> None:
     """The writer thread's CPU per logging step, with malloc's defaults, after two warm-up steps."""
     import statistics
 
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    import actviz
-
-    warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config()).train()
-    ids = torch.randint(0, 50257, (1, tokens))
-    with actviz.watch(model, tempfile.mkdtemp(), every=2, image_every=2) as viz:
-        seconds = []
+    model, ids, viz = watched_gpt2(tokens)
+    seconds = []
+    with viz:
         for step in range(2 + 2 * logging_steps):
-            writer = next((thread for thread in threading.enumerate() if thread.name == "actviz-writer"), None)
+            writer = writer_thread()
             before = thread_cpu_seconds(writer.native_id) if writer is not None else 0.0
-            model(ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
-            viz.flush()
+            train_step(model, ids, viz)
             if step >= 2 and step % 2 == 0:
-                seconds.append(thread_cpu_seconds(writer.native_id) - before)
+                seconds.append(thread_cpu_seconds(writer.native_id) - before)  # type: ignore[union-attr]
     print(f"gpt2-small {tokens} tokens, malloc defaults: writer-thread CPU per logging step, median "
           f"{statistics.median(seconds):.2f} s of {', '.join(f'{value:.2f}' for value in seconds)}")
 
