@@ -96,6 +96,28 @@ def test_the_batch_takes_one_op_per_tensor_and_a_constant_number_at_the_end_with
     assert counts[0] == counts[1] <= 30, counts
 
 
+def test_devices_without_segment_reduce_get_the_same_header_from_index_add(monkeypatch):
+    from actviz.summaries import small_tensors
+    tensors = cases()
+    sizes = tuple(tensor.numel() for tensor in tensors)
+    for dtype in (torch.float32, torch.bfloat16):
+        flat = torch.cat([tensor.to(dtype) for tensor in tensors])
+        with CountOps() as default:
+            by_segment = reduce_segments(flat, sizes)
+        assert default.kernels.count("aten.segment_reduce.default") == 3 and default.syncs == []  # sums, min, max
+        with monkeypatch.context() as patch:
+            patch.setattr(small_tensors, "SEGMENT_REDUCE_DEVICES", frozenset())  # as on MPS
+            with CountOps() as fallback:
+                by_index = reduce_segments(flat, sizes)
+        assert fallback.syncs == [] and "aten.segment_reduce.default" not in fallback.kernels
+        torch.testing.assert_close(by_index, by_segment, rtol=1e-12, atol=0, equal_nan=True)
+        for column, tensor in zip(by_segment, tensors):  # and both against float64 by hand
+            numel, nonfinite, zeros, low, high, _, _ = expected(tensor.to(dtype))
+            assert column[:2].tolist() == [numel - zeros, numel - zeros - nonfinite]
+            if nonfinite < numel:
+                assert column[4:].tolist() == [low, high]
+
+
 def test_the_cpu_shortcut_is_not_batched():
     small = SmallTensors(cpu_shortcut=True)
     reduction = reduce_tensor(torch.tensor([1.0, 2.0]), small=small)
