@@ -17,8 +17,7 @@ function                               private API
 :func:`grad_scaler_scale`              ``GradScaler._scale``
 :func:`grad_scaler_unscaled`           ``GradScaler._per_optimizer_states``
 :func:`compiled_original`              ``OptimizedModule._orig_mod``
-:func:`compiled_call` and              ``nn.Module._compiled_call_impl``
-:func:`set_compiled_call`              (what ``model.compile()`` sets)
+:func:`compiled_call`, its setter       ``nn.Module._compiled_call_impl`` (``model.compile()`` sets it)
 :func:`inductor_backend`               ``torch._dynamo.lookup_backend``
 :func:`mark_size_unbacked`             ``torch._dynamo.decorators.mark_unbacked``
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
@@ -29,13 +28,12 @@ function                               private API
 :func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
 :func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 :func:`flatten_copy`                   ``torch._C._nn.flatten_dense_tensors``
+:func:`child_modules`                  ``Module._modules``
 =====================================  ===========================================
 
-The summaries also call ``torch._foreach_norm``, ``torch._foreach_powsum``,
-``torch._foreach_max`` and other ``_foreach`` ops directly: they are aten operators that
-take a list of tensors in one dispatch (PyTorch's optimizers and ``clip_grad_norm_`` are
-built on them), not private attributes. ``tests/test_internals.py`` checks the semantics
-actviz relies on (an L0 norm counts NaN and Inf as non-zero, a float64 ``dtype=``).
+The summaries also call ``_foreach`` ops (``torch._foreach_norm``, ``_foreach_max``...) directly: aten operators
+taking a list of tensors in one dispatch (PyTorch's optimizers are built on them), not private attributes.
+``tests/test_internals.py`` checks what actviz relies on (an L0 norm counts NaN and Inf as non-zero, a float64 ``dtype=``).
 """
 
 from __future__ import annotations
@@ -47,19 +45,19 @@ import torch
 from torch import nn
 
 __all__ = [
-    "batch_and_instance_norm_types", "compiled_call", "compiled_original", "compiler_stance", "event_file_writer",
-    "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale", "grad_scaler_unscaled",
-    "image_classification", "inductor_backend", "inductor_compiles_for", "inside_functorch_transform",
-    "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_record_checksum",
-    "set_compiled_call", "swap_stance", "tensor_version",
+    "batch_and_instance_norm_types", "child_modules", "compiled_call", "compiled_original", "compiler_stance",
+    "event_file_writer", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
+    "grad_scaler_unscaled", "image_classification", "inductor_backend", "inductor_compiles_for",
+    "inside_functorch_transform", "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward",
+    "replace_record_checksum", "set_compiled_call", "swap_stance", "tensor_version",
 ]
 
 
 def queue_end_of_backward(callback: Callable[[], None]) -> None:
     """Ask autograd to call ``callback`` once, when the backward pass now running ends.
 
-    Why private: PyTorch has no public "backward finished" hook. DDP uses this same call
-    to start its last all-reduce. Raises ``RuntimeError`` outside a backward pass.
+    Why private: no public "backward finished" hook; DDP uses this call to start its last all-reduce.
+    Raises ``RuntimeError`` outside a backward pass.
     """
     torch.autograd.Variable._execution_engine.queue_callback(callback)
 
@@ -67,8 +65,7 @@ def queue_end_of_backward(callback: Callable[[], None]) -> None:
 def tensor_version(tensor: torch.Tensor) -> int:
     """The counter that every in-place operation on ``tensor`` (or a view of it) increases.
 
-    Why private: no public API tells whether a tensor was changed in place since it was
-    last seen; autograd itself reads this counter to refuse stale saved tensors.
+    Why private: no public API tells whether a tensor changed in place since last seen; autograd reads it too.
 
     Example:
         >>> t = torch.zeros(2)
@@ -160,8 +157,7 @@ def image_classification(
 def grad_scaler_scale(grad_scaler: Any) -> torch.Tensor | None:
     """The device tensor a ``GradScaler`` multiplies losses by, or ``None`` before its first ``scale()``.
 
-    Why private: the public ``get_scale()`` returns a Python float, which reads the device
-    tensor on the host: a GPU sync in every logging step's backward pass.
+    Why private: the public ``get_scale()`` returns a float, read on the host: a GPU sync in each logging step's backward.
     """
     return getattr(grad_scaler, "_scale", None)
 
@@ -181,8 +177,7 @@ def grad_scaler_unscaled(grad_scaler: Any, optimizer: torch.optim.Optimizer) -> 
 def compiled_original(model: nn.Module) -> nn.Module | None:
     """The module ``torch.compile(model)`` wraps, or ``None`` for a module that is no such wrapper.
 
-    Why private: ``OptimizedModule`` keeps it as ``_orig_mod`` (its ``state_dict`` keys carry
-    the ``_orig_mod.`` prefix for the same reason), and offers no public accessor.
+    Why private: ``OptimizedModule`` keeps it as ``_orig_mod`` (hence its ``state_dict`` keys' prefix), with no accessor.
     """
     original = getattr(model, "_orig_mod", None)
     return original if isinstance(original, nn.Module) else None
@@ -279,6 +274,11 @@ def functorch_wrapped(tensor: torch.Tensor) -> bool:
 def inside_functorch_transform() -> bool:
     """Whether a ``torch.func`` transform runs now: only functorch's C++ stack knows."""
     return torch._C._functorch.maybe_current_level() is not None
+
+
+def child_modules(module: nn.Module) -> dict[str, nn.Module | None]:
+    """``module``'s children by attribute name, the live dict: one lookup, where ``getattr`` runs ``Module.__getattr__``."""
+    return module._modules
 
 
 def forward_hooks(module: nn.Module, pre: bool = False) -> dict[int, Any]:

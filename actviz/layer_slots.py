@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from ._internals import child_modules
 from .safe_warnings import warn_safely
 from .selection import find_layer, layer_display_name
 
@@ -36,11 +37,11 @@ class LayerSlots:
     def __init__(self, root: nn.Module, layers: list[tuple[str, nn.Module]]) -> None:
         self.root = root
         self.layers = [(layer_display_name(name), module) for name, module in layers]
-        self._slots: list[tuple[nn.Module, str] | None] = []
+        self._slots: list[tuple[dict[str, nn.Module | None], str] | None] = []  # (the parent's children, name there)
         for name, _ in layers:
             parent_name, _, key = name.rpartition(".")
             try:
-                self._slots.append((find_layer(root, parent_name), key) if name else None)
+                self._slots.append((child_modules(find_layer(root, parent_name)), key) if name else None)
             except ValueError:
                 self._slots.append(None)
         self._warned: set[str] = set()
@@ -52,7 +53,7 @@ class LayerSlots:
             if slot is None:
                 continue
             name, module = self.layers[index]
-            current = getattr(slot[0], slot[1], None)
+            current = slot[0].get(slot[1])
             if current is module or not isinstance(current, nn.Module):
                 continue
             changed = True

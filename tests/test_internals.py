@@ -169,7 +169,7 @@ def test_no_other_module_touches_these_private_apis() -> None:
     private = {"_execution_engine", "_version", "_NormBase", "_get_file_writer", "masked_crc32c", "_presets",
                "_scale", "_per_optimizer_states", "_orig_mod", "_compiled_call_impl", "lookup_backend",
                "mark_unbacked", "_stance", "common", "_dynamo_marked_constant", "_functorch", "_forward_hooks",
-               "_forward_pre_hooks"}
+               "_forward_pre_hooks", "_modules"}
     for path in PACKAGE.rglob("*.py"):
         if path.name == "_internals.py":
             continue
@@ -249,6 +249,19 @@ def test_forward_hooks_are_the_dicts_module_hooks_live_in() -> None:
     layer.register_forward_hook(lambda *args: calls.append(1))
     layer(torch.ones(2))
     assert calls == [1] and len(_internals.forward_hooks(layer)) == 1
+
+
+def test_child_modules_is_the_live_dict_that_attribute_assignment_changes() -> None:
+    """What ``layer_slots.LayerSlots.follow`` relies on: a replaced, deleted or added child shows in the dict at once."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model.head = torch.nn.Linear(2, 1)
+    children = _internals.child_modules(model)
+    assert children == {"0": model[0], "1": model[1], "head": model.head}
+    model.head = replaced = torch.nn.Linear(2, 3)
+    model[0] = torch.nn.Tanh()
+    assert children["head"] is replaced and isinstance(children["0"], torch.nn.Tanh)
+    del model.head
+    assert "head" not in children and _internals.child_modules(model) is children
 
 
 def test_a_hook_put_straight_into_the_dict_runs_in_order_and_torch_ids_are_never_negative() -> None:
