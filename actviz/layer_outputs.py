@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from functools import partial
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ from torch import nn
 from ._internals import batch_and_instance_norm_types, tensor_version
 from .options import CaptureOptions
 from .output.pending_step import Draw
-from .rendering import picture_source
+from .rendering import draw_first_grid, picture_source
 from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
 from .summaries.small_tensors import SmallTensors
@@ -139,7 +140,7 @@ def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
 def reduce_output(
     tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0,
     small: SmallTensors | None = None,
-) -> tuple[Reduction | int | None, tuple[Draw, torch.Tensor] | None]:
+) -> tuple[Reduction | int | None, tuple[Draw, torch.Tensor | int] | None]:
     """The per-layer work on one output tensor, shared by the watcher's hooks and :func:`actviz.report`.
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
@@ -149,12 +150,15 @@ def reduce_output(
 
     In a watcher's step (``small``, its step's small tensors) a tensor its sample covers whole is copied once,
     and its summary is that copy's row there (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_copy`,
-    an ``int``); its picture's source is taken from the same copy.
+    an ``int``); its picture's source is taken from the same copy, or is the row itself (a grid of every channel,
+    :func:`~actviz.rendering.draw_first_grid` of the row's sample on the host).
     """
     copy = small.whole_copy(tensor, options.histogram_sample_size) if stats and small is not None else None
     if copy is not None:
-        picture = picture_source(copy, options.max_channels, batch_dim, copied=True) if draw else None
-        return small.add_copy(copy), picture  # type: ignore[union-attr]
+        row = small.add_copy(copy)  # type: ignore[union-attr]
+        if draw and copy.dim() == 4 and copy.shape[1] <= options.max_channels:  # every channel of sample 0:
+            return row, (partial(draw_first_grid, tuple(copy.shape[1:])), row)  # drawn from the row's sample
+        return row, picture_source(copy, options.max_channels, batch_dim, copied=True) if draw else None
     reduction = reduce_tensor(tensor, options.histogram_sample_size) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
     return reduction, picture

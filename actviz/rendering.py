@@ -27,7 +27,8 @@ from .options import DEFAULT_MAX_CHANNELS
 from .pixels import PaletteImage, to_uint8
 
 __all__ = [
-    "DEFAULT_MAX_CHANNELS", "feature_map_grid", "grid_layout", "heatmap", "picture_source", "select_channels", "tile_size",
+    "DEFAULT_MAX_CHANNELS", "draw_first_grid", "feature_map_grid", "grid_layout", "heatmap", "picture_source",
+    "select_channels", "tile_size",
 ]
 
 #: Tiles smaller than this (longest side, pixels) are enlarged by a whole factor.
@@ -171,6 +172,19 @@ def draw_grid(
     columns = math.ceil(math.sqrt(tiles.shape[0]))
     grid = make_grid(tiles, nrow=columns, padding=padding, pad_value=255)
     return grid[:1].contiguous()
+
+
+def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
+    """:func:`draw_grid` of the first sample of an ``(N, *shape)`` tensor, from a flat copy of it (on the host).
+
+    How a watcher draws a small output from its summary's copy, with no picture source of its own.
+
+    Example:
+        >>> fmap = torch.randn(2, 3, 5, 5)
+        >>> torch.equal(draw_first_grid((3, 5, 5), fmap.reshape(-1)), draw_grid(fmap[0]))
+        True
+    """
+    return draw_grid(flat[: math.prod(shape)].view(shape))
 
 
 def picture_source(

@@ -100,25 +100,36 @@ def test_a_picture_takes_at_most_six_ops():
     assert len(count.kernels) == 1
 
 
-def test_a_small_output_is_copied_once_for_its_summary_and_its_grid():
-    """A small 4-D output's grid source is a view of the copy its summary makes: one copy per tensor,
-    taken before a later in-place op (the ReLU) changes the output."""
+def small_conv_step(**watch_args):
+    """A small convolution's training step (its output changed in place by a ReLU after its hook), counted."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(inplace=True), torch.nn.Flatten(),
                                 torch.nn.Linear(4 * 6 * 6, 2))
     inputs = torch.randn(2, 3, 8, 8)
-    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=1)
-    with CountOps() as count:
+    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, **watch_args)
+    with CountAll() as count:
         torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 0])).backward()
         viz.flush()
-    results = viz.latest
     viz.close()
-    assert sorted(results.activations) == sorted(results.gradients) == ["0", "3"]
-    assert count.kernels.count("aten.clone.default") == 4  # two outputs and their two gradients, no more
     with torch.no_grad():
         before_relu = model[0](inputs)
     assert before_relu.min() < 0  # the in-place ReLU changed the output after its hook
-    assert torch.equal(results.images["0"], feature_map_grid(before_relu[0]))
+    return viz.latest, count, before_relu
+
+
+@pytest.mark.parametrize("max_channels", [64, 3])
+def test_a_small_output_is_copied_once_for_its_summary_and_its_grid(max_channels):
+    """A small 4-D output's grid is drawn from the copy its summary makes: one copy per tensor, taken before the
+    in-place ReLU. With every channel drawn, the grid takes no op of its own (drawn on the host from the row's
+    sample); with fewer, sample 0's chosen channels are picked from that copy on the device."""
+    results, count, before_relu = small_conv_step(image_every=1, max_channels=max_channels)
+    _, without_pictures, _ = small_conv_step(image_every=False)
+    assert sorted(results.activations) == sorted(results.gradients) == ["0", "3"]
+    assert count.kernels.count("aten.clone.default") == 4  # two outputs and their two gradients, no more
+    selects = count.views.count("aten.select.int") - without_pictures.views.count("aten.select.int")
+    extra_kernels = len(count.kernels) - len(without_pictures.kernels)
+    assert (selects, extra_kernels > 0) == ((0, False) if max_channels >= 4 else (1, True))  # sample 0, the pick
+    assert torch.equal(results.images["0"], feature_map_grid(before_relu[0], max_channels=max_channels))
     assert results.activations["0"].min == pytest.approx(before_relu.min().item())
 
 

@@ -201,8 +201,9 @@ class PendingStep:
         """
         self.add_scalar(GRAD_SCALE, scale)
 
-    def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor, full_tag: bool = False) -> None:
-        """Keep what ``draw(*sources)`` turns into a picture on the host.
+    def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor | int, full_tag: bool = False) -> None:
+        """Keep what ``draw(*sources)`` turns into a picture on the host. A source that is an ``int`` is a row
+        of :attr:`small`: ``draw`` gets that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`).
 
         ``tag`` is a layer's name, written as ``feature_maps/{tag}``, or with ``full_tag``
         the whole tag (``probe/input``, ``gradcam/features.10``).
@@ -226,7 +227,8 @@ class PendingStep:
                     unique[id(tensor)] = tensor
         for picture in self._pictures:
             for source in picture[3:]:
-                unique[id(source)] = source
+                if not isinstance(source, int):  # a row of self.small goes with its batch
+                    unique[id(source)] = source
         for _, value in self._scalars:
             unique[id(value)] = value
         for _, carried in self._host_work:
@@ -247,7 +249,8 @@ class PendingStep:
         for reduction in reductions:
             reduction.receive(host)
         for tag, draw, full_tag, *sources in self._pictures:
-            picture = draw(*[host[id(source)] for source in sources])
+            picture = draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
+                             for source in sources])
             (results.pictures if full_tag else results.images)[tag] = picture
         for tag, value in self._scalars:
             results.scalars[tag] = float(host[id(value)])

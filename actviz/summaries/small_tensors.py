@@ -268,6 +268,11 @@ class SmallTensors:
         """The :class:`Reduction` of ``row``: complete once reduced (on the host after :meth:`receive`)."""
         return self._row_batch[row].reduction(self._row_index[row])
 
+    def row_sample(self, row: int) -> torch.Tensor:
+        """The copy of ``row``, flat: its slice of its batch's sample, once reduced (on the host after :meth:`receive`)."""
+        batch, index = self._row_batch[row], self._row_index[row]
+        return batch.sample[batch.starts[index] : batch.starts[index + 1]]  # type: ignore[index]
+
     def device_tensors(self) -> list[torch.Tensor]:
         """Every reduced batch's header and sample: what goes to the host for the rows."""
         return [tensor for batch in self._reduced for tensor in (batch.header, batch.sample) if tensor is not None]
