@@ -161,11 +161,10 @@ class StepCapture(OutputGradients, StepEnd):
         # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._backward_handles = self._hooks.group("backward")
-        self._by_module = self._history.lookup(self._layer_pairs)
+        self._by_module, hook_dicts = self._history.lookup(self._layer_pairs)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
-        for module, *_ in self._by_module.values():
-            layer_hooks.add(module)
+        layer_hooks.add_to(hook_dicts)
         done = OwnedHook(self._on_forward_done, model)
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:

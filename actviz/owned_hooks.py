@@ -142,9 +142,14 @@ class ForwardHooks:
         self._dicts: list[dict[int, Any]] = []  # the modules' hook dicts: taken out again without a call per module
 
     def add(self, module: nn.Module) -> None:
-        hooks = forward_hooks(module)
-        hooks[self._key] = self._hook
-        self._dicts.append(hooks)
+        self.add_to([forward_hooks(module)])
+
+    def add_to(self, hook_dicts: list[dict[int, Any]]) -> None:
+        """Put the hook into each of ``hook_dicts``, modules' forward hook dicts (``_internals.forward_hooks``)."""
+        key, hook = self._key, self._hook
+        for hooks in hook_dicts:
+            hooks[key] = hook
+        self._dicts.extend(hook_dicts)
 
     def remove(self) -> None:
         dicts, self._dicts = self._dicts, []

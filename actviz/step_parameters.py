@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ._internals import forward_hooks
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from .optimizer_steps import subscribe
@@ -43,19 +44,21 @@ class LoopHistory:
 
     ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
     logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
-    ``layer_lookup``: the last step's ``(layers, layers_by_module(layers))``, reused while its
-    steps watch the same ``(name, module)`` pairs (:meth:`lookup`).
+    ``layer_lookup``: the last step's ``(layers, layers_by_module(layers), the modules' forward hook dicts)``,
+    reused while its steps watch the same ``(name, module)`` pairs (:meth:`lookup`).
     """
 
     optimizer_steps: bool | None = None
-    layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]]] | None = None
+    layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
 
-    def lookup(self, layers: list[tuple[str, nn.Module]]) -> dict[int, tuple[Any, ...]]:
-        """``layers_by_module(layers)``, made again only when the pairs changed."""
+    def lookup(self, layers: list[tuple[str, nn.Module]]) -> tuple[dict[int, tuple[Any, ...]], list[dict[int, Any]]]:
+        """``layers_by_module(layers)`` and each of its modules' forward hook dicts (what
+        :meth:`~actviz.owned_hooks.ForwardHooks.add_to` fills), made again only when the pairs changed."""
         kept = self.layer_lookup
         if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
-            kept = self.layer_lookup = (list(layers), layers_by_module(layers))
-        return kept[1]
+            by_module = layers_by_module(layers)
+            kept = self.layer_lookup = (list(layers), by_module, [forward_hooks(entry[0]) for entry in by_module.values()])
+        return kept[1], kept[2]
 
 
 class StepParameters:
