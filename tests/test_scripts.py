@@ -58,3 +58,13 @@ def test_the_notebooks_outputs_are_ignored_by_git() -> None:
     assert _git("check-ignore", "--no-index", *paths).stdout.split() == paths
     assert "notebooks/report_html/" in (ROOT / ".gitignore").read_text().splitlines()
     assert "notebooks/runs/" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_the_instruction_counter_explains_itself_and_refuses_a_bad_mode() -> None:
+    script = ROOT / "scripts" / "count_host_instructions.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "callgrind" in shown.stdout and "--tree" in shown.stdout
+    refused = subprocess.run([sys.executable, str(script), "--modes", "fast"], capture_output=True, text=True,
+                             timeout=120)
+    expected = "--modes takes bare and watched, got 'fast'" if shutil.which("valgrind") else "apt install valgrind"
+    assert refused.returncode != 0 and expected in refused.stderr
