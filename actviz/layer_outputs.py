@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from functools import partial
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any, Literal
 
 import torch

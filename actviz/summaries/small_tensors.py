@@ -4,7 +4,7 @@ A tensor no larger than its histogram sample is kept whole as its sample anyway.
 accelerator path its hook makes one copy of it (:meth:`SmallTensors.add`, one op) instead of
 reducing it there (five or more ops, and Python, per tensor: a micro ResNet-50 has over 200
 such tensors per logging step). When the step ends, :meth:`SmallTensors.reduce` reduces every
-copy of a device in about 20 ops, whatever their number: one ``cat``, then segment sums and
+copy of a device in about 23 ops, whatever their number: one ``cat``, then segment sums and
 bounds (``torch.segment_reduce``; ``index_add_`` and ``scatter_reduce_`` where a device lacks it)
 over offsets made once on the host for the step's sizes. It writes one ``(k, len(FIELDS))`` header matrix
 (:mod:`actviz.summaries.header`): counts, mean and centred variance of ``z`` (NaN and ±Inf
