@@ -125,9 +125,10 @@ class ForwardHooks:
 
     Example:
         >>> import torch
+        >>> from actviz._internals import forward_hooks
         >>> layer, seen = torch.nn.Linear(2, 2), []
         >>> hooks = ForwardHooks(lambda module, args, output: seen.append(output.shape))
-        >>> hooks.add(layer)
+        >>> hooks.add_to([forward_hooks(layer)])
         >>> _ = layer(torch.ones(1, 2)); hooks.remove(); hooks.remove(); _ = layer(torch.ones(1, 2))
         >>> seen, len(layer._forward_hooks)
         ([torch.Size([1, 2])], 0)
@@ -140,9 +141,6 @@ class ForwardHooks:
         self._hook = hook
         self._key = -next(ForwardHooks._keys)
         self._dicts: list[dict[int, Any]] = []  # the modules' hook dicts: taken out again without a call per module
-
-    def add(self, module: nn.Module) -> None:
-        self.add_to([forward_hooks(module)])
 
     def add_to(self, hook_dicts: list[dict[int, Any]]) -> None:
         """Put the hook into each of ``hook_dicts``, modules' forward hook dicts (``_internals.forward_hooks``)."""
