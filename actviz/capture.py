@@ -39,14 +39,17 @@ from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
 from .output_gradients import OutputGradients
 from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
+from .summaries.header import Reduction
 from .summaries.merge_ranks import merge_across_ranks
 from .tags import LAYERS
 from .transformer_step import TransformerStep
-from .unit_counts import unit_counts
+from .unit_counts import COUNTED_LAYERS, unit_counts
 
 __all__ = ["StepCapture"]
 
 logger = logging.getLogger(__name__)
+
+_UNWATCHED = (None,)  # what the layer lookup gives a module it does not hold
 
 #: Called with (what failed, the exception) when a hook raises.
 ErrorHandler = Callable[[str, BaseException], None]
@@ -181,12 +184,14 @@ class StepCapture(OutputGradients, StepEnd):
             return None
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        entry = self._by_module.get(id(module), (None,))
-        for at in range(1, len(entry) if entry[0] is module else 1, 2):  # else a copy's, sharing the hook dict
+        entry = self._by_module.get(id(module), _UNWATCHED)
+        if entry[0] is not module or self.done:  # a copy's module (it shares the hook dict), or the step is over
+            return
+        for at in range(1, len(entry), 2):
             self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
 
     def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
-        if self.done or name in self._seen:  # a module called twice logs its first call
+        if name in self._seen:  # a module called twice logs its first call
             return
         first = output if isinstance(output, torch.Tensor) else first_tensor(output)
         if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
@@ -199,30 +204,42 @@ class StepCapture(OutputGradients, StepEnd):
         # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
         draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
         try:
-            self._capture_output(name, batch_dim, output, draw)
+            if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
+                self._capture_tensor(name, name, batch_dim, module, output, draw)
+            else:
+                self._capture_output(name, batch_dim, module, output, draw)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
 
-    def _capture_output(self, name: str, batch_dim: int, output: Any, draw: bool) -> None:
+    def _capture_output(self, name: str, batch_dim: int, module: nn.Module, output: Any, draw: bool) -> None:
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
         for position, (suffix, tensor) in enumerate(tensors):
-            tag, nested = name + suffix, tensor.is_nested
-            if nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
-                tensor = nested_values(tensor)
-            # A small tensor is a row of the step's batch; only the first is drawn (an LSTM's h and c are not batch-first).
-            reduction, picture = reduce_output(
-                tensor, self.options, stats=self.want_stats, draw=draw and position == 0 and not nested,
-                batch_dim=batch_dim, small=self._pending.small,
-            )
-            if reduction is not None:
-                self._pending.add("activations", tag, reduction, mergeable=True)
-                if self.options.unit_counts:  # for health alerts
-                    unit_counts(self._layers[name], tag, tensor, self._pending)
-                if not nested:
-                    self._hook_gradient(name, tag, tensor)
-            if picture is not None:
-                self._pending.add_picture(tag, *picture)
-                self._drawn.add(tensor)
+            if tensor.is_nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
+                values = nested_values(tensor)
+                reduction = reduce_output(values, self.options, stats=self.want_stats, draw=False, small=self._pending.small)[0]
+                if reduction is not None:
+                    self._add_activation(module, name + suffix, values, reduction)
+            else:  # only the first is drawn (an LSTM's h and c are not batch-first)
+                self._capture_tensor(name, name + suffix, batch_dim, module, tensor, draw and position == 0)
+
+    def _capture_tensor(self, name: str, tag: str, batch_dim: int, module: nn.Module, tensor: torch.Tensor,
+                        draw: bool) -> None:
+        """One tensor of a layer's output: its summary (most often a row of the step's small tensors, one copy),
+        its picture and the hook on its gradient."""
+        reduction, picture = reduce_output(
+            tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim, small=self._pending.small,
+        )
+        if reduction is not None:
+            self._add_activation(module, tag, tensor, reduction)
+            self._hook_gradient(name, tag, tensor)
+        if picture is not None:
+            self._pending.add_picture(tag, *picture)
+            self._drawn.add(tensor)
+
+    def _add_activation(self, module: nn.Module, tag: str, tensor: torch.Tensor, reduction: Reduction | int) -> None:
+        self._pending.add("activations", tag, reduction, mergeable=True)
+        if self.options.unit_counts and isinstance(module, COUNTED_LAYERS):  # for health alerts
+            unit_counts(module, tag, tensor, self._pending)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")

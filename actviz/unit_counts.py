@@ -20,7 +20,7 @@ from torch import nn
 
 from .distributed_types import is_dtensor
 
-__all__ = ["DEAD_CHANNELS", "SATURATED", "SATURATION_MARGIN", "is_relu_family", "unit_counts"]
+__all__ = ["COUNTED_LAYERS", "DEAD_CHANNELS", "SATURATED", "SATURATION_MARGIN", "is_relu_family", "unit_counts"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def is_relu_family(module: nn.Module) -> bool:
 
 
 #: The layer types counted here: every other layer costs one ``isinstance``.
-_COUNTED = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Tanh, nn.Sigmoid)
+COUNTED_LAYERS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Tanh, nn.Sigmoid)
 
 
 def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any) -> None:
@@ -57,7 +57,7 @@ def unit_counts(module: nn.Module, tag: str, tensor: torch.Tensor, pending: Any)
         >>> pending.resolve().scalars
         {'health/saturated/act': 0.5}
     """
-    if not isinstance(module, _COUNTED) or not tensor.is_floating_point() or tensor.numel() == 0:
+    if not isinstance(module, COUNTED_LAYERS) or not tensor.is_floating_point() or tensor.numel() == 0:
         return  # most layers (convolutions, norms, linears): one isinstance
     try:
         _count(module, tag, tensor, pending)

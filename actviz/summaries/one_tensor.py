@@ -164,8 +164,8 @@ def reduce_tensor(
     Raises:
         TypeError: A complex tensor.
     """
-    if small is not None and small.whole(tensor, sample_size):
-        return small.add(tensor.detach())  # its sample is the whole tensor: batched with the step's other small ones
+    if small is not None and (copy := small.whole_copy(tensor, sample_size)) is not None:
+        return small.add(copy, copied=True)  # its sample is the whole tensor: batched with the step's other small ones
     if tensor.is_complex():
         raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
     values = flat_view(local_shard(tensor))

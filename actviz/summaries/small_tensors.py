@@ -173,19 +173,16 @@ class SmallTensors:
 
     def whole_copy(self, tensor: torch.Tensor, sample_size: int | None) -> torch.Tensor | None:
         """A contiguous copy, off autograd's tape, of a plain floating tensor (no DTensor, nested or subclass)
-        that its sample covers whole, for :meth:`add_copy`; ``None`` if ``tensor`` is not one.
+        that its sample covers whole and that :meth:`takes`, for :meth:`add_copy`; ``None`` if ``tensor`` is not one.
 
         The fast path of a layer output or its gradient: a few attribute reads, then one copy.
         """
-        if not self.whole(tensor, sample_size):
+        numel = tensor.numel()  # takes()'s checks written out, no call: this runs for every layer output and gradient
+        if (type(tensor) is not torch.Tensor or not 0 < numel <= SMALL_MAX
+                or (sample_size is not None and numel > sample_size)
+                or not tensor.is_floating_point() or (self._cpu_shortcut and tensor.is_cpu)):
             return None
         return (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
-
-    def whole(self, tensor: torch.Tensor, sample_size: int | None) -> bool:
-        """Whether ``tensor`` is a plain floating tensor (no DTensor, nested or subclass) its sample covers whole."""
-        numel = tensor.numel()
-        return (type(tensor) is torch.Tensor and numel > 0 and (sample_size is None or numel <= sample_size)
-                and self.takes(tensor))
 
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
@@ -200,7 +197,9 @@ class SmallTensors:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
         changes (:meth:`whole_copy`). Its row, completed by :meth:`reduce`."""
         numel = copy.numel()
-        batch = self._batch_for(copy.device, numel)
+        batch = self._batches.get(copy.device)
+        if batch is None or batch.stop + numel > CHUNK:  # the first of its device, or the open batch is full
+            batch = self._batch_for(copy.device, numel)
         batch.copies.append(copy)
         self._row_index.append(len(batch.sizes))
         self._row_batch.append(batch)
@@ -208,9 +207,10 @@ class SmallTensors:
         batch.stop += numel
         return len(self._row_index) - 1
 
-    def add(self, values: torch.Tensor) -> Reduction:
-        """:meth:`add_row`, and its :class:`Reduction` at once, completed by :meth:`reduce`."""
-        row = self.add_row(values)
+    def add(self, values: torch.Tensor, copied: bool = False) -> Reduction:
+        """:meth:`add_row` (:meth:`add_copy` if ``copied``, from :meth:`whole_copy`), and its :class:`Reduction` at once,
+        completed by :meth:`reduce`."""
+        row = self.add_copy(values) if copied else self.add_row(values)
         batch, index = self._row_batch[row], self._row_index[row]
         reduction = Reduction(batch.sizes[index], 1, None, index, None, batch.stop - batch.sizes[index], batch.stop)
         batch.reductions.append(reduction)
