@@ -13,6 +13,7 @@ training forward (``checkpoint``) is hooked when the backward pass runs it again
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -51,20 +52,35 @@ class OutputGradients:
     _guarded: Callable[..., Any]
     _on_error: Callable[[str, BaseException], None]
     _queue_backward_callback: Callable[[], None]
+    _callback_queued: bool
 
     def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         """Hook the gradient with respect to ``tensor``, a watched layer's output (reported as ``tag``)."""
         if tensor.requires_grad:  # a pre-hook on the op that made it: no hook dict on the tensor (half the cost)
             node = tensor.grad_fn
-            if node is not None:
-                self._backward_handles.append(node.register_prehook(self._node_hook.bind((name, tag, tensor.output_nr))))
+            if node is not None:  # a partial of the one shared hook: a C object, no weak reference per output
+                self._backward_handles.append(node.register_prehook(partial(self._node_hook, name, tag, tensor.output_nr)))
             else:  # a leaf
-                self._backward_handles.append(tensor.register_hook(self._grad_hook.bind((name, tag))))
+                self._backward_handles.append(tensor.register_hook(partial(self._grad_hook, name, tag)))
             self.expects_backward = True
 
     def _on_node_grad(self, name: str, tag: str, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
-        if (grad := grads[index]) is not None:  # the gradient with respect to the output, as a tensor hook gets it
-            self._on_output_grad(name, tag, grad)
+        """The gradient with respect to a layer's output, ``grads[index]``, as a tensor hook gets it: summarized once."""
+        grad = grads[index]
+        if grad is None or self.done or tag in self._seen_grads:
+            return
+        self._seen_grads.add(tag)
+        self._pass_reached = True
+        if not self._callback_queued:
+            self._queue_backward_callback()
+        small = self._pending.small
+        try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
+            copy = small.whole_copy(grad, self.options.histogram_sample_size)
+            reduction = small.add_copy(copy) if copy is not None else reduce_tensor(grad, self.options.histogram_sample_size, False)
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._on_error(name, error)
+            return
+        self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
         """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
@@ -75,16 +91,5 @@ class OutputGradients:
                 self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
-        if self.done or tag in self._seen_grads:
-            return
-        self._seen_grads.add(tag)
-        self._pass_reached = True
-        self._queue_backward_callback()
-        sample_size = self.options.histogram_sample_size
-        try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
-            copy = self._pending.small.whole_copy(grad, sample_size)
-            reduction = self._pending.small.add_copy(copy) if copy is not None else reduce_tensor(grad, sample_size, False)
-        except Exception as error:  # noqa: BLE001 - a hook must never stop training
-            self._on_error(name, error)
-            return
-        self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+        """A leaf output's gradient, from its tensor hook."""
+        self._on_node_grad(name, tag, 0, (grad,))

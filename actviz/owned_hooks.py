@@ -58,6 +58,9 @@ class OwnedHook:
             module and parameter hooks; ``None`` for tensor gradient hooks (called with the gradient).
         bound: Arguments put before torch's.
 
+    Hundreds of hooks that share one method share one ``OwnedHook``: ``functools.partial(hook, *more)``
+    puts more arguments first, with no new weak reference (an output's gradient hook).
+
     Example:
         >>> import copy, pickle, torch
         >>> class Owner:
@@ -80,22 +83,6 @@ class OwnedHook:
         self._function = method.__func__  # type: ignore[attr-defined]
         self._target = None if target is None else weakref.ref(target)
         self._bound = bound
-
-    def bind(self, bound: tuple[Any, ...]) -> OwnedHook:
-        """A hook calling the same method with ``bound`` first: two objects (it and ``bound``), no new weak reference.
-
-        A logging step hooks hundreds of tensors; one shared weak reference keeps each hook small.
-
-        Example:
-            >>> class Owner:
-            ...     def seen(self, tag, grad): return tag, grad
-            >>> owner = Owner()
-            >>> OwnedHook(owner.seen).bind(("a",))(1)
-            ('a', 1)
-        """
-        hook = OwnedHook.__new__(OwnedHook)
-        hook._owner, hook._function, hook._target, hook._bound = self._owner, self._function, self._target, bound
-        return hook
 
     def __call__(self, *args: Any) -> Any:
         if self._target is not None and (not args or args[0] is not self._target()):
