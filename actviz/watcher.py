@@ -271,8 +271,9 @@ class Watcher:
         self._open.add(StepCapture(
             step,
             model,
-            [pair for pair in self._layers if pair[0] not in self._skipped],  # the same pairs: no new tuples
-            [pair for pair in self._parameters if pair[0] not in self._skipped],
+            # the same pairs (the capture copies the lists): no new tuples, and no list made while nothing is skipped
+            [pair for pair in self._layers if pair[0] not in self._skipped] if self._skipped else self._layers,
+            [pair for pair in self._parameters if pair[0] not in self._skipped] if self._skipped else self._parameters,
             want_stats=want_stats,
             want_images=want_images,
             options=self._options,
