@@ -115,6 +115,22 @@ def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
     assert repeat.abs().max() <= 1  # equal up to rounding, as its weights are still positive
 
 
+@pytest.mark.usefixtures("both_paths")
+def test_a_layer_whose_output_is_a_leaf_logs_the_gradient_its_tensor_hook_gets(tmp_path, read_run):
+    # A layer that returns a leaf (its input as it came, or a parameter) has no op to hook before: its output
+    # gets a tensor hook instead, and the gradient logged must be the leaf's own.
+    model = nn.Sequential(nn.Identity(), nn.Linear(3, 2))
+    inputs = torch.randn(5, 3, requires_grad=True)
+    viz = actviz.watch(model, tmp_path, every=1, bins=8, histogram_sample_size=None, layers=["0", "1"])
+    model(inputs).square().sum().backward()
+    viz.close()
+
+    run = read_run(tmp_path)
+    assert_histogram_matches(run.histogram("gradients/0", 0), inputs.grad, bins=8)
+    assert run.scalar("gradient_stats/0/norm", 0) == pytest.approx(inputs.grad.double().norm().item(), rel=1e-5)
+    assert_histogram_matches(run.histogram("activations/0", 0), inputs.detach(), bins=8)
+
+
 def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
     model = small_cnn()
     viz = actviz.watch(model, tmp_path, every=3, image_every=5)
