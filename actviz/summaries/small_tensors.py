@@ -270,8 +270,8 @@ class SmallTensors:
 
     def row_sample(self, row: int) -> torch.Tensor:
         """The copy of ``row``, flat: its slice of its batch's sample, once reduced (on the host after :meth:`receive`)."""
-        batch, index = self._row_batch[row], self._row_index[row]
-        return batch.sample[batch.starts[index] : batch.starts[index + 1]]  # type: ignore[index]
+        reduction = self.reduction(row)  # its slice, where its summary says (on the writer thread: one object is fine)
+        return reduction.sample[reduction.start : reduction.stop]
 
     def device_tensors(self) -> list[torch.Tensor]:
         """Every reduced batch's header and sample: what goes to the host for the rows."""
