@@ -32,7 +32,7 @@ from torch import nn
 from ._internals import functorch_wrapped
 from .compiled_model import EagerStance
 from .layer_outputs import DrawnTensors, first_tensor, layer_table, nested_values, output_tensors
-from .layer_outputs import PER_CHANNEL_AFFINE, reduce_output, shape_of as _shape_of
+from .layer_outputs import PER_CHANNEL_AFFINE, copied_picture, reduce_output, shape_of as _shape_of
 from .options import CaptureOptions
 from .output.pending_step import PendingStep
 from .owned_hooks import ForwardHooks, HookHandles, OwnedHook
@@ -41,6 +41,7 @@ from .step_end import StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from .summaries.header import Reduction
 from .summaries.merge_ranks import merge_across_ranks
+from .summaries.one_tensor import reduce_tensor
 from .tags import LAYERS
 from .transformer_step import TransformerStep
 from .unit_counts import COUNTED_LAYERS, unit_counts
@@ -215,20 +216,27 @@ class StepCapture(OutputGradients, StepEnd):
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
         for position, (suffix, tensor) in enumerate(tensors):
             if tensor.is_nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
-                values = nested_values(tensor)
-                reduction = reduce_output(values, self.options, stats=self.want_stats, draw=False, small=self._pending.small)[0]
-                if reduction is not None:
+                if self.want_stats:
+                    values = nested_values(tensor)
+                    reduction = reduce_tensor(values, self.options.histogram_sample_size, small=self._pending.small)
                     self._add_activation(module, name + suffix, values, reduction)
             else:  # only the first is drawn (an LSTM's h and c are not batch-first)
                 self._capture_tensor(name, name + suffix, batch_dim, module, tensor, draw and position == 0)
 
     def _capture_tensor(self, name: str, tag: str, batch_dim: int, module: nn.Module, tensor: torch.Tensor,
                         draw: bool) -> None:
-        """One tensor of a layer's output: its summary (most often a row of the step's small tensors, one copy),
-        its picture and the hook on its gradient."""
-        reduction, picture = reduce_output(
-            tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim, small=self._pending.small,
-        )
+        """One tensor of a layer's output: its summary, its picture and the hook on its gradient.
+
+        Most outputs are copied once, whole: the copy is the summary's row in the step's small tensors
+        and the picture's source (:func:`~actviz.layer_outputs.copied_picture`).
+        """
+        small = self._pending.small
+        copy = small.whole_copy(tensor, self.options.histogram_sample_size) if self.want_stats else None
+        if copy is not None:
+            row = small.add_copy(copy)
+            reduction, picture = row, copied_picture(copy, row, self.options.max_channels, batch_dim) if draw else None
+        else:
+            reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim)
         if reduction is not None:
             self._add_activation(module, tag, tensor, reduction)
             self._hook_gradient(name, tag, tensor)

@@ -1,7 +1,8 @@
 """What a layer's output becomes: its tensors, and the device halves of their summaries and pictures.
 
 :func:`reduce_output` is the per-layer work that the watcher's hooks and
-:func:`actviz.report` share.
+:func:`actviz.report` share; :func:`copied_picture` is the picture of an output a watcher's step
+copied whole (most outputs: one copy is both the summary's row and the picture's source).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from .output.pending_step import Draw
 from .rendering import draw_first_grid, picture_source
 from .summaries.header import Reduction
 from .summaries.one_tensor import reduce_tensor
-from .summaries.small_tensors import SmallTensors
 
 __all__ = [
     "PER_CHANNEL_AFFINE",
     "DrawnTensors",
     "batch_dim_of",
+    "copied_picture",
     "first_tensor",
     "layer_table",
     "layers_by_module",
@@ -139,29 +140,36 @@ def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 def reduce_output(
     tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0,
-    small: SmallTensors | None = None,
-) -> tuple[Reduction | int | None, tuple[Draw, torch.Tensor | int] | None]:
+) -> tuple[Reduction | None, tuple[Draw, torch.Tensor] | None]:
     """The per-layer work on one output tensor, shared by the watcher's hooks and :func:`actviz.report`.
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
     (``None`` unless ``draw`` and the tensor is 3-D or 4-D): see
     :func:`~actviz.summaries.one_tensor.reduce_tensor` and :func:`~actviz.rendering.picture_source`.
     :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host.
-
-    In a watcher's step (``small``, its step's small tensors) a tensor its sample covers whole is copied once,
-    and its summary is that copy's row there (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_copy`,
-    an ``int``); its picture's source is taken from the same copy, or is the row itself (a grid of every channel,
-    :func:`~actviz.rendering.draw_first_grid` of the row's sample on the host).
+    In a watcher's step a tensor its sample covers whole is copied once instead (:func:`copied_picture`).
     """
-    copy = small.whole_copy(tensor, options.histogram_sample_size) if stats and small is not None else None
-    if copy is not None:
-        row = small.add_copy(copy)  # type: ignore[union-attr]
-        if draw and copy.dim() == 4 and copy.shape[1] <= options.max_channels:  # every channel of sample 0:
-            return row, (partial(draw_first_grid, tuple(copy.shape[1:])), row)  # drawn from the row's sample
-        return row, picture_source(copy, options.max_channels, batch_dim, copied=True) if draw else None
     reduction = reduce_tensor(tensor, options.histogram_sample_size) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
     return reduction, picture
+
+
+def copied_picture(copy: torch.Tensor, row: int, max_channels: int, batch_dim: int) -> tuple[Draw, torch.Tensor | int] | None:
+    """The picture of a layer output that a watcher's step copied whole (:meth:`~actviz.summaries.small_tensors.SmallTensors.whole_copy`)
+    into its summary's ``row``: a grid of every channel is drawn on the host from the row's sample
+    (:func:`~actviz.rendering.draw_first_grid`); otherwise the source is taken from the copy, on its device.
+
+    Example:
+        >>> from actviz.summaries.small_tensors import SmallTensors
+        >>> small = SmallTensors(cpu_shortcut=False)
+        >>> copy = small.whole_copy(torch.rand(2, 3, 4, 4), None)
+        >>> draw, source = copied_picture(copy, small.add_copy(copy), max_channels=8, batch_dim=0)
+        >>> small.reduce(); draw(small.row_sample(source)).shape  # sample 0's 3 channels: 32-pixel tiles, 2 × 2
+        torch.Size([1, 70, 70])
+    """
+    if copy.dim() == 4 and copy.shape[1] <= max_channels:  # every channel of sample 0: drawn from the row's sample
+        return partial(draw_first_grid, tuple(copy.shape[1:])), row
+    return picture_source(copy, max_channels, batch_dim, copied=True)
 
 
 #: Layers that map each channel of each sample through an affine function (BatchNorm in training
