@@ -239,7 +239,7 @@ def test_a_logging_step_makes_few_python_calls_per_hooked_tensor():
     extra = python_calls(lambda: step(watched)) - python_calls(lambda: step(bare))
     viz.close()
     hooked = 2 * 41  # 41 watched layers' outputs and their gradients
-    assert hooked * 8 < extra <= hooked * 20, extra  # the hooks ran, and cheaply (1,537 calls: 18.7 each)
+    assert hooked * 8 < extra <= hooked * 20, extra  # the hooks ran, and cheaply (1,615 calls: 19.7 each)
 
 
 def test_a_logging_step_creates_few_python_objects():
