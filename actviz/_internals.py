@@ -17,7 +17,7 @@ function                               private API
 :func:`grad_scaler_scale`              ``GradScaler._scale``
 :func:`grad_scaler_unscaled`           ``GradScaler._per_optimizer_states``
 :func:`compiled_original`              ``OptimizedModule._orig_mod``
-:func:`compiled_call`, its setter       ``nn.Module._compiled_call_impl`` (``model.compile()`` sets it)
+:func:`compiled_call`, its setter      ``nn.Module._compiled_call_impl`` (``model.compile()`` sets it)
 :func:`inductor_backend`               ``torch._dynamo.lookup_backend``
 :func:`mark_size_unbacked`             ``torch._dynamo.decorators.mark_unbacked``
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
