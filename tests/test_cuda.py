@@ -20,22 +20,24 @@ from actviz.summaries.one_tensor import reduce_tensor, summarize
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def step(model, inputs):
-    torch.nn.functional.cross_entropy(model(inputs), torch.tensor([0, 1, 2, 0], device=inputs.device)).backward()
+def step(model, inputs, targets=None):
+    if targets is None:  # a tensor made from a list is copied from pageable memory: the copy waits for the device
+        targets = torch.tensor([0, 1, 2, 0], device=inputs.device)
+    torch.nn.functional.cross_entropy(model(inputs), targets).backward()
 
 
 def test_steps_never_wait_for_the_gpu_on_the_training_thread(tmp_path):
     model = small_cnn().cuda()
-    inputs = torch.randn(4, 3, 8, 8, device="cuda")
+    inputs, targets = torch.randn(4, 3, 8, 8, device="cuda"), torch.tensor([0, 1, 2, 0], device="cuda")
     viz = actviz.watch(model, tmp_path, every=3)
-    step(model, inputs)  # step 0 logs: first calls, pinned memory, the writer thread
+    step(model, inputs, targets)  # step 0 logs: first calls, pinned memory, the writer thread
     viz.flush()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        step(model, inputs)  # steps 1 and 2 log nothing
-        step(model, inputs)
-        step(model, inputs)  # step 3 logs: its results go to the host without blocking this thread
+        step(model, inputs, targets)  # steps 1 and 2 log nothing
+        step(model, inputs, targets)
+        step(model, inputs, targets)  # step 3 logs: its results go to the host without blocking this thread
     finally:
         torch.cuda.set_sync_debug_mode(0)
     viz.close()
@@ -88,11 +90,13 @@ def test_summaries_are_fused_by_default_in_fewer_kernels_with_the_eager_numbers(
     tensor[::997], tensor[5::1001] = float("nan"), 0.0
     monkeypatch.delenv("ACTVIZ_FUSED", raising=False)
     before = cuda_calls()
-    fused_summary = Summary.from_vector(summarize(tensor, sample_size=None).tolist())  # compiles
+    # Sampled (300,000 elements, more than the sample), so it takes the compiled path; one the sample covers
+    # whole stays eager unless ACTVIZ_FUSED=1 (actviz.summaries.one_tensor.reduce_tensor).
+    fused_summary = Summary.from_vector(summarize(tensor).tolist())  # compiles
     assert cuda_calls() == before + 1
     fused_kernels = cuda_kernels(lambda: reduce_tensor(tensor))
     monkeypatch.setenv("ACTVIZ_FUSED", "0")
-    eager_summary = Summary.from_vector(summarize(tensor, sample_size=None).tolist())
+    eager_summary = Summary.from_vector(summarize(tensor).tolist())
     eager_kernels = cuda_kernels(lambda: reduce_tensor(tensor))
     assert fused_kernels < eager_kernels, (fused_kernels, eager_kernels)
     a, b = fused_summary, eager_summary
