@@ -133,11 +133,14 @@ def optimizer_listeners() -> int:
 NO_HOOKS = {"forward": 0, "forward_pre": 0, "backward": 0, "backward_pre": 0, "param": 0}
 
 
-#: aten ops that make the host wait for a device (on CUDA): .item()/.tolist() and data-dependent sizes.
+#: aten ops that make the host wait for a device (on CUDA): .item()/.tolist(), data-dependent sizes, and
+#: a tensor made from Python numbers (``torch.tensor([...])``, ``t[i] = 0.5``), which reaches a GPU by a
+#: blocking copy from pageable memory (an H200 showed one per large tensor, tests/test_cuda.py).
 SYNCING = {
     "aten._local_scalar_dense.default", "aten.nonzero.default", "aten.masked_select.default",
     "aten.bincount.default", "aten.unique.default", "aten._unique2.default", "aten.histc.default",
     "aten.repeat_interleave.Tensor", "aten.unique_consecutive.default", "aten.item.default",
+    "aten.lift_fresh.default",
 }
 
 

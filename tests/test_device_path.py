@@ -56,6 +56,23 @@ def test_one_tensor_takes_eight_ops_a_few_views_one_header_and_no_sync(dtype, bu
     assert len(reduction.device_tensors()) == (2 if reduction.stride == 1 else 1)  # the sample behind the row
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_large_tensor_takes_nine_ops_a_piece_and_no_sync(dtype):
+    # A large batch's activations (ResNet-50 at batch 64: up to 51 M elements) are reduced a piece at a time. An
+    # H200 showed each such tensor syncing once (a piece's weight written into a device tensor from Python).
+    from actviz.summaries.piecewise import PIECE
+
+    counts = []
+    for pieces in (2, 3):
+        tensor = torch.randn(PIECE * (pieces - 1) + 1000).to(dtype)
+        with CountOps() as count:
+            reduce_tensor(tensor)
+        assert count.syncs == [], count.syncs
+        counts.append(len(count.kernels))
+    assert counts[1] - counts[0] == 9, counts  # bounds (4), widen, count, zero, count, var_mean
+    assert counts[0] <= 2 * 9 + 27, counts  # the merge: stacks, Chan's weighted mean and variance, the row
+
+
 def test_a_channels_last_output_is_read_in_place():
     tensor = torch.randn(8, 16, 12, 12).to(memory_format=torch.channels_last)
     with CountOps() as count:
@@ -145,9 +162,10 @@ def test_a_step_goes_to_the_host_in_one_packed_copy():
 def count_step(model, inputs, **watch_args):
     """Kernel and sync ops of one training step (the second; step 0 warms up), watched or bare."""
     viz = actviz.watch(model, tempfile.mkdtemp(), **watch_args) if watch_args else None
+    targets = torch.tensor([1, 2])  # made from Python numbers: outside the counted step (see conftest.SYNCING)
 
     def step():
-        torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2])).backward()
+        torch.nn.functional.cross_entropy(model(inputs), targets).backward()
 
     step()
     if viz is not None:

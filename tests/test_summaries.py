@@ -342,3 +342,24 @@ def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
     assert summary.mean == pytest.approx(finite.mean().item(), rel=1e-9)
     assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
     assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pieces_with_zeros_infinities_and_a_piece_of_nan_merge_to_the_whole_tensors_numbers(monkeypatch, dtype):
+    import actviz.summaries.piecewise
+
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the path CUDA tensors take
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)  # eleven pieces, the last of 500
+    generator = torch.Generator().manual_seed(9)
+    tensor = (torch.randn(10_500, generator=generator) * 3 + 5).to(dtype)
+    tensor[2000:3000] = float("nan")  # the third piece has no finite element
+    tensor[::7] = 0.0
+    tensor[11], tensor[10_499], tensor[4242] = float("inf"), -float("inf"), float("nan")
+    summary = Summary.from_vector(summarize(tensor).tolist())
+    exact = tensor.double()
+    finite = exact[torch.isfinite(exact)]
+    assert (summary.num, summary.nonfinite) == (10_500, 10_500 - finite.numel())
+    assert summary.zeros == (finite == 0).sum().item()
+    assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
+    assert summary.sum == pytest.approx(finite.sum().item(), rel=1e-12)
+    assert summary.sum_squares == pytest.approx((finite * finite).sum().item(), rel=1e-12)

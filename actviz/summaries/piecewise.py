@@ -1,8 +1,8 @@
 """Reductions a slice at a time, so that a widened copy never adds a tensor's whole size to memory.
 
-* :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits):
-  each piece is copied in float64, counted, ``var_mean``-ed and bounded (min and max of its finite
-  elements; ``+inf``/``-inf`` where it has none); the pieces' moments are
+* :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits, a
+  large batch's activations): each piece is bounded (min and max of its finite elements; ``+inf``/``-inf``
+  where it has none), copied in float64, counted and ``var_mean``-ed; the pieces' moments are
   merged on the device (Chan et al.'s parallel variance), no host sync.
 * :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
   of half their bytes at a time in float64.
@@ -30,28 +30,33 @@ PIECE = 1 << 22
 
 
 def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
-    """A large floating tensor, a piece at a time (counts, ``var_mean`` and bounds), merged as Chan et al. do."""
+    """A large floating tensor, a piece at a time (counts, ``var_mean`` and bounds), merged as Chan et al. do.
+
+    Nine kernels a piece and none that waits for the device: the pieces' sizes stay Python numbers, so
+    nothing is copied from the host to weigh them (on a GPU such a copy is a sync, once per tensor).
+    """
     found: list[list[torch.Tensor]] = [[], [], [], [], [], []]
-    for piece in values.split(PIECE):
-        zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
-        found[0].append(torch.count_nonzero(zeroed))
-        low, high = finite_bounds(zeroed)
+    pieces = values.split(PIECE)
+    for piece in pieces:
+        low, high = finite_bounds(piece)  # exact in any dtype, and its scratch is the piece's size, not widened
         found[4].append(low)
         found[5].append(high)
+        zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
+        found[0].extend(torch._foreach_norm([zeroed], 0))  # non-zeros, NaN and ±Inf included: exact in float64
         zeroed.nan_to_num_(0.0, 0.0, 0.0)
-        found[1].append(torch.count_nonzero(zeroed))
+        found[1].extend(torch._foreach_norm([zeroed], 0))
         for at, result in enumerate(torch.var_mean(zeroed, correction=0), 2):
             found[at].append(result)
         del zeroed
-    numel = values.numel()
-    weights = torch.full((len(found[2]),), PIECE / numel, dtype=wide, device=values.device)
-    weights[-1] = (numel - PIECE * (len(found[2]) - 1)) / numel  # the last piece is shorter
-    variances, means = (torch.stack(column).to(wide) for column in found[2:4])
-    mean = (weights * means).sum()
-    variance = (weights * (variances + (means - mean) ** 2)).sum()
+    numel, last = values.numel(), len(pieces) - 1  # every piece holds PIECE elements but the last
+    last_size = numel - PIECE * last
+    variances, means = torch.stack(found[2]), torch.stack(found[3])
+    mean = (means[:last].sum() * PIECE + means[last] * last_size) / numel
+    spread = (means - mean).square_().add_(variances)  # each piece's variance about the whole tensor's mean
+    variance = (spread[:last].sum() * PIECE + spread[last] * last_size) / numel
     parts = [torch.stack(found[0]).sum(), torch.stack(found[1]).sum(), mean, variance]
-    parts += [torch.stack(found[4]).amin(), torch.stack(found[5]).amax()]
-    row = torch.cat([part.to(wide).view(1) for part in parts] + [values[::stride].to(wide)])
+    parts += [torch.stack(found[4]).amin().to(wide), torch.stack(found[5]).amax().to(wide)]
+    row = torch.cat([part.view(1) for part in parts] + [values[::stride].to(wide)])
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
 
