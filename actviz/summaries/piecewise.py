@@ -32,31 +32,30 @@ PIECE = 1 << 22
 def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
     """A large floating tensor, a piece at a time (counts, ``var_mean`` and bounds), merged as Chan et al. do.
 
-    Nine kernels a piece and none that waits for the device: the pieces' sizes stay Python numbers, so
-    nothing is copied from the host to weigh them (on a GPU such a copy is a sync, once per tensor).
+    Nine kernels a piece and fifteen to merge, none of which waits for the device: the pieces' sizes stay
+    Python numbers, never copied from the host (on a GPU such a copy is a sync, once per tensor).
     """
-    found: list[list[torch.Tensor]] = [[], [], [], [], [], []]
+    moments: list[torch.Tensor] = []  # per piece: non-zeros, finite non-zeros, variance, mean (float64)
+    bounds: list[torch.Tensor] = []  # per piece: finite min, finite max (the tensor's dtype)
     pieces = values.split(PIECE)
     for piece in pieces:
-        low, high = finite_bounds(piece)  # exact in any dtype, and its scratch is the piece's size, not widened
-        found[4].append(low)
-        found[5].append(high)
+        bounds += finite_bounds(piece)  # exact in any dtype, and its scratch is the piece's size, not widened
         zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
-        found[0].extend(torch._foreach_norm([zeroed], 0))  # non-zeros, NaN and ±Inf included: exact in float64
+        moments += torch._foreach_norm([zeroed], 0)  # non-zeros, NaN and ±Inf included: exact in float64
         zeroed.nan_to_num_(0.0, 0.0, 0.0)
-        found[1].extend(torch._foreach_norm([zeroed], 0))
-        for at, result in enumerate(torch.var_mean(zeroed, correction=0), 2):
-            found[at].append(result)
+        moments += torch._foreach_norm([zeroed], 0)
+        moments += torch.var_mean(zeroed, correction=0)
         del zeroed
     numel, last = values.numel(), len(pieces) - 1  # every piece holds PIECE elements but the last
-    last_size = numel - PIECE * last
-    variances, means = torch.stack(found[2]), torch.stack(found[3])
-    mean = (means[:last].sum() * PIECE + means[last] * last_size) / numel
+    share, last_share = PIECE / numel, (numel - PIECE * last) / numel - PIECE / numel
+    table = torch.stack(moments).view(-1, 4)
+    counts, variances, means = table[:, :2].sum(0), table[:, 2], table[:, 3]
+    mean = torch.add(means.sum().mul_(share), means[last], alpha=last_share)  # weighted by the pieces' sizes
     spread = (means - mean).square_().add_(variances)  # each piece's variance about the whole tensor's mean
-    variance = (spread[:last].sum() * PIECE + spread[last] * last_size) / numel
-    parts = [torch.stack(found[0]).sum(), torch.stack(found[1]).sum(), mean, variance]
-    parts += [torch.stack(found[4]).amin().to(wide), torch.stack(found[5]).amax().to(wide)]
-    row = torch.cat([part.view(1) for part in parts] + [values[::stride].to(wide)])
+    variance = torch.add(spread.sum().mul_(share), spread[last], alpha=last_share)
+    lows_and_highs = torch.cat(bounds)
+    parts = [counts, mean.view(1), variance.view(1), lows_and_highs[0::2].amin(0, True), lows_and_highs[1::2].amax(0, True)]
+    row = torch.cat([*parts, values[::stride]]).to(wide)  # cat widens the bounds and the sample
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
 
