@@ -26,7 +26,6 @@ function                               private API
 :func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
 :func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
 :func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
-:func:`inductor_compiles_for`          ``torch._inductor.codegen.common``
 :func:`flatten_copy`                   ``torch._C._nn.flatten_dense_tensors``
 :func:`child_modules`                  ``Module._modules``
 =====================================  ===========================================
@@ -47,7 +46,7 @@ from torch import nn
 __all__ = [
     "batch_and_instance_norm_types", "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "event_file_writer", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
-    "grad_scaler_unscaled", "image_classification", "inductor_backend", "inductor_compiles_for",
+    "grad_scaler_unscaled", "image_classification", "inductor_backend",
     "inside_functorch_transform", "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward",
     "replace_record_checksum", "set_compiled_call", "swap_stance", "tensor_version",
 ]
@@ -227,23 +226,6 @@ def compiler_stance() -> str | None:
     import torch._dynamo
 
     return getattr(getattr(torch._dynamo.eval_frame, "_stance", None), "stance", None)
-
-
-def inductor_compiles_for(device_type: str) -> bool:
-    """Whether Inductor has a code generator for ``device_type`` (``"cuda"``, ``"xpu"``, ``"cpu"``, ...).
-
-    Why private: there is no public list of the devices ``torch.compile`` supports.
-    """
-    try:
-        from torch._inductor.codegen.common import (
-            get_scheduling_for_device,
-            init_backend_registration,
-        )
-
-        init_backend_registration()
-        return get_scheduling_for_device(device_type) is not None
-    except Exception:  # noqa: BLE001 - an Inductor without this API: say no, and stay eager
-        return False
 
 
 def swap_stance(stance: Any) -> Any:

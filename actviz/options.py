@@ -33,11 +33,10 @@ def cpu_shortcuts() -> bool:
     return os.environ.get("ACTVIZ_CPU_SHORTCUTS", "1") != "0"
 
 
-def fused_setting() -> bool | None:
-    """``ACTVIZ_FUSED``: ``1`` forces the compiled summaries on every device, ``0`` turns them off.
+def fused_setting() -> bool:
+    """``ACTVIZ_FUSED=1`` turns the compiled summaries on, on every device; unset or any other value, off.
 
-    Unset (or any other value), :func:`actviz.summaries.fused.use_fused` decides: on for CUDA and
-    the other devices Inductor compiles for, off on the CPU (see "Performance" in the README).
+    Off is the default everywhere, GPUs included (:func:`actviz.summaries.fused.use_fused` says why).
 
     Example:
         >>> from unittest import mock
@@ -45,8 +44,7 @@ def fused_setting() -> bool | None:
         ...     fused_setting()
         False
     """
-    value = os.environ.get("ACTVIZ_FUSED", "")  # read per tensor: no dict made per call
-    return True if value == "1" else False if value == "0" else None
+    return os.environ.get("ACTVIZ_FUSED", "") == "1"  # read per tensor: no dict made per call
 
 
 def check_positive_int(name: str, value: Any, example: int) -> None:

@@ -155,7 +155,6 @@ def test_foreach_ops_do_what_the_summaries_rely_on() -> None:
 
 
 def test_compiler_internals_do_what_actviz_fused_relies_on() -> None:
-    assert _internals.inductor_compiles_for("cpu") and not _internals.inductor_compiles_for("no-such-device")
     assert callable(_internals.inductor_backend())
     assert _internals.compiler_stance() == "default"
     with torch.compiler.set_stance("force_eager"):

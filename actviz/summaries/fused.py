@@ -25,11 +25,11 @@ for its size.
   for that key from then on, and the caller takes the eager path. Tensor
   subclasses and inference tensors (other guards) get ``None`` at once.
 
-It needs four private APIs, each behind one function in :mod:`actviz._internals`:
-Inductor's backend (wrapped to count graphs and calls), ``mark_unbacked`` with a size
-hint (Inductor tunes its reduction for the size class, not for the first tensor it sees),
-the current stance (to skip ``set_stance`` when it is already the default) and which
-devices Inductor compiles for. An error from any of them counts as a failed compile.
+It is off unless ``ACTVIZ_FUSED=1`` (:func:`use_fused` says why). It needs three private APIs, each
+behind one function in :mod:`actviz._internals`: Inductor's backend (wrapped to count graphs and calls),
+``mark_unbacked`` with a size hint (Inductor tunes its reduction for the size class, not for the first
+tensor it sees) and the current stance (to skip ``set_stance`` when it is already the default). An error
+from any of them counts as a failed compile.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .._internals import compiler_stance, inductor_backend, inductor_compiles_for, mark_size_unbacked
+from .._internals import compiler_stance, inductor_backend, mark_size_unbacked
 from ..options import fused_setting
 from ..safe_warnings import warn_safely
 
@@ -62,33 +62,25 @@ Key = tuple[str, str, torch.dtype, bool]
 #: with its index ("cuda:1"), as Dynamo guards on it: one process driving two GPUs gets graphs for each.
 _compiled: dict[Key, CompiledFunction | None] = {}
 _warned = False
-_supported: dict[str, bool] = {}
 
 
-def use_fused(device: torch.device) -> bool:
-    """Whether tensors on ``device`` take the compiled summaries.
+def use_fused() -> bool:
+    """Whether tensors take the compiled summaries: only where ``ACTVIZ_FUSED=1`` asks, on any device.
 
-    ``ACTVIZ_FUSED=1`` or ``0`` decides on any device. Otherwise: no on the CPU, where
-    compiling takes longer than it saves in a run (README, "Performance"), and yes on
-    any other device Inductor has a code generator for (CUDA, XPU, MPS). In a watcher's
-    step only tensors larger than their sample ask: the small ones are batched
-    (:mod:`actviz.summaries.small_tensors`), as a compiled call per tensor costs the host twice the eager ops.
+    The compiled path is off by default on every device. On an H200 (2026-11-27, torch 2.11) it made a
+    logging step of ResNet-50 (batch 64, bf16) cost 3.0 s more than a bare step, against 0.31 s eagerly:
+    for a length it may not specialize on, Inductor emits reductions that one block runs alone, 2-5 ms
+    each on a 51 M-element activation (docs/performance.md, "On a GPU"). In a watcher's step only tensors
+    larger than their sample ask: the small ones are batched (:mod:`actviz.summaries.small_tensors`).
 
     Example:
         >>> import os
         >>> from unittest import mock
         >>> with mock.patch.dict(os.environ, {"ACTVIZ_FUSED": ""}):
-        ...     use_fused(torch.device("cpu"))
+        ...     use_fused()
         False
     """
-    forced = fused_setting()
-    if forced is not None:
-        return forced
-    if device.type == "cpu":
-        return False
-    if device.type not in _supported:
-        _supported[device.type] = inductor_compiles_for(device.type)
-    return _supported[device.type]
+    return fused_setting()
 
 
 def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) -> torch.Tensor | None:

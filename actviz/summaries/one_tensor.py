@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .. import distributed_types
-from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts, fused_setting
+from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from ..output.results import HEADER_SIZE, Summary
 from . import fused, piecewise
 from .cpu_shortcut import reduce_on_cpu
@@ -175,9 +175,8 @@ def reduce_tensor(
     if small is not None and (sample_size is None or numel <= sample_size) and small.takes(values):
         return small.add(values)  # its sample is the whole tensor: batched with the step's other small ones
     stride = sample_stride(numel, sample_size)
-    # Compiled where it saves device time and keeps min/max exact: a tensor the sample covers whole is host-bound
-    # (eager, exact through its sample) unless ACTVIZ_FUSED=1 forces it (docs/performance.md).
-    if numel < _INT32_COUNTS_MAX and (stride > 1 or fused_setting()) and fused.use_fused(values.device):
+    # Compiled only where ACTVIZ_FUSED=1 asks (fused.use_fused says why; a watcher's step batches small tensors first).
+    if numel < _INT32_COUNTS_MAX and fused.use_fused():
         header = fused.run(header_sums, values)
         if header is not None:
             sample = values[::stride].clone()
