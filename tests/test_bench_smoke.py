@@ -108,3 +108,18 @@ def test_bench_compile_runs_both_sides_in_fresh_processes(tmp_path):
     assert watched["recompiles"] == 0
     assert report["ratio"] == pytest.approx(report["median"]["watched"]["seconds"] / report["median"]["bare"]["seconds"])
     assert "ratio" in finished.stdout
+
+
+def test_the_gpu_step_benchmark_runs_its_three_copies_and_refuses_a_missing_gpu(tmp_path):
+    # scripts/check_gpu.sh runs it on a GPU; here --device cpu checks the script itself (no memory figures).
+    script = SCRIPT.parent / "bench_gpu_step.py"
+    command = [sys.executable, str(script), "--device", "cpu", "--model", "micro", "--rounds", "2", "--warmup", "1"]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert finished.stdout.startswith("micro, batch 1, float32, eager summaries, cpu") and "x the bare step" in finished.stdout
+    assert [line.split()[0] for line in finished.stderr.splitlines()[-3:]] == ["bare", "idle", "logging"]
+    refused = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert refused.returncode == 2 and "needs a CUDA GPU" in refused.stderr and "--device cpu" in refused.stderr
