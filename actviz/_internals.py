@@ -23,6 +23,7 @@ function                               private API
 :func:`compiler_stance`                ``torch._dynamo.eval_frame._stance``
 :func:`swap_stance`                    ``torch._dynamo.eval_frame._stance`` (set)
 :func:`mark_trace_time_constant`       ``fn._dynamo_marked_constant``
+:func:`exporting_now`                  ``torch.compiler._is_exporting_flag``
 :func:`functorch_wrapped`              ``torch._C._functorch.is_functorch_wrapped_tensor``
 :func:`inside_functorch_transform`     ``torch._C._functorch.maybe_current_level``
 :func:`forward_hooks`                  ``Module._forward_hooks``, ``_forward_pre_hooks``
@@ -45,10 +46,10 @@ from torch import nn
 
 __all__ = [
     "batch_and_instance_norm_types", "child_modules", "compiled_call", "compiled_original", "compiler_stance",
-    "event_file_writer", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
-    "grad_scaler_unscaled", "image_classification", "inductor_backend",
-    "inside_functorch_transform", "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward",
-    "replace_record_checksum", "set_compiled_call", "swap_stance", "tensor_version",
+    "event_file_writer", "exporting_now", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
+    "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
+    "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_record_checksum",
+    "set_compiled_call", "swap_stance", "tensor_version",
 ]
 
 
@@ -246,6 +247,15 @@ def mark_trace_time_constant(function: Callable[[], Any]) -> None:
     Why private: it is what ``torch._dynamo.assume_constant_result`` sets, without importing Dynamo (seconds).
     """
     function._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def exporting_now() -> bool:
+    """Whether ``torch.export`` is tracing now: the flag ``torch.compiler.is_exporting()`` returns.
+
+    Why private: called while Dynamo traces, the public function is folded to a constant, and torch 2.11's
+    Dynamo folds it to True under ``torch.compile`` too (2.14's reads this flag); the flag is right in both.
+    """
+    return bool(getattr(torch.compiler, "_is_exporting_flag", False))
 
 
 def functorch_wrapped(tensor: torch.Tensor) -> bool:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._internals import forward_hooks, mark_trace_time_constant
+from ._internals import exporting_now, forward_hooks, mark_trace_time_constant
 
 __all__ = ["StepHook", "compiled_forward", "inert_step_hook"]
 
@@ -49,8 +49,16 @@ _op_defined = False
 
 
 def _op_ready() -> bool:
-    """Define ``actviz::forward_step`` once; Dynamo calls this while it traces the hook (a trace-time constant)."""
+    """Whether a traced root hook leaves ``actviz::forward_step``: under ``torch.compile`` yes, under ``torch.export`` no.
+
+    Dynamo calls this while it traces (a trace-time constant), so it reads export's own flag: torch 2.11's
+    Dynamo folds ``torch.compiler.is_exporting()`` to True under ``torch.compile`` too, which left a model
+    compiled after ``watch()`` without its step op (no step counted, nothing logged after step 0).
+    The op is defined here, once.
+    """
     global _op_defined
+    if exporting_now():
+        return False
     if not _op_defined:
         op = torch.library.custom_op("actviz::forward_step", compiled_forward, mutates_args=("token",))
         op.register_fake(lambda token, key, training: None)
@@ -113,7 +121,7 @@ def make(state, key, forward_step, is_exporting, op_ready, token, drop):
         if torch.jit.is_scripting():
             return None
         if torch.compiler.is_compiling():
-            if not is_exporting() and op_ready():
+            if op_ready():  # not is_exporting(): Dynamo may fold that to True under torch.compile
                 forward_step(token, key, module.training and torch.is_grad_enabled())
             return None
         if torch.jit.is_tracing() or is_exporting():

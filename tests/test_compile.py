@@ -88,3 +88,24 @@ def test_the_compiled_model_gives_what_the_eager_one_gives(tmp_path, read_run):
     assert a.histogram_tags == b.histogram_tags
     for tag in ("activations/conv1", "gradients/layer2.0.conv1", "weight_grads/fc.weight"):
         assert a.histogram(tag, 0).sum_squares == pytest.approx(b.histogram(tag, 0).sum_squares, rel=1e-5)
+
+
+def test_a_torch_whose_dynamo_folds_is_exporting_to_true_still_counts_compiled_steps(tmp_path, monkeypatch, read_run):
+    # torch 2.11's Dynamo folds torch.compiler.is_exporting() to True under torch.compile too (2.14 reads the
+    # flag). A model compiled after watch() then ran without its step op: no step counted, nothing logged after
+    # step 0. Here that torch is played by an is_exporting that answers True whenever Dynamo traces.
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    viz = actviz.watch(model, tmp_path, every=3)
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    for _ in range(8):
+        optimizer.zero_grad()
+        compiled(torch.randn(5, 4)).square().mean().backward()
+        optimizer.step()
+    viz.close()
+    torch._dynamo.reset()
+    assert viz.step == 8
+    assert read_run(tmp_path).histogram_steps("activations/0") == [0, 3, 6]
