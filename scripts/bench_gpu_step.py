@@ -28,6 +28,7 @@ Usage, on a machine with a CUDA GPU::
     ACTVIZ_FUSED=1 python scripts/bench_gpu_step.py --rounds 30   # the compiled summaries
     python scripts/bench_gpu_step.py --model micro            # host_time.py's micro ResNet-50: host-bound steps
     python scripts/bench_gpu_step.py --model gpt2             # GPT-2 small at 1 x 1,024 tokens (needs transformers)
+    python scripts/bench_gpu_step.py --profile prof.txt       # also: a logging step's syncs and kernel launches
 
 The last line is the figure: medians over the rounds, and the logging step's wall time over the bare step's.
 """
@@ -35,6 +36,7 @@ The last line is the figure: medians over the rounds, and the logging step's wal
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import os
@@ -42,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -89,6 +92,35 @@ def build(name: str, batch: int, device: torch.device) -> tuple[nn.Module, Calla
     return model.to(device).train(), lambda m: nn.functional.cross_entropy(m(inputs), targets)
 
 
+def profile_logging_step(step: Callable[[], object], path: str) -> None:
+    """One logging step under ``torch.cuda.set_sync_debug_mode("warn")``, then one under ``torch.profiler``."""
+    sites: collections.Counter[str] = collections.Counter()
+
+    def record(*args: object, **kwargs: object) -> None:  # where in actviz the host waited, if it was in actviz
+        frames = [frame for frame in traceback.extract_stack() if f"{os.sep}actviz{os.sep}" in frame.filename]
+        sites[f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else "outside actviz"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()  # its own synchronize() and flush() count "outside actviz"
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as profile:
+        step()
+    table = profile.key_averages()
+    launches = sum(event.count for event in table if event.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+    with open(path, "w") as out:
+        out.write(table.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=70) + "\n")
+        out.write(table.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70) + "\n")
+    in_actviz = sum(count for site, count in sites.items() if site != "outside actviz")
+    print(f"one logging step: {in_actviz} host syncs in actviz {dict(sites.most_common(5))}, "
+          f"{launches} kernel launches (tables in {path})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50",
@@ -97,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--amp", choices=["on", "off"], default=None, help="bf16 autocast (default on; micro: off)")
     parser.add_argument("--rounds", type=int, default=20, help="measured rounds of one step per copy")
     parser.add_argument("--warmup", type=int, default=3, help="rounds before measuring (the compile happens here)")
+    parser.add_argument("--profile", metavar="FILE", help="also profile one logging step: its host syncs (and where in "
+                        "actviz they come from) and kernel launches, printed; torch.profiler's tables written to FILE")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only checks this script: no memory figures")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -147,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         order = kinds[i % 3:] + kinds[:i % 3]
         for kind in order:
             results[kind].append(step(kind))
+    if args.profile and cuda:
+        profile_logging_step(lambda: step("logging"), args.profile)
     for viz in watchers.values():
         viz.close()
 

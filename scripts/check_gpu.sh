@@ -5,7 +5,8 @@
 #
 # Usage: bash scripts/check_gpu.sh [LOG_DIR]     (about five minutes on an H100; logs go to LOG_DIR, default gpu-logs)
 # Works without installing actviz (it then runs from this checkout); needs torch with CUDA, torchvision,
-# tensorboard, pytest, and transformers for the GPT-2 case. The last lines are the figures, one per case.
+# tensorboard, pytest, and transformers for the GPT-2 case. The last lines are the figures: per case, the step
+# times and a profiled logging step's host syncs and kernel launches (torch.profiler's tables: LOG_DIR/profile_*).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 logs=${1:-gpu-logs}
@@ -24,11 +25,12 @@ echo "== training steps: bare, watched but idle, logging (eager: the default; fu
 for case in "resnet50 --rounds 15" "micro --rounds 30" "gpt2 --rounds 10"; do
     for fused in 0 1; do
         # shellcheck disable=SC2086  # $case is the model and its options
-        ACTVIZ_FUSED=$fused timeout 240 python scripts/bench_gpu_step.py --model $case 2>&1 | tee -a "$logs/bench.log"
+        ACTVIZ_FUSED=$fused timeout 240 python scripts/bench_gpu_step.py --model $case \
+            --profile "$logs/profile_${case%% *}_fused$fused.txt" 2>&1 | tee -a "$logs/bench.log"
     done
 done
 
 echo "== summary"
 tail -n 3 "$logs/tests.log"
-grep -h " summaries, " "$logs/bench.log"
+grep -h -e " summaries, " -e "^one logging step" "$logs/bench.log"
 exit $tests
