@@ -69,9 +69,10 @@ def use_fused() -> bool:
 
     The compiled path is off by default on every device. On an H200 (2026-11-27, torch 2.11) it made a
     logging step of ResNet-50 (batch 64, bf16) cost 3.0 s more than a bare step, against 0.31 s eagerly:
-    for a length it may not specialize on, Inductor emits reductions that one block runs alone, 2-5 ms
-    each on a 51 M-element activation (docs/performance.md, "On a GPU"). In a watcher's step only tensors
-    larger than their sample ask: the small ones are batched (:mod:`actviz.summaries.small_tensors`).
+    five Triton reductions a call, 2-5 ms each on a 51 M-element activation, about one block's bandwidth
+    (apparently unsplit: the length is unbacked, so Inductor cannot size a split; docs/performance.md,
+    "On a GPU"). In a watcher's step only tensors larger than their sample ask: the small ones are
+    batched (:mod:`actviz.summaries.small_tensors`).
 
     Example:
         >>> import os
