@@ -53,23 +53,7 @@ from torch import nn
 
 import actviz
 from actviz.summaries.fused import use_fused
-
-
-def micro_resnet50() -> nn.Module:
-    """torchvision's ResNet-50 layer structure with 4 to 32 channels, as in ``shared/bench/host_time.py``."""
-    from torchvision.models.resnet import Bottleneck, ResNet
-
-    class Micro(ResNet):
-        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):  # type: ignore[no-untyped-def]
-            if planes == 64:
-                self.inplanes = 4
-            return super()._make_layer(block, max(1, planes // 64), blocks, stride, dilate)
-
-    model = Micro(Bottleneck, [3, 4, 6, 3], num_classes=10)
-    model.conv1 = nn.Conv2d(3, 4, kernel_size=7, stride=2, padding=3, bias=False)
-    model.bn1 = nn.BatchNorm2d(4)
-    model.fc = nn.Linear(8 * Bottleneck.expansion, 10)
-    return model
+from count_host_instructions import micro_resnet50  # its sibling here: host_time.py's model
 
 
 def build(name: str, batch: int, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:
