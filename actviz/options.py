@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
-    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts", "fused_setting",
+    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts",
 ]
 
 DEFAULT_BINS = 64
@@ -31,20 +31,6 @@ def cpu_shortcuts() -> bool:
     copy), so that the suite tests that path and anyone can count its ops on a CPU.
     """
     return os.environ.get("ACTVIZ_CPU_SHORTCUTS", "1") != "0"
-
-
-def fused_setting() -> bool:
-    """``ACTVIZ_FUSED=1`` turns the compiled summaries on, on every device; unset or any other value, off.
-
-    Off is the default everywhere, GPUs included (:func:`actviz.summaries.fused.use_fused` says why).
-
-    Example:
-        >>> from unittest import mock
-        >>> with mock.patch.dict(os.environ, {"ACTVIZ_FUSED": "0"}):
-        ...     fused_setting()
-        False
-    """
-    return os.environ.get("ACTVIZ_FUSED", "") == "1"  # read per tensor: no dict made per call
 
 
 def check_positive_int(name: str, value: Any, example: int) -> None:

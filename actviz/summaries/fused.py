@@ -35,6 +35,7 @@ from any of them counts as a failed compile.
 from __future__ import annotations
 
 import logging
+import os
 import types
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -43,7 +44,6 @@ from typing import Any
 import torch
 
 from .._internals import compiler_stance, inductor_backend, mark_size_unbacked
-from ..options import fused_setting
 from ..safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
@@ -65,10 +65,10 @@ _warned = False
 
 
 def use_fused() -> bool:
-    """Whether tensors take the compiled summaries: only where ``ACTVIZ_FUSED=1`` asks, on any device.
+    """Whether tensors take the compiled summaries: only where the environment sets ``ACTVIZ_FUSED=1``.
 
-    The compiled path is off by default on every device. On an H200 (2026-11-27, torch 2.11) it made a
-    logging step of ResNet-50 (batch 64, bf16) cost 3.0 s more than a bare step, against 0.31 s eagerly:
+    The compiled path is off by default on every device, GPUs included. On an H200 (2026-11-27, torch 2.11)
+    it made a logging step of ResNet-50 (batch 64, bf16) cost 3.0 s more than a bare step, against 0.31 s eagerly:
     five Triton reductions a call, 2-5 ms each on a 51 M-element activation, about one block's bandwidth
     (apparently unsplit: the length is unbacked, so Inductor cannot size a split; docs/performance.md,
     "On a GPU"). In a watcher's step only tensors larger than their sample ask: the small ones are
@@ -81,7 +81,7 @@ def use_fused() -> bool:
         ...     use_fused()
         False
     """
-    return fused_setting()
+    return os.environ.get("ACTVIZ_FUSED", "") == "1"  # read per tensor: no dict made per call
 
 
 def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) -> torch.Tensor | None:
