@@ -55,7 +55,7 @@ def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
     variance = torch.add(spread.sum().mul_(share), spread[last], alpha=last_share)
     lows_and_highs = torch.cat(bounds)
     parts = [counts, mean.view(1), variance.view(1), lows_and_highs[0::2].amin(0, True), lows_and_highs[1::2].amax(0, True)]
-    row = torch.cat([*parts, values[::stride]]).to(wide)  # cat widens the bounds and the sample
+    row = torch.cat([*parts, values[::stride]])  # in ``wide``: cat promotes the bounds and the sample to it
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
 
