@@ -12,7 +12,8 @@ from torch import nn
 import actviz
 from actviz.summaries.many_tensors import reduce_tensors
 from actviz.summaries.one_tensor import finish, reduce_tensor
-from actviz.summaries.small_tensors import SmallTensors, reduce_segments
+from actviz.summaries.segments import reduce_segments
+from actviz.summaries.small_tensors import SmallTensors
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +98,7 @@ def test_the_batch_takes_one_op_per_tensor_and_a_constant_number_at_the_end_with
 
 
 def test_devices_without_segment_reduce_get_the_same_header_from_index_add(monkeypatch):
-    from actviz.summaries import small_tensors
+    from actviz.summaries import segments
     tensors = cases()
     sizes = tuple(tensor.numel() for tensor in tensors)
     for dtype in (torch.float32, torch.bfloat16):
@@ -106,7 +107,7 @@ def test_devices_without_segment_reduce_get_the_same_header_from_index_add(monke
             by_segment = reduce_segments(flat, sizes)
         assert default.kernels.count("aten.segment_reduce.default") == 3 and default.syncs == []  # sums, min, max
         with monkeypatch.context() as patch:
-            patch.setattr(small_tensors, "SEGMENT_REDUCE_DEVICES", frozenset())  # as on MPS
+            patch.setattr(segments, "SEGMENT_REDUCE_DEVICES", frozenset())  # as on MPS
             with CountOps() as fallback:
                 by_index = reduce_segments(flat, sizes)
         assert fallback.syncs == [] and "aten.segment_reduce.default" not in fallback.kernels

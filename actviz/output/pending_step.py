@@ -167,9 +167,9 @@ class PendingStep:
     def mergeable(self) -> list[tuple[str, Reduction]]:
         """``(kind/tag, reduction)`` of the summaries that differ between ranks, in the order added.
 
-        The small tensors are reduced first (:meth:`reduce_small`), so that every reduction has its header.
+        The small tensors are reduced on the device first, so that every reduction has its header there to merge.
         """
-        self.reduce_small()
+        self.small.reduce()
         found = []
         for index in self._mergeable:
             reduction = self._reductions[index]
@@ -177,10 +177,6 @@ class PendingStep:
                 reduction = self._reductions[index] = self.small.reduction(reduction)
             found.append((f"{self._kinds[index]}/{self._tags[index]}", reduction))
         return found
-
-    def reduce_small(self) -> None:
-        """Reduce the small tensors added since the last call, together (:mod:`actviz.summaries.small_tensors`)."""
-        self.small.reduce()
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
@@ -214,9 +210,11 @@ class PendingStep:
         """Start the copy to the host. Called once, on the training thread, when the step ends.
 
         Each distinct tensor goes once: a header matrix that many parameters share, a row
-        that holds its sample behind it. The small tensors are reduced first.
+        that holds its sample behind it. The small tensors go packed in one flat copy per device, their samples:
+        the writer thread reduces them (:meth:`~actviz.summaries.small_tensors.SmallTensors.pack`), unless a
+        merge across ranks has reduced them on the device already (:attr:`mergeable`).
         """
-        self.reduce_small()
+        self.small.pack()
         unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
         for reduction in self._reductions:  # many share one header and one sample: look each up once
             if isinstance(reduction, int):  # a row of self.small: its batch's tensors are in

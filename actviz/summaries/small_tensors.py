@@ -1,16 +1,21 @@
-"""Small tensors of one step reduced together: one copy each in its hook, a constant number of ops at the step's end.
+"""Small tensors of one step: one copy each in its hook, one packed copy at the step's end, reduced on the host.
 
 A tensor no larger than its histogram sample is kept whole as its sample anyway. On the
 accelerator path its hook makes one copy of it (:meth:`SmallTensors.add`, one op) instead of
 reducing it there (five or more ops, and Python, per tensor: a micro ResNet-50 has over 200
-such tensors per logging step). When the step ends, :meth:`SmallTensors.reduce` reduces every
-copy of a device in about 23 ops, whatever their number: one ``cat``, then segment sums and
-bounds (``torch.segment_reduce``; ``index_add_`` and ``scatter_reduce_`` where a device lacks it)
-over offsets made once on the host for the step's sizes. It writes one ``(k, len(FIELDS))`` header matrix
-(:mod:`actviz.summaries.header`): counts, mean and centred variance of ``z`` (NaN and ±Inf
-replaced by 0) in float64 (float32 on MPS), and exact min and max of the finite values
-(``+inf``/``-inf`` where there are none). Each tensor's sample is its slice of the ``cat``.
-Nothing is read on the host: no sync.
+such tensors per logging step). When the step ends, :meth:`SmallTensors.pack` puts every copy of
+a device end to end in one flat tensor (one ``cat``, whatever their number): their samples,
+which go to the host with the step. The host has every value then, so the writer thread
+reduces them there (:meth:`SmallTensors.receive`), off the training thread and with no kernel
+on the device. Where the device needs the headers (``merge_ranks`` merges them across ranks),
+:meth:`SmallTensors.reduce` makes them on the device instead, in about 23 ops and no sync.
+
+Either way :func:`~actviz.summaries.segments.reduce_segments` does it: segment sums and bounds (``torch.segment_reduce``;
+``index_add_`` and ``scatter_reduce_`` where a device lacks it) over offsets made once for the
+step's sizes. It writes one ``(k, len(FIELDS))`` header matrix (:mod:`actviz.summaries.header`):
+counts, mean and centred variance of ``z`` (NaN and ±Inf replaced by 0) in float64 (float32 on
+an MPS device), and exact min and max of the finite values (``+inf``/``-inf`` where there are
+none). Each tensor's sample is its slice of the ``cat``.
 
 Example:
     >>> from actviz.summaries.one_tensor import finish
@@ -27,123 +32,60 @@ Example:
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from .._internals import flatten_copy
 from .header import Reduction, wide_dtype
+from .segments import reduce_segments
 
-__all__ = ["CHUNK", "SEGMENT_REDUCE_DEVICES", "SMALL_MAX", "SmallTensors", "reduce_segments"]
+__all__ = ["CHUNK", "SMALL_MAX", "SmallTensors"]
 
 #: Most elements of a tensor batched here (with ``sample_size=None`` every tensor would be "small").
 SMALL_MAX = 1 << 16
 #: Most elements reduced together: the reduction's scratch (about 64 bytes an element) stays under 64 MB.
 CHUNK = 1 << 20
 
-#: Device types with ``torch.segment_reduce``: one reduction per segment there (CUB on CUDA), not atomics per element.
-SEGMENT_REDUCE_DEVICES = frozenset({"cpu", "cuda"})
-
-_layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
-
-
-def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """Segment ids (one per element), each segment's first position, the segments' offsets, those of the four
-    columns' segments end to end, and ``1 / sizes`` on ``device``: made on the host once per set of sizes, as a
-    run's steps repeat them."""
-    key = (device, wide, sizes)
-    found = _layouts.get(key)
-    if found is None:
-        if len(_layouts) > 16:  # a run whose sizes change every step: keep a few
-            _layouts.clear()
-        # NumPy on the host: no aten op, so nothing a device (or an op counter) could mistake for a sync
-        segment = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        total = int(offsets[-1])
-        columns = np.concatenate([*(offsets[:-1] + column * total for column in range(4)), [4 * total]])
-        found = _layouts[key] = (
-            *(torch.from_numpy(array).to(device, non_blocking=True) for array in (segment, offsets[:-1], offsets, columns)),
-            torch.from_numpy(1.0 / np.asarray(sizes, dtype=np.float64)).to(device=device, dtype=wide, non_blocking=True),
-        )
-    return found
-
-
-def _segment_sums(columns: torch.Tensor, segment: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """``(4, k)`` sums of each row of ``columns`` (``(4, n)``, contiguous) over the segments: one op.
-
-    ``offsets`` are those of the four rows' segments end to end (:func:`_layout`); devices without
-    ``segment_reduce`` add each element into its segment instead (``index_add``)."""
-    if columns.device.type in SEGMENT_REDUCE_DEVICES:
-        return torch.segment_reduce(columns.view(-1), "sum", offsets=offsets, unsafe=True).view(4, -1)
-    return torch.zeros((4, offsets.numel() // 4), dtype=columns.dtype, device=columns.device).index_add_(1, segment, columns)
-
-
-def _segment_bound(values: torch.Tensor, segment: torch.Tensor, offsets: torch.Tensor, how: str) -> torch.Tensor:
-    """Each segment's ``"min"`` or ``"max"`` of ``values`` (1-D, no NaN): one op."""
-    if values.device.type in SEGMENT_REDUCE_DEVICES:
-        return torch.segment_reduce(values, how, offsets=offsets, unsafe=True)
-    start = torch.full((offsets.numel() - 1,), math.inf if how == "min" else -math.inf, dtype=values.dtype, device=values.device)
-    return start.scatter_reduce_(0, segment, values, "a" + how)
-
-
-def reduce_segments(flat: torch.Tensor, sizes: tuple[int, ...], wide: torch.dtype = torch.float64) -> torch.Tensor:
-    """The ``(len(sizes), len(FIELDS))`` header, in ``wide``, of consecutive segments of ``flat`` (a floating 1-D tensor).
-
-    A constant number of ops for any number of segments, none of them syncing. Every size must be > 0.
-    Counts and bounds are taken in ``flat``'s own dtype (exact); the moments in ``wide``, about each
-    segment's first element of ``z`` in one pass: that element is one of the segment's values, so
-    ``(first - mean)**2 <= size * variance`` and the shift costs at most ``size`` ulps of the
-    variance, however large the offset. The sums are one ``segment_reduce`` of four rows end to end
-    (each segment reduced by one thread block on CUDA, with no atomic per element), the bounds one each.
-
-    Example:
-        >>> reduce_segments(torch.tensor([0.0, 2.0, float("nan"), -1.0, 5.0]), (4, 1)).tolist()
-        [[3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], [1.0, 1.0, 5.0, 0.0, 5.0, 5.0]]
-    """
-    segment, starts, offsets, column_offsets, reciprocal = _layout(sizes, flat.device, wide)
-    # Few and small temporaries: a step's scratch is these rows, one gather and one filled copy of flat.
-    columns = torch.empty((4, flat.numel()), dtype=wide, device=flat.device)  # non-zero, finite non-zero, d, d * d
-    torch.ne(flat, 0, out=columns[0])  # NaN and ±Inf count as non-zero
-    shifted = columns[2]
-    shifted.copy_(flat).nan_to_num_(0.0, 0.0, 0.0)  # z
-    torch.ne(shifted, 0, out=columns[1])
-    first = shifted.index_select(0, starts)
-    shifted.sub_(first.index_select(0, segment))  # d: z less its segment's first
-    torch.mul(shifted, shifted, out=columns[3])
-    sums = _segment_sums(columns, segment, column_offsets)
-    shift = sums[2] * reciprocal  # mean of d
-    variance = torch.addcmul(sums[3] * reciprocal, shift, shift, value=-1).clamp_min_(0)
-    filled = torch.nan_to_num(flat, math.inf, math.inf, math.inf)  # the finite values, +inf for the others
-    low = _segment_bound(filled, segment, offsets, "min")
-    torch.nan_to_num(flat, -math.inf, -math.inf, -math.inf, out=filled)  # the same buffer, -inf for the others
-    high = _segment_bound(filled, segment, offsets, "max")
-    return torch.stack([sums[0], sums[1], first + shift, variance, low.to(wide), high.to(wide)], 1)
-
-
 class _Batch:
-    """One device's copies (at most :data:`CHUNK` elements) and their sizes, then their header and sample."""
+    """One device's copies (at most :data:`CHUNK` elements) and their sizes, then their sample and header."""
 
     __slots__ = ("copies", "header", "reductions", "sample", "sizes", "starts", "stop")
 
     def __init__(self) -> None:
         self.copies: list[torch.Tensor] = []
-        self.reductions: list[Reduction] = []  # the ones made at once (SmallTensors.add): completed by reduce
+        self.reductions: list[Reduction] = []  # the ones made at once (SmallTensors.add): completed with the batch
         self.sizes: list[int] = []
-        self.starts: list[int] = []  # each size's start in the sample: laid out by reduce
+        self.starts: list[int] = []  # each size's start in the sample: laid out by pack
         self.stop = 0
-        self.header: torch.Tensor | None = None  # (len(sizes), len(FIELDS)), once reduced
-        self.sample: torch.Tensor | None = None  # every copy end to end, once reduced
+        self.header: torch.Tensor | None = None  # (len(sizes), len(FIELDS)): made on the device (reduce) or the host (receive)
+        self.sample: torch.Tensor | None = None  # every copy end to end, once packed
 
-    def reduce(self) -> None:
-        flat = flatten_copy(self.copies)  # one copy of them all, their sample; mixed dtypes promote
-        with torch.no_grad():
-            self.header = reduce_segments(flat, tuple(self.sizes), wide_dtype(flat.device))
-        self.sample, self.copies = flat, []
+    def pack(self) -> None:
+        """Copy the copies end to end into one flat tensor: their samples, and all the host needs to reduce them."""
+        self.sample, self.copies = flatten_copy(self.copies), []  # mixed dtypes promote
         self.starts = [0, *itertools.accumulate(self.sizes)]
         for reduction in self.reductions:
-            reduction.header, reduction.sample = self.header, flat
+            reduction.sample = self.sample
+
+    def reduce(self) -> None:
+        """:meth:`pack`, then the header on the sample's device."""
+        self.pack()
+        assert self.sample is not None
+        with torch.no_grad():
+            self.header = reduce_segments(self.sample, tuple(self.sizes), wide_dtype(self.sample.device))
+        for reduction in self.reductions:
+            reduction.header = self.header
+
+    def receive(self, host: dict[int, torch.Tensor]) -> None:
+        """Take the host copies of the sample and header; a batch only packed gets its header now, on the host."""
+        self.sample = host.get(id(self.sample), self.sample)
+        if self.header is None and self.sample is not None:
+            self.header = reduce_segments(self.sample, tuple(self.sizes), torch.float64)
+        else:
+            self.header = host.get(id(self.header), self.header)
+        for reduction in self.reductions:
+            reduction.header, reduction.sample = self.header, self.sample
 
     def reduction(self, index: int) -> Reduction:
         start, stop = self.starts[index], self.starts[index + 1]
@@ -254,14 +196,24 @@ class SmallTensors:
             batch = self._batches[device] = _Batch()
         return batch
 
+    def pack(self) -> None:
+        """Pack the tensors added since the last call, per device (and :data:`CHUNK`) in one ``cat``, for the host
+        to reduce when it :meth:`receive` s them: their copy goes to the host anyway, as their samples."""
+        for batch in self._open_batches():
+            batch.pack()
+
     def reduce(self) -> None:
-        """Reduce every tensor added since the last call: per device (and :data:`CHUNK`) one ``cat`` and
-        :func:`reduce_segments`."""
+        """Reduce the tensors added since the last call on their device: per device (and :data:`CHUNK`) one ``cat``
+        and :func:`~actviz.summaries.segments.reduce_segments`. For headers the device needs (``merge_ranks``), and outside a watcher's step."""
+        for batch in self._open_batches():
+            batch.reduce()
+
+    def _open_batches(self) -> list[_Batch]:
+        """The batches added to since the last :meth:`pack` or :meth:`reduce`, from now on counted as done."""
         batches = [*self._full, *self._batches.values()]
         self._batches, self._full = {}, []
-        for batch in batches:
-            batch.reduce()
         self._reduced.extend(batches)
+        return batches
 
     def reduction(self, row: int) -> Reduction:
         """The :class:`Reduction` of ``row``: complete once reduced (on the host after :meth:`receive`)."""
@@ -277,6 +229,7 @@ class SmallTensors:
         return [tensor for batch in self._reduced for tensor in (batch.header, batch.sample) if tensor is not None]
 
     def receive(self, host: dict[int, torch.Tensor]) -> None:
-        """Replace the reduced batches' tensors by their host copies, found by ``id`` of the device tensor."""
+        """Replace the batches' tensors by their host copies, found by ``id`` of the device tensor; a batch
+        only packed (:meth:`pack`) is reduced there, by :func:`~actviz.summaries.segments.reduce_segments` on the CPU in float64."""
         for batch in self._reduced:
-            batch.header, batch.sample = host.get(id(batch.header), batch.header), host.get(id(batch.sample), batch.sample)
+            batch.receive(host)
