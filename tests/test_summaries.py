@@ -332,7 +332,8 @@ def test_extra_memory_of_an_integer_output_is_at_most_its_size(dtype, most, path
 def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
     import actviz.summaries.piecewise
 
-    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)  # instead of 4 M elements: eleven pieces
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)  # instead of 4 M elements
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE_BYTES", 4000)  # instead of 32 MB: eleven pieces
     generator = torch.Generator().manual_seed(8)
     tensor = torch.randn(10_500, generator=generator) * 0.01 + 1000
     tensor[4321] = float("nan")
@@ -349,7 +350,8 @@ def test_pieces_with_zeros_infinities_and_a_piece_of_nan_merge_to_the_whole_tens
     import actviz.summaries.piecewise
 
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the path CUDA tensors take
-    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)  # eleven pieces, the last of 500
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE_BYTES", 1000 * dtype.itemsize)  # eleven pieces, the last of 500
     generator = torch.Generator().manual_seed(9)
     tensor = (torch.randn(10_500, generator=generator) * 3 + 5).to(dtype)
     tensor[::7] = 0.0

@@ -1,9 +1,9 @@
-"""Reductions a slice at a time, so that a widened copy never adds a tensor's whole size to memory.
+"""Reductions a slice at a time, so that a copy never adds a tensor's whole size to memory.
 
 * :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits, a
-  large batch's activations): each piece is bounded (min and max of its finite elements; ``+inf``/``-inf``
-  where it has none), copied in float64, counted and ``var_mean``-ed; the pieces' moments are
-  merged on the device (Chan et al.'s parallel variance), no host sync.
+  large batch's activations), a piece of at most :data:`PIECE_BYTES` at a time: each piece is copied
+  into one scratch buffer in its own dtype (as ``z``, then filled for its bounds) and summed there
+  in float64 without a widened copy; the pieces' sums are added on the device, no host sync.
 * :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
   of half their bytes at a time in float64.
 
@@ -18,43 +18,61 @@ Example:
 
 from __future__ import annotations
 
+import math
 
 import torch
 
-from .header import HEADER, Reduction, finite_bounds
+from .header import HEADER, Reduction
 
 __all__ = ["PIECE", "reduce_in_pieces", "reduce_integers"]
 
-#: Floating tensors larger than this are reduced this many elements at a time (16 MB of float32).
+#: Floating tensors larger than this are reduced a piece at a time (the eager path's float64 copy of a
+#: 16-bit tensor stays under 32 MB).
 PIECE = 1 << 22
+#: Most bytes of one piece, in the tensor's own dtype: the size of the one scratch buffer that every piece reuses.
+PIECE_BYTES = 32 << 20
 
 
 def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
-    """A large floating tensor, a piece at a time (counts, ``var_mean`` and bounds), merged as Chan et al. do.
+    """A large floating 1-D tensor, :data:`PIECE_BYTES` at a time: eight kernels a piece (nine in float32 and
+    float64), about a dozen to add the pieces up, and no host sync.
 
-    Nine kernels a piece and fifteen to merge, none of which waits for the device: the pieces' sizes stay
-    Python numbers, never copied from the host (on a GPU such a copy is a sync, once per tensor).
+    Each piece is copied into one scratch buffer of its own dtype as ``z`` (NaN and ±Inf replaced by 0): its
+    non-zeros are counted, and its sum and sum of squares accumulated in ``wide`` (float64) by the reductions
+    themselves, with no widened copy. A float32 or float64 piece is first shifted by ``z``'s first element,
+    so that a large offset cancels nothing (``z - first`` is exact near ``first``); a 16-bit one is summed
+    as it is, since float64 sums of its 8- or 11-bit values cancel nothing it can hold. The buffer is then
+    filled with ``+inf`` and ``-inf`` where not finite, for exact bounds in the tensor's dtype. The pieces'
+    sizes stay Python numbers: nothing is copied from the host (on a GPU such a copy is a sync).
     """
-    moments: list[torch.Tensor] = []  # per piece: non-zeros, finite non-zeros, variance, mean (float64)
+    numel = values.numel()
+    piece_size = max(1, PIECE_BYTES // values.element_size())
+    scratch = torch.empty(min(piece_size, numel), dtype=values.dtype, device=values.device)
+    shifted = values.dtype in (torch.float32, torch.float64)
+    first = torch.nan_to_num(values[:1], 0.0, 0.0, 0.0) if shifted else None  # z's first element
+    sums: list[torch.Tensor] = []  # per piece: non-zeros, finite non-zeros, sum and norm of z - first
     bounds: list[torch.Tensor] = []  # per piece: finite min, finite max (the tensor's dtype)
-    pieces = values.split(PIECE)
-    for piece in pieces:
-        bounds += finite_bounds(piece)  # exact in any dtype, and its scratch is the piece's size, not widened
-        zeroed = piece.to(wide, copy=True)  # float64 moments per piece: merging float32 ones would lose digits
-        moments += torch._foreach_norm([zeroed], 0)  # non-zeros, NaN and ±Inf included: exact in float64
-        zeroed.nan_to_num_(0.0, 0.0, 0.0)
-        moments += torch._foreach_norm([zeroed], 0)
-        moments += torch.var_mean(zeroed, correction=0)
-        del zeroed
-    numel, last = values.numel(), len(pieces) - 1  # every piece holds PIECE elements but the last
-    share, last_share = PIECE / numel, (numel - PIECE * last) / numel - PIECE / numel
-    table = torch.stack(moments).view(-1, 4)
-    counts, variances, means = table[:, :2].sum(0), table[:, 2], table[:, 3]
-    mean = torch.add(means.sum().mul_(share), means[last], alpha=last_share)  # weighted by the pieces' sizes
-    spread = (means - mean).square_().add_(variances)  # each piece's variance about the whole tensor's mean
-    variance = torch.add(spread.sum().mul_(share), spread[last], alpha=last_share)
+    for piece in values.split(piece_size):
+        buffer = scratch[: piece.numel()]
+        torch.nan_to_num(piece, 0.0, 0.0, 0.0, out=buffer)
+        sums += torch._foreach_norm([piece, buffer], 0, dtype=wide)  # NaN and ±Inf count as non-zero in piece only
+        if first is not None:
+            buffer.sub_(first)
+        sums += [buffer.sum(dtype=wide), torch.linalg.vector_norm(buffer, dtype=wide)]
+        torch.nan_to_num(piece, math.inf, math.inf, math.inf, out=buffer)
+        bounds.append(buffer.amin(0, keepdim=True))
+        torch.nan_to_num(piece, -math.inf, -math.inf, -math.inf, out=buffer)
+        bounds.append(buffer.amax(0, keepdim=True))
+    del scratch, buffer  # before the merge: the scratch is free again
+    table = torch.stack(sums).view(-1, 4)
+    counts_and_sum = table[:, :3].sum(0)  # non-zeros, finite non-zeros, sum of z - first
+    norms = table[:, 3]
+    squares = torch.dot(norms, norms)  # the pieces' sums of squares, added
+    offset = counts_and_sum[2:3] / numel  # the mean of z - first
+    variance = (squares / numel - offset.square()).clamp_min(0)
+    mean = offset if first is None else offset + first
     lows_and_highs = torch.cat(bounds)
-    parts = [counts, mean.view(1), variance.view(1), lows_and_highs[0::2].amin(0, True), lows_and_highs[1::2].amax(0, True)]
+    parts = [counts_and_sum[:2], mean, variance.view(1), lows_and_highs[0::2].amin(0, True), lows_and_highs[1::2].amax(0, True)]
     row = torch.cat([*parts, values[::stride]])  # in ``wide``: cat promotes the bounds and the sample to it
     return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
 
