@@ -345,6 +345,34 @@ def test_a_large_tensor_reduced_in_pieces_gives_the_same_numbers(monkeypatch):
     assert (summary.min, summary.max) == (finite.min().item(), finite.max().item())
 
 
+def test_merge_ranks_reads_a_tensor_reduced_in_pieces(monkeypatch, tmp_path):
+    # merge_ranks needs each row on the device: a tensor in pieces has its pieces' numbers added up there too.
+    import torch.distributed as dist
+
+    import actviz.summaries.piecewise
+    from actviz.summaries.merge_ranks import merge_across_ranks
+
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE", 1000)
+    monkeypatch.setattr(actviz.summaries.piecewise, "PIECE_BYTES", 4000)  # four pieces of 1,000 float32
+    tensor = torch.randn(3500, generator=torch.Generator().manual_seed(4)) * 2 + 50
+    tensor[7] = float("nan")
+    in_pieces, whole = reduce_tensor(tensor, None), reduce_tensor(tensor[:999], None)
+    assert (in_pieces.pieces, whole.pieces) == (4, 0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        assert merge_across_ranks([("a", in_pieces), ("b", whole)], bins=8)
+    finally:
+        dist.destroy_process_group()
+    for reduction, values in ((in_pieces, tensor), (whole, tensor[:999])):
+        summary, finite = finish(reduction, bins=8), values[torch.isfinite(values)].double()
+        assert (summary.num, summary.nonfinite, summary.min, summary.max) == (
+            values.numel(), values.numel() - finite.numel(), finite.min().item(), finite.max().item())
+        assert summary.sum == pytest.approx(finite.sum().item(), rel=1e-6)  # the eager row of 999: float32 moments
+        assert summary.std == pytest.approx(finite.std().item(), rel=1e-6)
+        assert sum(summary.bucket_counts) == pytest.approx(finite.numel())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pieces_with_zeros_infinities_and_a_piece_of_nan_merge_to_the_whole_tensors_numbers(monkeypatch, dtype):
     import actviz.summaries.piecewise

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed_types import is_dtensor
-from .header import HEADER, Reduction
+from .header import Reduction
 from .one_tensor import wide_dtype
 
 __all__ = ["is_sharded", "merge_across_ranks"]
@@ -82,6 +82,7 @@ def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> b
     ], dim=1)
     for index, reduction in enumerate(reductions):
         reduction.numel, reduction.header, reduction.index, reduction.counts = merged[index], header, index, counts
+        reduction.pieces = 0  # a row of the merged matrix now, whatever it was
     return True
 
 
@@ -95,8 +96,7 @@ def _row(reduction: Reduction, device: torch.device, wide: torch.dtype) -> torch
     header = reduction.header
     if not isinstance(header, torch.Tensor):  # the CPU shortcut's host numbers
         return torch.tensor([float(value) for value in header], dtype=wide, device=device)
-    start = reduction.index * HEADER
-    return header.reshape(-1)[start : start + HEADER].to(device=device, dtype=wide)
+    return reduction.row_tensor().to(device=device, dtype=wide)
 
 
 def _bucket_counts(

@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .header import HEADER, Reduction
+from .header import HEADER, PIECE_FIELDS, Reduction
 
 __all__ = ["PIECE", "reduce_in_pieces", "reduce_integers"]
 
@@ -35,7 +35,7 @@ PIECE_BYTES = 32 << 20
 
 def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
     """A large floating 1-D tensor, :data:`PIECE_BYTES` at a time: eight kernels a piece (nine in float32 and
-    float64), about a dozen to add the pieces up, and no host sync.
+    float64), four for the tensor, and no host sync.
 
     Each piece is copied into one scratch buffer of its own dtype as ``z`` (NaN and ±Inf replaced by 0): its
     non-zeros are counted, and its sum and sum of squares accumulated in ``wide`` (float64) by the reductions
@@ -43,38 +43,32 @@ def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
     so that a large offset cancels nothing (``z - first`` is exact near ``first``); a 16-bit one is summed
     as it is, since float64 sums of its 8- or 11-bit values cancel nothing it can hold. The buffer is then
     filled with ``+inf`` and ``-inf`` where not finite, for exact bounds in the tensor's dtype. The pieces'
-    sizes stay Python numbers: nothing is copied from the host (on a GPU such a copy is a sync).
+    sums go to the host as they are (:data:`~actviz.summaries.header.PIECE_FIELDS`), in one tensor with the
+    sample, and are added up there (:func:`~actviz.summaries.header.merge_pieces`).
     """
     numel = values.numel()
     piece_size = max(1, PIECE_BYTES // values.element_size())
     scratch = torch.empty(min(piece_size, numel), dtype=values.dtype, device=values.device)
-    shifted = values.dtype in (torch.float32, torch.float64)
-    first = torch.nan_to_num(values[:1], 0.0, 0.0, 0.0) if shifted else None  # z's first element
-    sums: list[torch.Tensor] = []  # per piece: non-zeros, finite non-zeros, sum and norm of z - first
-    bounds: list[torch.Tensor] = []  # per piece: finite min, finite max (the tensor's dtype)
+    if values.dtype in (torch.float32, torch.float64):
+        shift: torch.Tensor | None = torch.nan_to_num(values[:1], 0.0, 0.0, 0.0)  # z's first element
+        partials = [shift.view(())]
+    else:
+        shift, partials = None, [torch.zeros((), dtype=wide, device=values.device)]
     for piece in values.split(piece_size):
         buffer = scratch[: piece.numel()]
         torch.nan_to_num(piece, 0.0, 0.0, 0.0, out=buffer)
-        sums += torch._foreach_norm([piece, buffer], 0, dtype=wide)  # NaN and ±Inf count as non-zero in piece only
-        if first is not None:
-            buffer.sub_(first)
-        sums += [buffer.sum(dtype=wide), torch.linalg.vector_norm(buffer, dtype=wide)]
+        partials += torch._foreach_norm([piece, buffer], 0, dtype=wide)  # NaN and ±Inf are non-zero in piece only
+        if shift is not None:
+            buffer.sub_(shift)
+        partials += [buffer.sum(dtype=wide), torch.linalg.vector_norm(buffer, dtype=wide)]  # squared on the host
         torch.nan_to_num(piece, math.inf, math.inf, math.inf, out=buffer)
-        bounds.append(buffer.amin(0, keepdim=True))
+        partials.append(buffer.amin())
         torch.nan_to_num(piece, -math.inf, -math.inf, -math.inf, out=buffer)
-        bounds.append(buffer.amax(0, keepdim=True))
-    del scratch, buffer  # before the merge: the scratch is free again
-    table = torch.stack(sums).view(-1, 4)
-    counts_and_sum = table[:, :3].sum(0)  # non-zeros, finite non-zeros, sum of z - first
-    norms = table[:, 3]
-    squares = torch.dot(norms, norms)  # the pieces' sums of squares, added
-    offset = counts_and_sum[2:3] / numel  # the mean of z - first
-    variance = (squares / numel - offset.square()).clamp_min(0)
-    mean = offset if first is None else offset + first
-    lows_and_highs = torch.cat(bounds)
-    parts = [counts_and_sum[:2], mean, variance.view(1), lows_and_highs[0::2].amin(0, True), lows_and_highs[1::2].amax(0, True)]
-    row = torch.cat([*parts, values[::stride]])  # in ``wide``: cat promotes the bounds and the sample to it
-    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
+        partials.append(buffer.amax())
+    del scratch, buffer  # free again before the row is made
+    row = torch.cat([torch.stack(partials), values[::stride]])  # stack and cat promote to ``wide``
+    pieces = (len(partials) - 1) // len(PIECE_FIELDS)
+    return Reduction(numel, stride, row, 0, row, len(partials), row.numel(), pieces=pieces)
 
 
 def reduce_integers(values: torch.Tensor, stride: int, wide: torch.dtype) -> Reduction:
