@@ -3,11 +3,11 @@
 * :func:`reduce_in_pieces`: a floating tensor over :data:`PIECE` elements (a language model's logits, a
   large batch's activations), a piece of at most :data:`PIECE_BYTES` at a time: each piece is copied
   into one scratch buffer in its own dtype (as ``z``, then filled for its bounds) and summed there
-  in float64 without a widened copy; the pieces' sums are added on the device, no host sync.
+  in float64 without a widened copy; the pieces' numbers are added up on the host, no host sync.
 * :func:`reduce_integers`: integers and bools, counted and bounded as they are, summed a slice
   of half their bytes at a time in float64.
 
-Both write the header row of :mod:`actviz.summaries.header` and the strided sample behind it.
+Both leave a header (:mod:`actviz.summaries.header`; in pieces, the pieces' numbers) and the strided sample behind it.
 
 Example:
     >>> from actviz.summaries.one_tensor import finish
