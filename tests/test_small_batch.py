@@ -175,3 +175,37 @@ def test_a_watched_step_logs_the_batched_numbers_against_float64(tmp_path, read_
         assert histogram.sum == pytest.approx(total, rel=1e-9)
         assert run.scalar(f"activation_stats/{name}/std", 0) == pytest.approx(std, rel=1e-5)
     assert run.scalar("activation_stats/positive/nonfinite", 0) == 2
+
+
+def test_the_writer_thread_reduces_a_steps_small_tensors(tmp_path, read_run):
+    # Their packed copy goes to the host anyway, as their samples: the training thread launches no reduction for them.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 50), nn.ReLU(), nn.Linear(50, 3))
+    inputs = torch.randn(4, 6)
+    with actviz.watch(model, tmp_path, every=1, image_every=False) as viz:
+        with CountOps() as count:  # the training thread's ops only: the mode is thread-local
+            model(inputs).square().mean().backward()
+            viz.flush()
+    assert "aten.segment_reduce.default" not in count.kernels and count.syncs == [], count.kernels
+    run = read_run(tmp_path)
+    with torch.no_grad():
+        hidden = model[0](inputs)
+    histogram = run.histogram("activations/0", 0)
+    assert (histogram.num, histogram.min, histogram.max) == (200, hidden.min().item(), hidden.max().item())
+    assert histogram.sum == pytest.approx(hidden.double().sum().item(), rel=1e-9)
+    assert run.histogram("weights/0.bias", 0).sum == pytest.approx(model[0].bias.double().sum().item(), rel=1e-9)
+
+
+def test_merge_ranks_has_the_small_tensors_reduced_on_their_device():
+    # merge_ranks merges the rows on the devices (tests/test_distributed.py runs it on two ranks).
+    from actviz.output.pending_step import PendingStep
+
+    reduce_segments(torch.zeros(3), (3,))  # the layout for these sizes, made once (a run's steps repeat)
+    pending = PendingStep(0, bins=8)
+    pending.add("activations", "a", pending.small.add_copy(torch.tensor([1.0, float("nan"), -2.0])), mergeable=True)
+    with CountOps() as count:
+        ((tag, reduction),) = pending.mergeable
+    assert count.kernels.count("aten.segment_reduce.default") == 3 and count.syncs == []  # sums, min, max
+    assert tag == "activations/a" and isinstance(reduction.header, torch.Tensor)
+    summary = finish(reduction)
+    assert (summary.nonfinite, summary.min, summary.max) == (1, -2.0, 1.0) and summary.sum == pytest.approx(-1.0)
