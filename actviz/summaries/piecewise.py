@@ -40,7 +40,8 @@ def reduce_in_pieces(values: torch.Tensor, stride: int, wide: torch.dtype) -> Re
     Each piece is copied into one scratch buffer of its own dtype as ``z`` (NaN and ±Inf replaced by 0): its
     non-zeros are counted, and its sum and sum of squares accumulated in ``wide`` (float64) by the reductions
     themselves, with no widened copy. A float32 or float64 piece is first shifted by ``z``'s first element,
-    so that a large offset cancels nothing (``z - first`` is exact near ``first``); a 16-bit one is summed
+    so that a large offset cancels nothing (``z - first`` is exact near ``first``; values beyond ±1.7e38 of
+    both signs overflow it, as the eager path's float32 squares do from 1.8e19); a 16-bit one is summed
     as it is, since float64 sums of its 8- or 11-bit values cancel nothing it can hold. The buffer is then
     filled with ``+inf`` and ``-inf`` where not finite, for exact bounds in the tensor's dtype. The pieces'
     sums go to the host as they are (:data:`~actviz.summaries.header.PIECE_FIELDS`), in one tensor with the

@@ -198,7 +198,7 @@ class SmallTensors:
 
     def pack(self) -> None:
         """Pack the tensors added since the last call, per device (and :data:`CHUNK`) in one ``cat``, for the host
-        to reduce when it :meth:`receive` s them: their copy goes to the host anyway, as their samples."""
+        to reduce once they arrive (:meth:`receive`): their copy goes to the host anyway, as their samples."""
         for batch in self._open_batches():
             batch.pack()
 
