@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ._internals import compiled_call, compiled_original, set_compiled_call, swap_stance
+from .root_hook import leave_out_of_copies
 
 if TYPE_CHECKING:
     from .root_hook import StepHook
@@ -152,9 +153,11 @@ def attach_step_hook(model: nn.Module, hook: StepHook) -> StepHookHandle:
     compiled = compiled_call(model)
     if compiled is None:
         handle = model.register_forward_pre_hook(hook.function)
+        let_into_copies = leave_out_of_copies(model, hook.function)  # torch.load(weights_only=True) meets no actviz name
 
         def unhook() -> None:
             handle.remove()
+            let_into_copies()
             hook.forget()
 
         return StepHookHandle(unhook)

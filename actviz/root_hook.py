@@ -5,9 +5,10 @@ It is a named module-level function, made from source text (:data:`_HOOK_SOURCE`
 input typed as the forward's. What it does, wherever the model goes:
 
 * eager forward of the watched model: calls the watcher (``on_forward``);
-* a copy (``copy.deepcopy``, ``AveragedModel``): shares the function, which takes itself off
-  the copy at its first forward; a pickle (``torch.save(model)``, spawn) stores it by name,
-  and where that name is not live it unpickles as :func:`inert_step_hook`;
+* a copy or a pickle (``copy.deepcopy``, ``AveragedModel``, ``torch.save(model)``, spawn): left out
+  (:func:`leave_out_of_copies`), so that ``torch.load(weights_only=True)`` meets no actviz name; a
+  copy made another way that shares the function drops it at its first forward, and one pickled
+  by name unpickles as :func:`inert_step_hook` where that name is not live;
 * ``torch.compile`` traces it: ``is_compiling()`` is a constant there, so no graph break; it
   leaves one op, ``actviz::forward_step``, whose Python body counts the step each time the
   graph runs (see :mod:`actviz.compiled_model`);
@@ -22,6 +23,7 @@ import itertools
 import linecache
 import typing
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,7 @@ from torch import nn
 
 from ._internals import exporting_now, forward_hooks, mark_trace_time_constant
 
-__all__ = ["StepHook", "compiled_forward", "inert_step_hook"]
+__all__ = ["StepHook", "compiled_forward", "inert_step_hook", "leave_out_of_copies"]
 
 _counted: dict[int, weakref.WeakMethod[Callable[[bool], None]]] = {}  # StepHook.key -> its owner's on_compiled_forward
 _keys = itertools.count()
@@ -82,6 +84,50 @@ def _drop_hook(module: nn.Module, hook: Any) -> None:
 
 
 _hook_functions: dict[str, Callable[[nn.Module, Any], None]] = {}  # kept: a copy may pickle it after close
+
+
+def leave_out_of_copies(model: nn.Module, hook: Callable[[nn.Module, Any], None]) -> Callable[[], None]:
+    """Make pickles and copies of ``model`` leave out ``hook``, one of its forward pre-hooks; returns the undo.
+
+    ``torch.save(model)`` pickles a module's hooks with it, and ``torch.load`` refuses, by default
+    since torch 2.6 (``weights_only=True``), any name it was not told to trust: a watched model
+    saved whole would not load (pytorch/examples' word_language_model does this). Pickle and
+    ``copy`` ask the instance for ``__getstate__`` before its class, so one entry in the model's
+    ``__dict__`` (left out of the state itself) gives them torch's state less the hook.
+    """
+    getstate = _StateWithout(model, hook)
+    vars(model)["__getstate__"] = getstate
+
+    def undo() -> None:
+        if vars(model).get("__getstate__") is getstate:
+            del vars(model)["__getstate__"]
+
+    return undo
+
+
+class _StateWithout:
+    """A model's ``__getstate__``: its class's state, less one forward pre-hook (:func:`leave_out_of_copies`)."""
+
+    __slots__ = ("_hook", "_model")
+
+    def __init__(self, model: nn.Module, hook: Callable[[nn.Module, Any], None]) -> None:
+        self._model = weakref.ref(model)
+        self._hook = hook
+
+    def __call__(self) -> Any:
+        model = self._model()
+        if model is None:
+            return None
+        state = type(model).__getstate__(model)
+        if not isinstance(state, dict):  # a class that pickles its own way
+            return state
+        state = {name: value for name, value in state.items() if value is not self}
+        hooks = forward_hooks(model, pre=True)
+        for name, value in state.items():
+            if value is hooks:  # the same entries in a new dict, less the hook: a shallow copy's own
+                state[name] = OrderedDict((key, found) for key, found in hooks.items() if found is not self._hook)
+                break
+        return state
 
 
 def __getattr__(name: str) -> Any:

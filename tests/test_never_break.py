@@ -152,6 +152,19 @@ def test_copies_and_pickles_of_a_watched_model_carry_nothing_live(tmp_path, read
     assert read_run(tmp_path / "original").histogram_steps("activations/0") == [0]
 
 
+def test_a_shallow_copy_runs_unwatched_and_leaves_the_original_watched(tmp_path, read_run):
+    # copy.copy shared the model's hook dict: the root hook, finding itself on a copy, took itself off both.
+    model = mlp()
+    with actviz.watch(model, tmp_path, every=1) as viz:
+        train(model, 1)
+        shallow = copy.copy(model)
+        train(shallow, 1)
+        train(model, 2)
+        assert viz.step == 3  # the original's three forwards, not the copy's
+    assert len(shallow._forward_pre_hooks) == 0
+    assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1, 2]
+
+
 def test_an_ema_teacher_copied_while_a_step_is_open_logs_nothing(tmp_path, read_run):
     model = mlp()
     with actviz.watch(model, tmp_path, every=1) as viz:
