@@ -265,18 +265,18 @@ class StepCapture(OutputGradients, StepEnd):
         if not self.expects_backward:
             self.finish()
 
-    def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
+    def finish(self, missed_backward: bool = False) -> None:
         """Remove every hook, start the copy to the host and deliver the step; once, however often called.
 
-        ``missed_backward`` says the backward pass the outputs waited for never came; ``dropped``
-        that the parameter gradients were zeroed before an optimizer applied them.
+        ``missed_backward`` says the backward pass the outputs waited for never came.
         """
         if self.done:
             return
         if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
-            # In a closure (LBFGS, Lightning) the step that ran it used them as its backward left them: taken then.
-            if not self._in_closure and (dropped or self._parameters.dropped() or self._history.optimizer_steps):
-                self._parameters.discard_gradients()  # zeroed, or no optimizer step came in a loop that has one
+            # A closure's step (LBFGS, Lightning) and a loop that updates by hand (word_language_model) used them as
+            # its backward left them; a loop whose optimizer steps them did not (zeroed first, or no step came).
+            if not self._in_closure and self._history.optimizer_steps:
+                self._parameters.discard_gradients()
                 self.dropped_gradients = True
         self.done = True
         self.in_forward = False

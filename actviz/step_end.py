@@ -59,7 +59,7 @@ class StepEnd:
     _callback_queued: bool
     _in_closure: bool
 
-    def finish(self, missed_backward: bool = False, dropped: bool = False) -> None:
+    def finish(self, missed_backward: bool = False) -> None:
         raise NotImplementedError
 
     def _queue_backward_callback(self) -> None:
@@ -96,7 +96,7 @@ class StepEnd:
             return
         self._history.optimizer_steps = True
         if self._parameters.dropped():  # zeroed since this step's backward: the optimizer applies others
-            self.finish(dropped=True)
+            self.finish()  # without them (finish: the loop steps an optimizer)
             return
         self._parameters.take_gradients(optimizer)
         self._stepped = True
@@ -122,7 +122,7 @@ class StepEnd:
         """
         if self.backward_seen:
             if self.want_stats and not self._stepped and self._parameters.dropped():  # zeroed before any step
-                self.finish(dropped=True)
+                self.finish()  # logged as the backward left them unless the loop steps an optimizer (finish)
                 return
             waits = self._history.optimizer_steps is not False and self._parameters.trainable and self.want_stats
             self._forwards_since += self.awaiting_optimizer

@@ -319,26 +319,57 @@ def test_a_two_forward_siamese_step_logs_the_applied_weight_gradients(tmp_path, 
             assert_logged(run.histogram(f"weight_grads/{name}", step), grad)
 
 
-def test_word_language_model_saves_the_whole_model_each_epoch(tmp_path, read_run):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(20, 8), nn.LSTM(8, 8, batch_first=True))
-    head = nn.Linear(8, 20)
-    optimizer = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+class TinyLanguageModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding, self.rnn, self.decoder = nn.Embedding(20, 8), nn.LSTM(8, 8, batch_first=True), nn.Linear(8, 20)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.rnn(self.embedding(tokens))[0])
+
+
+def word_language_model(model: nn.Module, epochs: int, save_to=None) -> list[dict[str, torch.Tensor]]:
+    """pytorch/examples' word_language_model: no optimizer, clipping, an update by hand, the model saved whole."""
     tokens = torch.randint(0, 20, (4, 6), generator=torch.Generator().manual_seed(0))
-    with actviz.watch(model, tmp_path / "run", every=2) as viz:
-        for _epoch in range(3):
-            for _ in range(2):
-                optimizer.zero_grad()
-                output, _ = model(tokens[:, :-1])
-                nn.functional.cross_entropy(head(output).flatten(0, 1), tokens[:, 1:].flatten()).backward()
-                optimizer.step()
-            with open(tmp_path / "model.pt", "wb") as file:  # as the example does with the best model
+    backward_left = []
+    for _epoch in range(epochs):
+        for _ in range(2):
+            model.zero_grad()
+            output = model(tokens[:, :-1])
+            nn.functional.cross_entropy(output.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+            backward_left.append({name: p.grad.clone() for name, p in model.named_parameters()})
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-20.0)
+        if save_to is not None:
+            with open(save_to, "wb") as file:  # as the example does with the best model
                 torch.save(model, file)
-        loaded = torch.load(tmp_path / "model.pt", weights_only=False)
-        loaded(tokens)[0].sum().backward()  # the saved model trains, unwatched
-        assert viz.step == 6
+    return backward_left
+
+
+def test_word_language_model_updates_by_hand_and_its_saved_model_loads_with_weights_only(tmp_path, read_run):
+    torch.manual_seed(0)
+    model = TinyLanguageModel()
+    twin = copy.deepcopy(model)
+    expected = word_language_model(twin, epochs=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: the loop uses the gradients its backward made
+        with actviz.watch(model, tmp_path / "run", every=2) as viz:
+            word_language_model(model, epochs=3, save_to=tmp_path / "model.pt")
+            # torch.load's default since torch 2.6, trusting the model's own classes as the example does: no actviz name
+            with torch.serialization.safe_globals([TinyLanguageModel, nn.Embedding, nn.LSTM, nn.Linear]):
+                loaded = torch.load(tmp_path / "model.pt")
+            loaded(torch.zeros(1, 3, dtype=torch.long)).sum().backward()  # the saved model trains, unwatched
+            assert viz.step == 6
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
-    assert read_run(tmp_path / "run").histogram_steps("activations/0") == [0, 2, 4]
+    assert all(torch.equal(a, b) for a, b in zip(twin.state_dict().values(), model.state_dict().values()))
+    assert len(loaded._forward_pre_hooks) == 0 and "__getstate__" not in vars(loaded)
+    run = read_run(tmp_path / "run")
+    assert run.histogram_steps("activations/decoder") == [0, 2, 4]
+    assert run.histogram_steps("weight_grads/decoder.weight") == [0, 2, 4]  # none were logged before
+    for step in (0, 2, 4):
+        for name, grad in expected[step].items():  # as the backward left them, before clipping
+            assert_logged(run.histogram(f"weight_grads/{name}", step), grad)
 
 
 def test_an_ema_teacher_from_averaged_model_is_not_watched(tmp_path, read_run):
