@@ -12,6 +12,7 @@ tensors, on the host or on their device.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -22,6 +23,7 @@ __all__ = ["SEGMENT_REDUCE_DEVICES", "reduce_segments"]
 SEGMENT_REDUCE_DEVICES = frozenset({"cpu", "cuda"})
 
 _layouts: dict[tuple[torch.device, torch.dtype, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
+_layouts_changing = threading.Lock()  # the training thread and the writer thread both add layouts
 
 
 def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -31,17 +33,19 @@ def _layout(sizes: tuple[int, ...], device: torch.device, wide: torch.dtype) -> 
     key = (device, wide, sizes)
     found = _layouts.get(key)
     if found is None:
-        if len(_layouts) > 16:  # a run whose sizes change every step: keep a few
-            _layouts.clear()
         # NumPy on the host: no aten op, so nothing a device (or an op counter) could mistake for a sync
         segment = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
         offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         total = int(offsets[-1])
         columns = np.concatenate([*(offsets[:-1] + column * total for column in range(4)), [4 * total]])
-        found = _layouts[key] = (
+        found = (
             *(torch.from_numpy(array).to(device, non_blocking=True) for array in (segment, offsets[:-1], offsets, columns)),
             torch.from_numpy(1.0 / np.asarray(sizes, dtype=np.float64)).to(device=device, dtype=wide, non_blocking=True),
         )
+        with _layouts_changing:
+            if len(_layouts) >= 16:  # a run whose sizes change every step: keep the latest few
+                del _layouts[next(iter(_layouts))]
+            _layouts[key] = found
     return found
 
 
