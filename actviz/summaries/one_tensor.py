@@ -10,11 +10,10 @@
   (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
-(:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. On CUDA and the other
-devices Inductor compiles for, a tensor larger than its sample gets its row from
-:func:`header_sums` compiled (:mod:`actviz.summaries.fused`), one read of the tensor; a smaller one,
-host-bound, is batched with the step's other small tensors (or, outside a watcher's step,
-takes the eager ops). ``ACTVIZ_FUSED=1`` or ``0`` forces either for every tensor not batched.
+(:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. In a watcher's step a
+tensor its sample covers whole is batched with the step's other small tensors; any other takes the eager
+ops, or, only where ``ACTVIZ_FUSED=1`` asks, :func:`header_sums` compiled (:mod:`actviz.summaries.fused`,
+off by default on every device: :func:`~actviz.summaries.fused.use_fused` says why).
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ class _Batch:
         """Take the host copies of the sample and header; a batch only packed gets its header now, on the host."""
         self.sample = host.get(id(self.sample), self.sample)
         if self.header is None and self.sample is not None:
-            self.header = reduce_segments(self.sample, tuple(self.sizes), torch.float64)
+            self.header = reduce_segments(self.sample, tuple(self.sizes), wide_dtype(self.sample.device))
         else:
             self.header = host.get(id(self.header), self.header)
         for reduction in self.reductions:
@@ -93,7 +93,8 @@ class _Batch:
 
 
 class SmallTensors:
-    """One step's small floating tensors, per device, until :meth:`reduce` reduces them all together.
+    """One step's small floating tensors, per device, until they are reduced all together: on their device
+    (:meth:`reduce`), or on the host once packed and received (:meth:`pack`, :meth:`receive`), as a watcher's step does.
 
     A tensor added is a *row*, an ``int``: :meth:`reduction` makes its
     :class:`~actviz.summaries.header.Reduction` when it is wanted, on the writer thread (no
@@ -131,12 +132,12 @@ class SmallTensors:
 
     def add_row(self, values: torch.Tensor) -> int:
         """Keep a copy of ``values`` (floating, any shape), made now: a later in-place op cannot change it.
-        Its row, completed by :meth:`reduce`."""
+        Its row, completed when reduced."""
         return self.add_copy(values.clone(memory_format=torch.contiguous_format))
 
     def add_copy(self, copy: torch.Tensor) -> int:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
-        changes (:meth:`whole_copy`). Its row, completed by :meth:`reduce`."""
+        changes (:meth:`whole_copy`). Its row, completed when reduced."""
         numel = copy.numel()
         batch = self._batches.get(copy.device)
         if batch is None or batch.stop + numel > CHUNK:  # the first of its device, or the open batch is full
@@ -150,7 +151,7 @@ class SmallTensors:
 
     def add(self, values: torch.Tensor, copied: bool = False) -> Reduction:
         """:meth:`add_row` (:meth:`add_copy` if ``copied``, from :meth:`whole_copy`), and its :class:`Reduction` at once,
-        completed by :meth:`reduce`."""
+        completed when reduced."""
         row = self.add_copy(values) if copied else self.add_row(values)
         batch, index = self._row_batch[row], self._row_index[row]
         reduction = Reduction(batch.sizes[index], 1, None, index, None, batch.stop - batch.sizes[index], batch.stop)
@@ -159,7 +160,7 @@ class SmallTensors:
 
     def add_segments(self, flat: torch.Tensor, sizes: Sequence[int]) -> list[int]:
         """Keep ``flat``, a new 1-D floating copy of many tensors end to end (``sizes`` elements each, every one > 0):
-        one row per tensor, completed by :meth:`reduce`. Many parameters take one copy this way.
+        one row per tensor, completed when reduced. Many parameters take one copy this way.
 
         Example:
             >>> from actviz.summaries.one_tensor import finish
