@@ -33,9 +33,9 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "warmup_steps": 100,  # vanishing, exploding and update-ratio alerts only from this training step on
     "vanishing_ratio": 1e-3,  # RMS output gradient below this x the median over watched layers ...
     "vanishing_steps": 3,  # ... for this many logging steps in a row
-    "exploding_sigma": 6.0,  # gradient norm above its running mean + this many standard deviations ...
-    "exploding_min_history": 8,  # ... once it has this many logging steps of history
-    "exploding_median_factor": 10.0,  # or above this x its running median
+    "exploding_sigma": 6.0,  # log10 gradient norm above its running median + this many robust deviations ...
+    "exploding_min_history": 8,  # ... once it has this many logging steps of history ...
+    "exploding_median_factor": 10.0,  # ... and always at least this x its running median
     "dead_zero_fraction": 0.99,  # zero fraction of a ReLU-family output
     "dead_channel_fraction": 0.9,  # fraction of a ReLU's channels that are zero for the whole batch
     "saturation_fraction": 0.05,  # fraction of a Tanh's or Sigmoid's outputs within 0.03 of a bound
@@ -213,26 +213,35 @@ class HealthMonitor:
         return found
 
     def _exploding(self, results: StepResults) -> list[Alert]:
-        """Exploding gradients: a layer's gradient norm above the mean + ``exploding_sigma`` (6) standard
-        deviations of its last logging steps (at least ``exploding_min_history``, 8), or above
-        ``exploding_median_factor`` (10) x their median. Six sigma is the loss-spike rule of OLMo's and
-        LLM-Foundry's trainers; the median factor catches a jump while the history is still noisy."""
+        """Exploding gradients: a layer's gradient norm far above its own recent history, judged on a log
+        scale with robust statistics. With ``m`` the median and ``s`` the scaled median absolute deviation
+        (1.4826 x MAD, a standard deviation for normal data) of the log10 norms of its last logging steps
+        (at least ``exploding_min_history``, 8, at most 32), it fires when the log10 norm passes
+        ``m + max(log10(exploding_median_factor), exploding_sigma x s)``: at least 10x the median (the
+        ``exploding_median_factor``), and further for a layer whose norm wanders by nature. A gradient
+        norm's batch-to-batch noise is multiplicative (small batches, an embedding whose rows follow the
+        batch's tokens), so a mean and standard deviation of raw norms, pulled up by one large early value,
+        fire on ordinary fluctuation; the median and MAD of the logs do not. Six sigma is the loss-spike
+        rule of OLMo's and LLM-Foundry's trainers; ten times the median is one decade, the smallest jump
+        the rule calls an explosion."""
         found = []
+        floor = math.log10(self.thresholds["exploding_median_factor"])
         for layer, summary in results.gradients.items():
             norm = summary.norm
             history = self._norms.setdefault(layer, deque(maxlen=HISTORY))
-            if not math.isfinite(norm) or summary.nonfinite:
+            if not math.isfinite(norm) or norm <= 0 or summary.nonfinite:
                 continue
             if len(history) >= self.thresholds["exploding_min_history"]:
-                mean = statistics.fmean(history)  # pstdev in floats: statistics.pstdev's exact fractions cost 50 µs a call
-                sigma = math.sqrt(math.fsum((value - mean) ** 2 for value in history) / len(history))
-                limit = min(mean + self.thresholds["exploding_sigma"] * sigma,
-                            self.thresholds["exploding_median_factor"] * statistics.median(history))
-                if norm > limit > 0:
+                logs = [math.log10(value) for value in history]
+                middle = statistics.median(logs)
+                spread = 1.4826 * statistics.median(abs(value - middle) for value in logs)
+                margin = max(floor, self.thresholds["exploding_sigma"] * spread)
+                if math.log10(norm) > middle + margin:
+                    median, limit = 10.0 ** middle, 10.0 ** (middle + margin)
                     found.append(Alert(results.step, "exploding_gradients", layer, "gradient_norm", norm, limit,
                                        f"exploding gradients at step {results.step} in {layer!r}: gradient norm "
-                                       f"{norm:.3g} is above {limit:.3g}, from its last {len(history)} logging steps "
-                                       f"(mean {mean:.3g}, std {sigma:.3g})"))
+                                       f"{norm:.3g} is {norm / median:.3g}x the median {median:.3g} of its last "
+                                       f"{len(history)} logging steps, above the limit {limit:.3g}"))
             history.append(norm)
         return found
 

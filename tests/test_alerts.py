@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 import warnings
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.alerts import DEFAULT_THRESHOLDS, check_alerts
+from actviz.alerts import DEFAULT_THRESHOLDS, HealthMonitor, check_alerts
+from actviz.output.results import StepResults, Summary
 
 
 class Scale(nn.Module):
@@ -172,6 +175,40 @@ def test_a_loss_x1000_gives_exploding_gradients_at_that_step(tmp_path):
             viz.flush()
     assert rules(viz.alerts) == {("exploding_gradients", layer) for layer in ("0", "3", "5")}
     assert {alert.step for alert in viz.alerts} == {15}
+
+
+def _gradient_norms(monitor: HealthMonitor, norms: list[float]) -> list[tuple[int, float]]:
+    """Feed one layer's gradient norms, one logging step each; return (step, norm) of each exploding alert."""
+    found = []
+    for step, norm in enumerate(norms):
+        gradient = Summary(1, 0, 0, norm, norm, norm, norm * norm, [1.0])  # one element: its norm is ``norm``
+        results = StepResults(step * 10 + 100, gradients={"embedding": gradient})
+        found += [(alert.step, alert.value) for alert in monitor.check(results) if alert.rule == "exploding_gradients"]
+    return found
+
+
+@pytest.mark.filterwarnings("ignore:actviz. exploding:RuntimeWarning")
+def test_exploding_gradients_ignore_multiplicative_noise_and_a_large_first_value_but_not_a_jump():
+    # An embedding's gradient norm at batch 8: a large first step, then a wander of 2x (0.3 decades) either way,
+    # and one batch at 12x the median (rare tokens).
+    rng = random.Random(0)
+    noisy = [40.0] + [0.2 * 10 ** rng.gauss(0, 0.3) for _ in range(30)]
+    noisy[25] = 12 * statistics.median(noisy[1:25])
+    # The rule of raw norms (above the mean + 6 sigma or 10 x the median of the last 8 to 32) fired on it:
+    raw = [i for i in range(8, len(noisy)) if noisy[i] > min(
+        statistics.fmean(noisy[max(0, i - 32):i]) + 6 * statistics.pstdev(noisy[max(0, i - 32):i]),
+        10 * statistics.median(noisy[max(0, i - 32):i]))]
+    assert raw == [25]
+    assert _gradient_norms(HealthMonitor(check_alerts(True)), noisy) == []
+    # A steady layer that jumps 30x at its 20th logging step: one alert, at that step.
+    steady = [1.0 + 0.05 * math.sin(i) for i in range(20)] + [30.0, 31.0]
+    assert _gradient_norms(HealthMonitor(check_alerts(True)), steady) == [(300, 30.0)]
+    # 9x the median of a steady layer is not an explosion (the floor is one decade) ...
+    assert _gradient_norms(HealthMonitor(check_alerts(True)), steady[:20] + [9.0]) == []
+    # ... and a wandering layer needs a larger jump than a steady one: 6 robust deviations of its logs.
+    median = statistics.median(noisy[:20])
+    assert _gradient_norms(HealthMonitor(check_alerts(True)), noisy[:20] + [median * 30]) == []
+    assert _gradient_norms(HealthMonitor(check_alerts(True)), noisy[:20] + [median * 3000]) == [(300, median * 3000)]
 
 
 def test_alerts_false_turns_them_off_and_a_dict_overrides_thresholds(tmp_path):
