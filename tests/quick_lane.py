@@ -30,6 +30,7 @@ SLOW_TESTS = {
     "test_cli.py::test_default_weights_offline_gives_a_clear_message",
     "test_device_path.py::test_logging_step_budget_on_a_small_resnet",
     "test_docs.py::test_python_blocks_run_as_written[docs/integrations.md]",
+    "test_docs.py::test_python_blocks_run_as_written[docs/training-setups.md]",  # two gloo processes
     "test_docstrings.py::test_docstring_examples[actviz.summaries.fused]",
     "test_docstrings.py::test_docstring_examples[actviz.integrations.huggingface]",
     "test_docstrings.py::test_docstring_examples[actviz.integrations.lightning]",
