@@ -31,7 +31,7 @@ def test_pyproject_reads_the_version_from_actviz_version_py() -> None:
 
 
 PACKAGE = ROOT / "actviz"
-MAX_LINES = 300
+MAX_LINES = 400  # one idea a module (STYLE.md: under about 400 lines); split by idea, never to fit
 
 
 def _module_name(path: Path) -> str:
@@ -61,7 +61,7 @@ def _import_graph() -> dict[str, set[str]]:
     return graph
 
 
-def test_no_module_is_over_300_lines() -> None:
+def test_no_module_is_over_400_lines() -> None:
     sizes = {_module_name(path): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
     assert len(sizes) > 20 and "actviz.report.html" in sizes
     assert {name: lines for name, lines in sizes.items() if lines > MAX_LINES} == {}
