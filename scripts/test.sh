@@ -40,6 +40,26 @@ install_chromium() {
 [ "$quick" = 1 ] || install_chromium  # the browser test is not in the quick lane
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
+# One compute thread per core this process may use: the CPUs it is pinned to, capped by a
+# container's CPU quota. PyTorch and OpenMP otherwise start one thread per core of the host,
+# and on a 2-core share of a large host the suite then runs several times slower.
+if [ -z "${OMP_NUM_THREADS:-}" ]; then
+    OMP_NUM_THREADS=$(python - <<'EOF'
+import math, os
+cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+try:
+    quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+    if quota != "max":
+        cpus = min(cpus, max(1, math.ceil(int(quota) / int(period))))
+except (OSError, ValueError):
+    pass
+print(cpus)
+EOF
+)
+    export OMP_NUM_THREADS
+fi
+echo "== $OMP_NUM_THREADS compute threads (OMP_NUM_THREADS)"
+
 echo "== ruff check (rules in pyproject.toml)"
 lint=0
 python -m ruff check . || lint=$?
