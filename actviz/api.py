@@ -24,7 +24,7 @@ from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, Ca
 from .output.results import StepResults
 from .output.sink import FanOutSink, Sink, check_sink
 from .output.tensorboard import TensorBoardSink, use_fast_crc
-from .probe import Probe, check_probe, gradcam_layers
+from .probe import Probe, check_probe, gradcam_layers, try_probe
 from .run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
@@ -147,8 +147,12 @@ def watch(
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample
             0, so the same picture moves through training; ``probe/input`` shows it.
-        gradcam: With ``probe``: ``True`` draws Grad-CAM of the last ``Conv2d`` over probe
+            ``watch()`` sends it through once itself, the same way, so that a probe the model
+            cannot take (a wrong shape or device) raises here; that forward changes nothing
+            of the model (:func:`actviz.probe.try_probe` says how).
+        gradcam: With an image ``probe``: ``True`` draws Grad-CAM of the last ``Conv2d`` over probe
             sample 0 as ``gradcam/{layer}`` on image steps; a layer name or a list picks others.
+            Each must be a layer that the probe's forward runs and whose output is ``(N, C, h, w)``.
         update_ratio: Log ``update_ratio/{param}`` = ||w_after - w_before|| / ||w_before|| across
             the optimizer step that follows each stats step, under that step's number: the
             per-layer learning-rate check (around 1e-3 is healthy). It holds a copy of the
@@ -167,7 +171,8 @@ def watch(
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, or an option has the wrong type.
         ValueError: An option is out of range, both ``log_dir`` and ``writer`` are given,
-            a layer spec matches nothing, or ``model`` is already watched.
+            a layer spec matches nothing, ``model`` is already watched, the model cannot
+            take ``probe``, or a ``gradcam`` layer does not exist or gives no ``(N, C, h, w)`` output.
         OSError: ``log_dir`` cannot be created.
 
     Example:
@@ -225,6 +230,8 @@ def watch(
             f"this {type(model).__name__} is already watched; close the first watcher "
             "(viz.close()) before watching it again"
         )
+    if probe is not None:
+        try_probe(model, probe, cam_layers)  # one no-grad eval forward that leaves the model as it was
 
     user_sink, sink = sink, None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind

@@ -10,16 +10,19 @@ wrapper, which would run a collective on rank 0 alone). With ``gradcam=`` it als
 Grad-CAM of the probe's top class over probe sample 0, computed with
 ``torch.autograd.grad`` so that training's gradients are untouched. A model with attention
 also gets its probe's attention maps and, for a ViT, attention rollout
-(:mod:`actviz.attention_maps`).
+(:mod:`actviz.attention_maps`). :func:`try_probe` runs the same forward once in ``watch()``,
+so that a probe the model cannot take, or a Grad-CAM layer that cannot work, fails there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .attention_maps import attention_pictures, record_attention
 from .compiled_model import eager, unwrap_compiled
@@ -32,7 +35,7 @@ from .rendering import _normalize, picture_source
 from .selection import find_layer
 from .tags import GRADCAM, PROBE_INPUT
 
-__all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "unwrap_for_probe"]
+__all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "try_probe", "unwrap_for_probe"]
 
 #: ``(tag, draw, sources, full_tag)``: what PendingStep.add_picture takes.
 Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
@@ -61,6 +64,12 @@ def gradcam_layers(model: nn.Module, gradcam: Any, probe: Any) -> list[tuple[str
         return []
     if probe is None:
         raise ValueError("gradcam= draws over the probe input: give probe= too, e.g. probe=actviz.load_images(['cat.jpg'])")
+    if probe_image(probe) is None:  # Grad-CAM is drawn over probe sample 0 as a picture: none, no Grad-CAM
+        raise ValueError(
+            f"gradcam={gradcam!r} draws over probe sample 0 as a picture, so probe= must be a batch of images, "
+            f"(N, 1 or 3, H, W) floats, first if it is a tuple or dict; got {_shapes(probe)}. For example "
+            "probe=actviz.load_images(['cat.jpg'])"
+        )
     if gradcam is True:
         names = [last_conv_name(model)]
     elif isinstance(gradcam, str):
@@ -70,6 +79,102 @@ def gradcam_layers(model: nn.Module, gradcam: Any, probe: Any) -> list[tuple[str
     else:
         raise TypeError(f"gradcam= must be True, a layer name or a list of names, got {type(gradcam).__name__}: {gradcam!r}")
     return [(name, find_layer(model, name, f" in gradcam={gradcam!r}")) for name in names]
+
+
+def _shapes(probe: Any) -> str:
+    """The probe's shapes for a message: ``shape (1, 3, 8, 8)``, or one per tuple item or dict key."""
+    def one(value: Any) -> str:
+        return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+    if isinstance(probe, Mapping):
+        return "shapes {" + ", ".join(f"{key!r}: {one(value)}" for key, value in probe.items()) + "}"
+    if isinstance(probe, (tuple, list)):
+        return "shapes (" + ", ".join(one(value) for value in probe) + ")"
+    return f"shape {one(probe)}"
+
+
+def try_probe(model: nn.Module, probe: Any, gradcam: list[tuple[str, nn.Module]]) -> None:
+    """Send ``probe`` once through ``model`` at ``watch()``, so that a probe the model cannot take fails there.
+
+    The forward is the image steps' own: through :func:`unwrap_for_probe`, under
+    ``torch.no_grad()``, in eval mode, with the probe's tensors where they are (a probe on
+    another device than the model fails here as it would at every image step). Nothing of
+    the model changes: in eval mode BatchNorm reads its running statistics without updating
+    them and Dropout draws no random numbers; every module's training flag is put back
+    afterwards; no parameter, gradient or buffer is written; and the random state of the CPU
+    and of the CUDA devices involved is restored, so a model that samples in eval mode leaves
+    the training's random stream where it was. The model's own hooks run, as on any forward.
+    It costs one forward of the probe. A model with lazy modules (``nn.LazyLinear``) that have
+    not run yet is not tried: that forward would create their parameters.
+
+    The layers of ``gradcam`` are checked to be reached and to give the ``(N, C, h, w)``
+    output Grad-CAM needs; Grad-CAM's backward is left to the image steps.
+
+    Args:
+        model: The watched model (a DDP or compiled wrapper is unwrapped as on image steps).
+        probe: What :func:`check_probe` accepted.
+        gradcam: ``(name, module)`` pairs from :func:`gradcam_layers`.
+
+    Raises:
+        ValueError: The forward raised (the message names ``probe=``, its shapes and torch's
+            error), or a Grad-CAM layer is not reached or gives another output (it names ``gradcam=``).
+
+    Example:
+        >>> net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+        >>> try_probe(net, torch.zeros(1, 5, 8, 8), [])
+        Traceback (most recent call last):
+        ...
+        ValueError: probe= of shape (1, 5, 8, 8) does not go through the Sequential: RuntimeError: ...channels...
+    """
+    target = unwrap_for_probe(model)
+    parameters = list(target.parameters())
+    if any(is_lazy(param) for param in parameters):
+        return
+    tensors = list(probe.values()) if isinstance(probe, Mapping) else list(probe) if isinstance(probe, (tuple, list)) \
+        else [probe]
+    probe_devices, model_devices = {tensor.device for tensor in tensors}, {param.device for param in parameters}
+    # With gradcam=: every module's first output shape (or type), in the order they finish, to name a good layer.
+    seen: dict[str, tuple[nn.Module, tuple[int, ...] | str]] = {}
+
+    def keep(name: str, module: nn.Module, args: Any, output: Any) -> None:
+        if name not in seen:
+            seen[name] = (module, tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__)
+
+    modes = {module: module.training for module in target.modules()}
+    handles = HookHandles()
+    try:
+        for name, module in unwrap_compiled(model).named_modules() if gradcam else ():
+            handles.add("forward", module.register_forward_hook(partial(keep, name)))
+        cuda = sorted({device.index or 0 for device in probe_devices | model_devices if device.type == "cuda"})
+        with torch.random.fork_rng(devices=cuda), eager(), torch.no_grad():
+            target.eval()
+            call_model(target, probe)
+    except Exception as error:
+        where = ""
+        if model_devices and not probe_devices <= model_devices:
+            where = (f" The probe is on {', '.join(sorted(map(str, probe_devices)))} and the model on "
+                     f"{', '.join(sorted(map(str, model_devices)))}: move it, e.g. probe=probe.to(device).")
+        raise ValueError(
+            f"probe= of {_shapes(probe)} does not go through the {type(target).__name__}: {type(error).__name__}: "
+            f"{error}.{where} Give a batch it takes, such as the first sample of a training batch: probe=inputs[:1]"
+        ) from error
+    finally:
+        handles.remove()
+        for module, training in modes.items():
+            module.training = training
+    shapes = {id(module): shape for module, shape in seen.values()}
+    for name, layer in gradcam:
+        shape = shapes.get(id(layer))
+        if isinstance(shape, tuple) and len(shape) == 4:
+            continue
+        found = ("is not run by the probe's forward" if shape is None
+                 else f"gives an output of shape {shape}" if isinstance(shape, tuple) else f"gives a {shape}")
+        good = next((other for other, (module, other_shape) in reversed(seen.items())
+                     if isinstance(module, nn.Conv2d) and isinstance(other_shape, tuple) and len(other_shape) == 4), None)
+        raise ValueError(
+            f"gradcam={name!r}: this layer {found}; Grad-CAM needs a layer whose output is (N, C, h, w)"
+            + (f", e.g. gradcam={good!r}, the last Conv2d the probe runs" if good else "")
+        )
 
 
 def unwrap_for_probe(model: nn.Module) -> nn.Module:

@@ -109,7 +109,14 @@ def _check_integrations(namespace: dict, printed: str, folder: Path) -> None:
     lightning = Run(folder / "lightning_runs" / "lightning_logs" / "version_0")
     assert lightning.histogram_steps("gradients/net.2") == [0, 4]
     assert [event.step for event in lightning.events.Scalars("loss")] == [3, 7]  # Lightning's own, beside actviz's
-    assert Run(folder / "runs" / "bert").histogram_steps("activations/classifier") == [4, 8]  # the loss's steps
+    # Hugging Face: actviz's event file beside the Trainer's, in the one folder of its TensorBoardCallback.
+    (bert_folder,) = {path.parent for path in (folder / "hf_out").rglob("events.out.tfevents.*")}
+    assert bert_folder.parent == folder / "hf_out" / "runs"
+    bert = Run(bert_folder)
+    assert bert.histogram_steps("activations/classifier") == [4, 8]  # the loss's steps
+    losses = {entry["step"]: entry["loss"] for entry in namespace["trainer"].state.log_history if "loss" in entry}
+    assert sorted(losses) == [2, 4, 6, 8]
+    assert {step: bert.scalar("train/loss", step) for step in losses} == pytest.approx(losses, rel=1e-6)
 
 
 CHECKS = {"README.md": _check_readme, "docs/integrations.md": _check_integrations, "docs/user-guide.md": _check_user_guide, "docs/report.md": _check_report}

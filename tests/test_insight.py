@@ -84,6 +84,86 @@ def test_a_probe_of_several_arguments_and_bad_probes(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+class FourLayers(nn.Module):
+    """Conv-Conv-Linear named like a ResNet's stages, and a conv its forward never runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer1 = nn.Conv2d(3, 4, 3)
+        self.layer4 = nn.Conv2d(4, 4, 3)
+        self.spare = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.layer4(torch.relu(self.layer1(x)))).mean(dim=(2, 3)))
+
+
+IMAGE = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"probe": torch.randn(1, 5, 8, 8)},
+     r"^probe= of shape \(1, 5, 8, 8\) does not go through the FourLayers: RuntimeError: .*expected input\[1, 5, 8, 8\] "
+     r"to have 3 channels.* Give a batch it takes, such as the first sample of a training batch: probe=inputs\[:1\]$"),
+    ({"probe": (IMAGE, torch.ones(1))},
+     r"^probe= of shapes \(\(1, 3, 8, 8\), \(1,\)\) does not go through the FourLayers: TypeError: .*probe=inputs\[:1\]$"),
+    ({"probe": IMAGE, "gradcam": "layer5"}, r"^unknown layer 'layer5' in gradcam='layer5'; did you mean 'layer4'"),
+    ({"probe": IMAGE, "gradcam": "fc"}, r"^gradcam='fc': this layer gives an output of shape \(1, 2\); Grad-CAM needs "
+     r"a layer whose output is \(N, C, h, w\), e.g. gradcam='layer4', the last Conv2d the probe runs$"),
+    ({"probe": IMAGE, "gradcam": ["layer1", "spare"]},
+     r"^gradcam='spare': this layer is not run by the probe's forward; .* e.g. gradcam='layer4'"),
+    ({"probe": torch.randn(1, 8), "gradcam": True},
+     r"^gradcam=True draws over probe sample 0 as a picture, so probe= must be a batch of images, "
+     r"\(N, 1 or 3, H, W\) floats.*got shape \(1, 8\)"),
+], ids=["channels", "arguments", "no-such-layer", "not-4d", "not-run", "not-an-image"])
+def test_watch_refuses_a_bad_probe_or_gradcam_at_once_and_leaves_nothing(tmp_path, kwargs, message):
+    model = FourLayers()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(ValueError, match=message):
+        actviz.watch(model, tmp_path / "run", every=1, **kwargs)
+    assert not (tmp_path / "run").exists()
+    assert hooks_left(model) == NO_HOOKS
+    assert all(module.training for module in model.modules())
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
+class Noisy(nn.Module):
+    """Adds noise in eval mode too, and counts its calls: a forward that draws random numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + 0.1 * torch.randn_like(x)
+
+
+def test_the_probe_tried_at_watch_leaves_the_model_and_the_random_stream_as_they_were(tmp_path, read_run):
+    torch.manual_seed(0)
+    noisy = Noisy()
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), noisy, nn.Dropout(0.5), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 2))
+    model[3].eval()  # the user's own mix of modes: kept as it is
+    modes = [module.training for module in model.modules()]
+    state = {name: value.clone() for name, value in model.state_dict().items()}  # BatchNorm's statistics included
+    random_state = torch.get_rng_state()
+
+    viz = actviz.watch(model, tmp_path, every=1, probe=IMAGE, gradcam=True)
+    assert noisy.calls == 1  # the probe went through once
+    assert [module.training for module in model.modules()] == modes
+    assert all(torch.equal(value, state[name]) for name, value in model.state_dict().items())
+    assert all(param.grad is None for param in model.parameters())
+    assert torch.equal(torch.get_rng_state(), random_state)
+
+    with viz:  # and the probe still draws on the image step
+        model(torch.randn(4, 3, 8, 8)).square().mean().backward()
+    run = read_run(tmp_path)
+    assert run.image_steps("probe/input") == [0] and run.image_steps("gradcam/0") == [0]
+    assert hooks_left(model) == NO_HOOKS
+
+
 # -- Grad-CAM -------------------------------------------------------------------------------------
 
 

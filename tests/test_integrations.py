@@ -320,6 +320,69 @@ def test_huggingface_logs_at_global_steps(tmp_path):
     assert hooks_left(model) == NO_HOOKS
 
 
+def event_folders(root):
+    return {path.parent for path in root.rglob("events.out.tfevents.*")}
+
+
+def test_huggingface_writes_into_the_trainers_tensorboard_run(tmp_path):
+    hf = transformers()
+    from actviz.integrations.huggingface import ActvizCallback
+
+    model = tiny_bert(hf)
+    callback = ActvizCallback(every=2)
+    trainer = hf_train(hf, model, tmp_path, [callback], report_to="tensorboard")
+
+    (folder,) = event_folders(tmp_path)  # one run: the Trainer's TensorBoardCallback's folder
+    assert folder.parent == tmp_path / "out" / "runs" and len(list(folder.glob("events.out.tfevents.*"))) == 2
+    run = Run(folder)
+    losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    assert sorted(losses) == [1, 2, 3, 4]  # logging_steps=1
+    assert {step: run.scalar("train/loss", step) for step in losses} == pytest.approx(losses, rel=1e-6)
+    assert_bert_logged_at(run, [2, 4])
+    assert callback.viz is None and callback._writer is None
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_huggingface_histograms_and_the_trainers_loss_share_one_run(tmp_path):
+    hf = transformers()
+    from actviz.integrations.huggingface import ActvizCallback
+
+    args = hf.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, logging_steps=1,
+        learning_rate=0.0, save_strategy="no", report_to="tensorboard", use_cpu=True, disable_tqdm=True,
+    )
+    trainer = hf.Trainer(model=ValueModel(), args=args, train_dataset=value_dataset(8),
+                         callbacks=[ActvizCallback(every=1)])
+    trainer.train()
+    losses = {entry["step"]: entry["loss"] for entry in trainer.state.log_history if "loss" in entry}
+    (folder,) = event_folders(tmp_path)
+    run = Run(folder)
+    assert run.histogram_steps("activations/layer") == sorted(losses) == [1, 2, 3, 4]
+    assert len(set(losses.values())) > 1  # shuffled batches of different means: a step mixed up would show
+    for step, loss in losses.items():  # the batch's mean value, from actviz's histogram and the Trainer's scalar
+        histogram = run.histogram("activations/layer", step)
+        assert histogram.sum / histogram.num == pytest.approx(loss, abs=1e-6)
+        assert run.scalar("train/loss", step) == pytest.approx(loss, rel=1e-6)
+
+
+def test_huggingface_tensorboard_callback_after_it_warns_and_writes_a_run_of_its_own(tmp_path):
+    hf = transformers()
+    from transformers.integrations import TensorBoardCallback
+
+    from actviz.integrations.huggingface import ActvizCallback
+
+    args = hf.TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+    )
+    trainer = hf.Trainer(model=ValueModel(), args=args, train_dataset=value_dataset(4),
+                         callbacks=[ActvizCallback(every=1), TensorBoardCallback()])  # its folder is made after ours
+    with pytest.warns(RuntimeWarning, match="could not find the folder of the Trainer's TensorBoardCallback"):
+        trainer.train()
+    default = getattr(trainer.args, "logging_dir", None) or tmp_path / "out" / "runs"
+    assert Run(default).histogram_steps("activations/layer") == [1, 2]
+
+
 def test_huggingface_gradient_accumulation_logs_once_per_optimizer_step(tmp_path):
     hf = transformers()
     from actviz.integrations.huggingface import ActvizCallback

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import functools
 import html
 import io
+import os
 import pickle
 import re
 from pathlib import Path
@@ -445,7 +447,7 @@ def test_html_numbers_are_formatted_one_way(tmp_path: Path) -> None:
         cells = re.findall(r'<td class="num(?: warn)?">(.*?)</td>', row)
         summary = record.summary
         assert cells[:4] == [format_number(v) for v in (summary.mean, summary.std, summary.min, summary.max)]
-        assert cells[4] == format_percent(summary.zero_fraction)
+        assert cells[4] == format_percent(record.relu_zero_fraction)
         # Four significant digits each: 0.01234, -1.060, 1235, 2.500e-7, or 0, or – for no finite value.
         digits = [re.sub(r"\D", "", cell.split("e")[0]).lstrip("0") for cell in cells[:4] if cell not in ("0", "–")]
         assert all(len(significant) == 4 for significant in digits), cells
@@ -458,8 +460,9 @@ def test_html_numbers_are_formatted_one_way(tmp_path: Path) -> None:
     assert float(conv_cells[0]) == pytest.approx(conv.mean().item(), rel=1e-3)
     assert float(conv_cells[3]) == pytest.approx(conv.max().item(), rel=1e-3)
     assert relu_cells[4] == f"{(conv <= 0).float().mean().item():.1%}"
+    assert conv_cells[4] == relu_cells[4] != "0.0%"  # the conv's row: the share its ReLU zeroes
     captions = re.findall(r"<figcaption>(.*?)</figcaption>", page)[1:]  # after the input's
-    assert captions and all(re.fullmatch(r"\d+ of \d+ channels · mean \S+ · zero \d+\.\d% · dead \d+", c)
+    assert captions and all(re.fullmatch(r"\d+ of \d+ channels · mean \S+ · zero after ReLU \d+\.\d% · dead \d+", c)
                             for c in captions), captions
 
 
@@ -491,3 +494,69 @@ def test_layers_whose_names_map_to_one_file_name_get_their_own_pictures(tmp_path
     sources = re.findall(r'<img [^>]*src="([^"]+)"', page)
     assert len(sources) == len(set(sources)) == 4  # the input and three grids, four files
     assert np.array_equal(_png((tmp_path / "chelsea" / "input.png").read_bytes()), item.input_image.permute(1, 2, 0).numpy())
+
+
+def test_html_zero_after_relu_is_the_share_the_relu_zeroes(tmp_path: Path) -> None:
+    # A conv output before its ReLU has no exact zeros (zero fraction 0.0%); the column shows what its ReLU zeroes.
+    net = _tiny_net()  # Conv (channel 3 never positive) - ReLU(inplace) - Conv 1x1
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, module: nn.Module, args: tuple, out: torch.Tensor) -> None:  # returns None: out unchanged
+        seen[name] = out.clone()
+
+    net[0].register_forward_hook(functools.partial(keep, "conv"))
+    net[1].register_forward_hook(functools.partial(keep, "relu"))
+    result = actviz.report(net, [CAT], logdir=None, html=tmp_path, layers=["0", "1"], size=SIZE, progress=False)
+    conv, relu = result.images[0].layers
+    after_relu = (seen["relu"] == 0).sum().item() / seen["relu"].numel()  # by hand, from our own hook
+    assert (seen["conv"] == 0).sum() == 0 and conv.summary.zero_fraction == 0.0  # the watcher's own statistic
+    assert after_relu > 0.25  # channel 3 of 4 is all zero after the ReLU, and others partly
+    assert conv.relu_zero_fraction == pytest.approx(after_relu)
+    assert relu.relu_zero_fraction == pytest.approx(after_relu) == relu.summary.zero_fraction
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    rows = re.findall(r'<tr><td class="mono">.*?</tr>', page)
+    header = re.findall(r"<th[^>]*>(.*?)</th>", page)
+    column = header.index("zero after ReLU") - 3  # the first three cells (name, type, shape) are not "num"
+    cells = [re.findall(r'<td class="num(?: warn)?">(.*?)</td>', row)[column] for row in rows]
+    assert cells == [f"{after_relu:.1%}"] * 2
+
+
+def _no_browser(reason: str) -> None:
+    """Skip loudly, but fail in CI, where scripts/test.sh installs the browser (as tests/test_tensorboard_server.py)."""
+    message = f"PRINT TEST NOT RUN: {reason}. Run scripts/test.sh, or: apt-get install chromium && pip install playwright"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _pdf_pages(page: Path, paper: str) -> int:
+    """Print ``page`` to PDF with headless Chromium and count the PDF's page objects."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _no_browser("playwright is not installed")
+    chromium = "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        _no_browser(f"{chromium} is missing")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        try:
+            tab = browser.new_page()
+            tab.goto(page.resolve().as_uri())
+            pdf = tab.pdf(format=paper)
+        finally:
+            browser.close()
+    pages = len(re.findall(rb"/Type\s*/Page(?![A-Za-z])", pdf))  # each page object, not the /Pages tree
+    trees = re.findall(rb"/Type\s*/Pages\b(.*?)>>", pdf, re.S)  # the page tree: its root counts every page
+    assert max(int(re.search(rb"/Count (\d+)", tree).group(1)) for tree in trees) == pages
+    return pages
+
+
+@pytest.mark.parametrize(("model", "gradcam"), [("alexnet", False), ("vgg16", True)])  # 5 and 13 conv layers
+def test_html_prints_one_image_per_page(tmp_path: Path, model: str, gradcam: bool) -> None:
+    images = [CAT, COFFEE, DATA / "astronaut.jpg"]
+    result = actviz.report(model, images, weights="none", logdir=None, html=tmp_path, size=SIZE, progress=False,
+                           gradcam=gradcam)
+    assert len(result.images) == 3
+    for paper in ("A4", "Letter"):
+        assert _pdf_pages(result.html, paper) == 3, paper

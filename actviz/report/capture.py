@@ -2,13 +2,15 @@
 
 Each hook hands the layer's output to :func:`actviz.layer_outputs.reduce_output`, the
 function the watcher's hooks call, so a report's statistics and pictures are the
-watcher's. The one thing the report adds is its own: the count of dead channels. Every
+watcher's. The report adds two numbers of its own: the count of dead channels and the
+share of the output a ReLU sets to zero (:func:`relu_zero_fraction`). Every
 output is reduced inside its hook, before the next layer runs, so the in-place ReLU after
 a conv cannot change what is recorded.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -26,7 +28,7 @@ from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
 from .results import LayerRecord
 
-__all__ = ["capture_layers", "dead_channels"]
+__all__ = ["capture_layers", "dead_channels", "relu_zero_fraction"]
 
 
 def dead_channels(tensor: torch.Tensor) -> tuple[int, int | None]:
@@ -50,6 +52,23 @@ def dead_channels(tensor: torch.Tensor) -> tuple[int, int | None]:
     return per_channel.shape[0], int((peak <= 0).sum())
 
 
+def relu_zero_fraction(tensor: torch.Tensor) -> float:
+    """The share of ``tensor``'s elements at or below zero: its zero fraction after a ReLU.
+
+    A conv output recorded before its ReLU has almost no exact zeros, so its own zero
+    fraction reads 0 whatever the ReLU then does; this is the share that ReLU zeroes. For
+    an output that has been through a ReLU it is the zero fraction itself. NaN is neither
+    (a ReLU keeps it); an empty or complex tensor gives NaN.
+
+    Example:
+        >>> relu_zero_fraction(torch.tensor([-2.0, 0.0, 1.0, 3.0])), relu_zero_fraction(torch.ones(0))
+        (0.5, nan)
+    """
+    if tensor.numel() == 0 or tensor.is_complex():
+        return math.nan
+    return int((tensor.detach() <= 0).sum()) / tensor.numel()
+
+
 @dataclass
 class _Reduced:
     """One layer's output, reduced in its hook; :meth:`record` finishes it on the host."""
@@ -58,6 +77,7 @@ class _Reduced:
     shape: tuple[int, ...]
     channels: int
     dead: int | None
+    relu_zeros: float
     reduction: Reduction
     picture: tuple[Callable[[torch.Tensor], torch.Tensor | PaletteImage], torch.Tensor] | None  # (draw, source)
 
@@ -76,6 +96,7 @@ class _Reduced:
             dead_channels=self.dead,
             grid=grid,
             shown_channels=shown,
+            relu_zero_fraction=self.relu_zeros,
         )
 
 
@@ -118,7 +139,8 @@ def capture_layers(
             return
         reduction, picture = reduce_output(tensor, options, batch_dim=batch_dim_of(module))
         assert reduction is not None  # stats=True
-        reduced[name] = _Reduced(module, tuple(tensor.shape), *dead_channels(tensor), reduction, picture)
+        reduced[name] = _Reduced(module, tuple(tensor.shape), *dead_channels(tensor), relu_zero_fraction(tensor),
+                                 reduction, picture)
         if on_layer is not None:
             on_layer()
 

@@ -2,7 +2,9 @@
 
 The page is static: inline CSS, system fonts, no JavaScript and nothing fetched
 from the network, so it opens offline in any browser, can be zipped and mailed,
-and prints cleanly. Layout of the folder::
+and prints one image per page: each image's section starts a page, and the print rules
+shrink the table and the grids so that a section of up to 13 layers (VGG16's convolutions)
+fits on an A4 or Letter page, the first with the header. Layout of the folder::
 
     index.html
     {run}/input.png          the image as the model saw it
@@ -70,9 +72,31 @@ td.num, th.num { text-align: right; }
 .layer img { display: block; width: 100%; height: auto; image-rendering: pixelated; background: #fff; }
 footer { margin-top: 48px; color: var(--muted); font-size: 13px; border-top: 1px solid var(--line); padding-top: 12px; }
 @media print {
+  @page { margin: 12mm; }
+  body { font-size: 10px; }
   main { max-width: none; padding: 0; }
   nav { display: none; }
-  h2 { break-before: page; }
+  h1 { font-size: 17px; }
+  h2 { font-size: 15px; margin: 0 0 6px; padding-top: 4px; }
+  h3 { font-size: 12px; margin: 8px 0 4px; }
+  code, .mono, .layer header b { font-size: 9px; }
+  .meta dl { grid-template-columns: repeat(3, max-content 1fr); margin-top: 4px; }
+  .banner, .failed { margin: 8px 0; padding: 6px 10px; }
+  section { margin-top: 14px; }
+  section + section { break-before: page; margin-top: 0; }
+  .intro { gap: 14px; }
+  .input, .input img { width: 130px; }  /* a caption wraps under its picture, beside the next */
+  .preds { min-width: 240px; }
+  th, td { padding: 1px 6px; }
+  th, figcaption, .layer header span { font-size: 9px; }
+  .stats { font-size: 10px; }
+  .bar { width: 110px; height: 8px; }
+  .maps { grid-template-columns: repeat(auto-fit, minmax(88px, 1fr)); gap: 6px; }
+  .layer { padding: 4px; }
+  .layer header { margin-bottom: 2px; }
+  .layer header span, .layer figcaption { display: none; }
+  figcaption { margin-top: 2px; }
+  footer { margin-top: 14px; padding-top: 6px; font-size: 9px; }
   .layer, .intro, table { break-inside: avoid; }
 }
 """
@@ -97,7 +121,7 @@ def format_number(value: float) -> str:
 
 
 def format_percent(fraction: float) -> str:
-    """Every fraction on the page (zero fractions, probabilities): a percentage with one decimal.
+    """Every fraction on the page (zero after ReLU, probabilities): a percentage with one decimal.
 
     Example:
         >>> format_percent(0.25), format_percent(1 / 3), format_percent(float("nan"))
@@ -174,7 +198,7 @@ def _stats_row(item: ImageReport, record: LayerRecord) -> str:
         f'<tr><td class="mono">{linked}</td><td>{html.escape(record.type)}</td><td class="mono">{_shape(record.shape)}</td>'
         f'<td class="num">{format_number(summary.mean)}</td><td class="num">{format_number(summary.std)}</td>'
         f'<td class="num">{format_number(summary.min)}</td><td class="num">{format_number(summary.max)}</td>'
-        f'<td class="num">{format_percent(summary.zero_fraction)}</td><td{dead_class}>{dead}</td></tr>'
+        f'<td class="num">{format_percent(record.relu_zero_fraction)}</td><td{dead_class}>{dead}</td></tr>'
     )
 
 
@@ -211,7 +235,8 @@ def _section(item: ImageReport, folder: Path) -> str:
         "<h3>Layer statistics</h3>"
         '<table class="stats"><thead><tr><th>layer</th><th>type</th><th>output shape</th>'
         '<th class="num">mean</th><th class="num">std</th><th class="num">min</th><th class="num">max</th>'
-        '<th class="num">zero fraction</th><th class="num">dead channels</th></tr></thead>'
+        '<th class="num" title="share of the output at or below zero: what a ReLU sets to zero">zero after ReLU</th>'
+        '<th class="num">dead channels</th></tr></thead>'
         f"<tbody>{rows}</tbody></table>"
     )
     figures = []
@@ -223,7 +248,7 @@ def _section(item: ImageReport, folder: Path) -> str:
         (folder / file_name).write_bytes(encode_png(record.grid))
         _, grid_h, grid_w = record.grid.shape
         caption = [f"{record.shown_channels} of {record.channels} channels"] if record.channels else []
-        caption += [f"mean {format_number(record.summary.mean)}", f"zero {format_percent(record.summary.zero_fraction)}"]
+        caption += [f"mean {format_number(record.summary.mean)}", f"zero after ReLU {format_percent(record.relu_zero_fraction)}"]
         caption += [] if record.dead_channels is None else [f"dead {record.dead_channels}"]
         figures.append(
             f'<figure class="layer" id="{_anchor(item.run, record.name)}"><header><b>{html.escape(record.name)}</b>'
@@ -282,9 +307,11 @@ def write_html(result: ReportResult, folder: str | os.PathLike[str]) -> Path:
     footer = (
         "<footer>Each tile of a grid is one channel of the layer's output for this image, scaled on its own "
         "from black (its lowest value) to white (its highest); when a layer has more channels than are drawn, "
-        "the strongest by mean |activation| are shown, in channel order. Statistics cover the whole output. "
-        "A <em>dead</em> channel has no positive value for this image, so it is all zero after a ReLU; "
-        "conv outputs are recorded before their in-place ReLU. Click a picture to open its PNG at full size.</footer>"
+        "the strongest by mean |activation| are shown, in channel order. Statistics cover the whole output; "
+        "conv outputs are recorded before their in-place ReLU. <em>Zero after ReLU</em> is the share of the "
+        "output at or below zero, which a ReLU sets to zero: for a conv, the share its ReLU zeroes; for a ReLU's "
+        "own output, its zero fraction. A <em>dead</em> channel has no positive value for this image, so it is "
+        "all zero after a ReLU. Click a picture to open its PNG at full size.</footer>"
     )
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

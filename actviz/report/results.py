@@ -7,6 +7,7 @@ so every part of it can import this module.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,9 @@ class LayerRecord:
         grid: The feature-map picture as a ``(1 or 3, H, W)`` ``uint8`` tensor, or ``None``
             for outputs that are not 3-D or 4-D (a ``Linear``'s logits).
         shown_channels: How many channels the grid draws (at most ``max_channels``).
+        relu_zero_fraction: The share of the output at or below zero, which a ReLU sets to zero
+            (:func:`actviz.report.capture.relu_zero_fraction`): for a conv recorded before its
+            in-place ReLU, the share that ReLU zeroes; for a ReLU's output, ``summary.zero_fraction``.
     """
 
     name: str
@@ -44,6 +48,7 @@ class LayerRecord:
     dead_channels: int | None
     grid: torch.Tensor | None
     shown_channels: int
+    relu_zero_fraction: float = math.nan
 
 
 @dataclass
