@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install actviz (editable) into the current Python, with the extras named in $1 (e.g. "dev").
 # It says what it installs and about how long each part takes, then how long it took.
-# PyTorch comes first, from the versions this kind of machine keeps on disk, because
-# a bare "pip install torch" would try to download a multi-GB CUDA build.
+# PyTorch comes first, pinned to the release the tests run on. On x86_64 Linux, PyPI's torch is
+# the CUDA build: about 3 GB of wheels and 5.5 GB on disk (its NVIDIA libraries are 3.2 GB of
+# it). Installing it from wheels already on disk took 8.5 minutes on a busy 2-core machine;
+# downloading them comes on top.
 # ACTVIZ_INSTALL_DRY_RUN=1 prints the plan and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,10 +42,13 @@ if python -c "import torch, torchvision" >/dev/null 2>&1; then
     echo "== 1/2 PyTorch: already installed ($(python -c 'import torch, torchvision; print("torch", torch.__version__, "and torchvision", torchvision.__version__)')), nothing to do"
 else
     case "$(uname -m)" in
-        aarch64|arm64) torch_pins=(torch==2.9.1 torchvision==0.24.1) ;;
-        *)             torch_pins=(torch==2.14.1 torchvision==0.29.1) ;;
+        aarch64|arm64) torch_pins=(torch==2.9.1 torchvision==0.24.1)
+                       size="several GB; several minutes" ;;
+        *)             torch_pins=(torch==2.14.1 torchvision==0.29.1)
+                       size="about 3 GB to download and 5.5 GB on disk with its CUDA libraries;"
+                       size+=" 8 to 9 minutes on a busy 2-core machine, plus the download" ;;
     esac
-    echo "== 1/2 PyTorch: ${torch_pins[*]}, the largest part (hundreds of MB); usually 1 to 5 minutes"
+    echo "== 1/2 PyTorch: ${torch_pins[*]}, the largest part ($size)"
     run python -m pip install --quiet "${torch_pins[@]}"
     echo "   PyTorch took $((SECONDS - step)) s"
 fi
