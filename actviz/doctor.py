@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .tags import TENSORBOARD_PREFIX
+
 __all__ = ["DOCTOR_DESCRIPTION", "DOCTOR_EPILOG", "RunHealth", "diagnose_runs", "doctor", "format_run"]
 
 EXIT_HEALTHY, EXIT_ALERTS, EXIT_NO_RUN = 0, 1, 2
@@ -86,11 +88,13 @@ def _read(folder: Path) -> RunHealth | None:
     events.Reload()
     tags = events.Tags()
     scalars, texts = set(tags.get("scalars", [])), set(tags.get("tensors", []))
-    stats = [tag for tag in scalars if tag.startswith(("activation_stats/", "gradient_stats/"))]
+    # actviz's names of the statistics -> TensorBoard's (after "~"; without it in runs written before it)
+    written = {tag.removeprefix(TENSORBOARD_PREFIX): tag for tag in scalars}
+    stats = [tag for tag in written if tag.startswith(("activation_stats/", "gradient_stats/"))]
     if not stats and "alerts" not in texts:
         return None
     names = _layer_order(events, texts, stats)
-    series = {tag: [(event.step, event.value) for event in events.Scalars(tag)] for tag in stats}
+    series = {tag: [(event.step, event.value) for event in events.Scalars(written[tag])] for tag in stats}
     last_step = max((points[-1][0] for points in series.values() if points), default=0)
     layers = []
     for name in names:
@@ -190,7 +194,7 @@ def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
     runs = diagnose_runs(root)
     if not runs:
         return EXIT_NO_RUN, (f"actviz doctor: no actviz run in {str(root)!r}: no event file with actviz's tags "
-                             "(activation_stats/, gradient_stats/, alerts). Give the folder actviz.watch() wrote to.")
+                             "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.")
     status = EXIT_ALERTS if any(run.alerts for run in runs) else EXIT_HEALTHY
     if as_json:
         report = {"status": status, "runs": [asdict(run) for run in runs]}

@@ -6,10 +6,16 @@ log10 of the value on a viridis scale (dark: small) with a labelled colour bar o
 decades on the right. NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
 ``flow/activation_std``, ``flow/zero_fraction`` and, with ``update_ratio=True``,
-``flow/update_ratio`` (one row per parameter). Each write carries the whole history, so
-TensorBoard's sampling of 10 images per tag hides nothing; beyond :data:`MAX_COLUMNS`
-logging steps, every other old column is dropped. :class:`FlowHistory` keeps the numbers
-and draws on the writer thread, on image steps.
+``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every
+value the same, e.g. the zero fraction of layers with no exact zeros, and no NaN) is not
+drawn until it has. Each write carries the whole history, so TensorBoard's sampling of 10
+images per tag hides nothing; beyond :data:`MAX_COLUMNS` logging steps, every other old
+column is dropped. :class:`FlowHistory` keeps the numbers and draws on the writer thread,
+on image steps.
+
+The text is sized for TensorBoard's Time Series, which fits a picture into its card's
+:data:`CARD_IMAGE_BOX`: digits are at least :data:`MIN_TEXT_PX` tall there, so a picture
+with many steps or layers gets larger text, and row labels on every ``label_every``-th row.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ from PIL import Image, ImageDraw, ImageFont
 from .output.results import StepResults
 from .tags import FLOW, UPDATE_RATIO
 
-__all__ = ["FLOW_STATISTICS", "FlowHistory", "FlowLayout", "colour_bar_range", "draw_flow", "flow_layout"]
+__all__ = [
+    "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "FlowHistory", "FlowLayout", "colour_bar_range", "draw_flow",
+    "flow_layout", "has_something_to_show",
+]
 
 #: Statistic name -> how it is read from one step's results: (kind, attribute).
 FLOW_STATISTICS = {
@@ -44,10 +53,27 @@ PALETTE = np.array([
     [np.interp(i / 255 * 8, range(9), [anchor[c] for anchor in _VIRIDIS]) for c in range(3)] for i in range(256)
 ]).round().astype(np.uint8)
 
+#: ``(width, height)`` in screen pixels of the smallest box TensorBoard's Time Series scales an image card's
+#: picture into, whole (TensorBoard 2.21, ``image_card_component``, ``object-fit: contain``): a card is at
+#: least 335 px wide (its grid's ``minmax(335px, 1fr)``), 34 px of it padding and border, and 215 px of its
+#: 320 px height hold the picture (measured in Chromium; tests/test_tensorboard_server.py checks both).
+CARD_IMAGE_BOX = (301, 215)
+#: The least height of digits, in screen pixels, in :data:`CARD_IMAGE_BOX`.
+MIN_TEXT_PX = 10
+#: Layer names longer than this are shown by their end, after an ellipsis: the grid keeps most of the card.
+MAX_LABEL_CHARS = 16
+#: The grid's size in the picture's pixels that cells aim for (each cell 1 to 24 px wide; rows up to 40 px tall,
+#: or more when many steps make the grid wide).
+GRID_WIDTH, GRID_HEIGHT = 320, 200
+_BAR_LABEL = "1e-10"  # the widest colour-bar label kept room for
+_WIDEST_STEP = 9_999_999  # the widest last step kept room for under the grid
+#: The title of the widest statistic name, with the NaN legend: every picture keeps room for it.
+_WIDEST_TITLE = "activation_std (log10), magenta: NaN"
+
 
 @dataclass(frozen=True)
 class FlowLayout:
-    """Where things are in a flow picture (pixels): the grid's corner and cell size, the colour bar."""
+    """Where things are in a flow picture (pixels): the grid's corner and cell size, the colour bar, the text."""
 
     left: int
     top: int
@@ -59,6 +85,20 @@ class FlowLayout:
     bar_width: int
     width: int
     height: int
+    font_size: int  # of every text, in the picture's pixels
+    line_height: int  # a line of text at ``font_size``: its ascent and descent
+    text_height: int  # the ink height of the shortest digit at ``font_size``
+    label_every: int  # a row label on rows 0, label_every, 2 * label_every, ...
+
+    @property
+    def card_scale(self) -> float:
+        """How much TensorBoard's Time Series scales the picture to fit :data:`CARD_IMAGE_BOX`."""
+        return min(CARD_IMAGE_BOX[0] / self.width, CARD_IMAGE_BOX[1] / self.height)
+
+    @property
+    def unit(self) -> float:
+        """Gaps and ticks grow with the text: one unit is a tenth of the font size."""
+        return self.font_size / 10
 
     def cell_centre(self, row: int, column: int) -> tuple[int, int]:
         """``(y, x)`` of the middle of a cell."""
@@ -69,40 +109,66 @@ class FlowLayout:
         return high - (y - self.top) / (self.rows * self.cell_height - 1) * (high - low)
 
 
-_fonts = threading.local()  # one font per thread: loading it decodes a whole font file (FreeType is not shared)
+_fonts = threading.local()  # fonts per thread and size: loading one decodes a whole font file (FreeType is not shared)
 
 
-def _font() -> ImageFont.ImageFont:
-    font = getattr(_fonts, "font", None)
+def _cache() -> threading.local:
+    """This thread's fonts, text widths, drawn labels and layouts."""
+    if not hasattr(_fonts, "fonts"):
+        _fonts.fonts, _fonts.lengths, _fonts.labels, _fonts.layouts = {}, {}, {}, {}
+    return _fonts
+
+
+def _font(size: int) -> ImageFont.ImageFont:
+    """Pillow's own font (Aileron) at ``size`` px; before Pillow 10.1, its one bitmap size."""
+    font = _cache().fonts.get(size)
     if font is None:
-        font = _fonts.font = ImageFont.load_default()
-        _fonts.lengths = {}
-        _fonts.labels = {}
+        try:
+            font = ImageFont.load_default(size=size)
+        except TypeError:  # Pillow < 10.1: no sizes
+            font = ImageFont.load_default()
+        _fonts.fonts[size] = font
     return font
 
 
-def _text_length(text: str) -> float:
-    """The width of ``text`` in the default font, measured once per thread: layer names come back every step."""
-    _font()
-    found = _fonts.lengths.get(text)
+def _text_length(text: str, size: int) -> float:
+    """The width of ``text`` at ``size``, measured once per thread: layer names come back every step."""
+    font = _font(size)
+    found = _cache().lengths.get((text, size))
     if found is None:
         if len(_fonts.lengths) > 4096:
             _fonts.lengths.clear()
-        found = _fonts.lengths[text] = ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(text, font=_font())
+        found = _fonts.lengths[text, size] = ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(text, font=font)
     return found
+
+
+def _ink_height(text: str, size: int) -> int:
+    """Pixel rows the glyphs of ``text`` cover at ``size``."""
+    left, top, right, bottom = _font(size).getbbox(text)
+    return bottom - top
+
+
+def _label(name: str) -> str:
+    """A row's label: ``name``, or its last characters after an ellipsis when longer than :data:`MAX_LABEL_CHARS`.
+
+    Example:
+        >>> _label("features.0"), _label("encoder.layers.11.self_attn")
+        ('features.0', '…rs.11.self_attn')
+    """
+    return name if len(name) <= MAX_LABEL_CHARS else "…" + name[-(MAX_LABEL_CHARS - 1):]
 
 
 def _labels(names: list[str], layout: FlowLayout) -> np.ndarray:
     """The row labels, right-aligned left of the grid, drawn once per thread and layout: ``(height, left, 3)``."""
-    _font()
-    key = (tuple(names), layout.left, layout.top, layout.cell_height, layout.height)
-    found = _fonts.labels.get(key)
+    key = (tuple(names), layout)
+    found = _cache().labels.get(key)
     if found is None:
         image = Image.new("RGB", (layout.left, layout.height), (255, 255, 255))
         draw = ImageDraw.Draw(image)
-        for row, name in enumerate(names):
-            y = layout.top + row * layout.cell_height + (layout.cell_height - 10) // 2
-            draw.text((layout.left - 4 - _text_length(name), y), name, fill=(0, 0, 0), font=_font())
+        font, gap = _font(layout.font_size), 4 * layout.unit
+        for row in range(0, len(names), layout.label_every):
+            y = layout.top + row * layout.cell_height + layout.cell_height / 2
+            draw.text((layout.left - gap, y), _label(names[row]), fill=(0, 0, 0), font=font, anchor="rm")
         found = np.asarray(image)
         if len(_fonts.labels) > 8:
             _fonts.labels.clear()
@@ -110,22 +176,63 @@ def _labels(names: list[str], layout: FlowLayout) -> np.ndarray:
     return found
 
 
+def _layout_at(names: list[str], columns: int, cell_width: int, cell_height: int, size: int) -> FlowLayout:
+    """The layout of a grid of ``cell_width`` x ``cell_height`` cells with text of ``size`` px."""
+    unit = size / 10
+    ascent, descent = _font(size).getmetrics()
+    line = ascent + descent  # a line of text; labels are centred on their row or tick
+    label_width = max((_text_length(_label(name), size) for name in names), default=0)
+    left = math.ceil(label_width + 8 * unit)
+    top = math.ceil(3 * unit + 1.5 * line)  # the title, a gap, and the top half of the first row's or decade's label
+    bar_left = left + columns * cell_width + round(12 * unit)
+    bar_width = round(14 * unit)
+    width = max(bar_left + bar_width + math.ceil(5 * unit + _text_length(_BAR_LABEL, size) + 4 * unit),
+                math.ceil(_text_length(_WIDEST_TITLE, size) + 6 * unit),
+                math.ceil(left + _text_length(f"step 0 step {_WIDEST_STEP}", size) + 10 * unit))
+    height = top + len(names) * cell_height + math.ceil(4 * unit + line + 2 * unit)
+    # rows far enough apart for a label each: the ink of a name with descenders, and a unit between
+    label_every = max(1, math.ceil((_ink_height("Agy0", size) + unit) / cell_height))
+    digits = min(_ink_height(digit, size) for digit in "0123456789")  # flat ones (1, 4, 7) are the shortest
+    return FlowLayout(left, top, cell_width, cell_height, len(names), columns, bar_left, bar_width, width, height,
+                      size, line, digits, label_every)
+
+
+def _legible(layout: FlowLayout) -> bool:
+    return layout.text_height * layout.card_scale >= MIN_TEXT_PX
+
+
 def flow_layout(names: list[str], columns: int) -> FlowLayout:
     """The geometry of a flow picture of ``names`` (rows) over ``columns`` logging steps.
+
+    The font is the smallest whose digits are :data:`MIN_TEXT_PX` tall on a Time Series card.
 
     Example:
         >>> layout = flow_layout(["conv1", "fc"], 3)
         >>> layout.rows, layout.columns, layout.cell_centre(0, 0)[1] > layout.left
         (2, 3, True)
+        >>> layout.text_height * layout.card_scale >= MIN_TEXT_PX
+        True
     """
-    label = max((_text_length(name) for name in names), default=0)
-    cell_height = max(12, min(40, 480 // max(1, len(names))))
-    cell_width = max(2, min(24, 720 // max(1, columns)))
-    left, top = int(label) + 8, 18
-    bar_left = left + columns * cell_width + 12
-    width = bar_left + 14 + int(_text_length("1e-10")) + 8
-    return FlowLayout(left, top, cell_width, cell_height, len(names), columns, bar_left, 14, width,
-                      top + len(names) * cell_height + 34)
+    key = (tuple(names), columns)
+    found = _cache().layouts.get(key)
+    if found is not None:
+        return found
+    cell_width = max(1, min(24, GRID_WIDTH // max(1, columns)))
+    # many steps make a wide grid: taller rows keep it near the card's shape, so it is not scaled to a sliver
+    grid_height = max(GRID_HEIGHT, cell_width * columns * 2 // 3)
+    cell_height = max(1, min(max(40, grid_height // 4), grid_height // max(1, len(names))))
+    size = 10
+    for _ in range(100):  # a few steps: text that grows makes the picture, and so the scale down, grow slowly
+        found = _layout_at(names, columns, cell_width, cell_height, size)
+        if _legible(found) or not isinstance(_font(size), ImageFont.FreeTypeFont):  # met, or one size only
+            break
+        size = max(size + 1, math.floor(size * MIN_TEXT_PX / (found.text_height * found.card_scale)))
+    while size > 10 and _legible(smaller := _layout_at(names, columns, cell_width, cell_height, size - 1)):
+        found, size = smaller, size - 1  # the jump above may overshoot: the smallest size that is enough
+    if len(_fonts.layouts) > 64:
+        _fonts.layouts.clear()
+    _fonts.layouts[key] = found
+    return found
 
 
 def colour_bar_range(values: np.ndarray) -> tuple[int, int]:
@@ -142,6 +249,24 @@ def colour_bar_range(values: np.ndarray) -> tuple[int, int]:
     return low, max(high, low + 1)
 
 
+def has_something_to_show(values: np.ndarray) -> bool:
+    """Whether a flow picture of ``values`` shows anything: a NaN, or two different logged values.
+
+    All zeros (the zero fraction of layers without exact zeros) or any one value everywhere draws one
+    colour: such a statistic is left out. ``-inf`` marks a cell without a value.
+
+    Example:
+        >>> has_something_to_show(np.zeros((3, 4))), has_something_to_show(np.array([[0.0, -np.inf, 0.5]]))
+        (False, True)
+        >>> has_something_to_show(np.array([[2.0, -np.inf], [2.0, 2.0]])), has_something_to_show(np.array([[np.nan]]))
+        (False, True)
+    """
+    logged = values[~np.isneginf(values)]
+    if np.isnan(logged).any():
+        return True
+    return logged.size > 0 and bool(logged.min() < logged.max())
+
+
 def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray) -> torch.Tensor:
     """A flow picture: ``values[row, column]`` of layer ``names[row]`` at ``steps[column]``, as a
     ``(3, H, W)`` ``uint8`` tensor. NaN cells are magenta, missing ones (``-inf``) light grey; zeros and
@@ -153,6 +278,7 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
         (3, torch.uint8)
     """
     layout = flow_layout(names, len(steps))
+    unit = layout.unit
     low, high = colour_bar_range(values)
     with np.errstate(divide="ignore", invalid="ignore"):
         position = (np.log10(np.maximum(values, 10.0 ** low)) - low) / (high - low)
@@ -169,18 +295,24 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
     canvas[:, :layout.left] = _labels(names, layout)  # white but for the labels: the text below draws over it as before
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
-    font = _font()
-    draw.text((2, 2), f"{title} (log10 colour; magenta: NaN)", fill=(0, 0, 0), font=font)
-    every = max(1, math.ceil(12 * (high - low) / max(1, bottom - layout.top)))  # labels 12 px apart at least
+    font = _font(layout.font_size)
+    legend = ", magenta: NaN" if np.isnan(values).any() else ""
+    draw.text((2 * unit, 2 * unit), f"{title} (log10){legend}", fill=(0, 0, 0), font=font)
+    tick_right = layout.bar_left + layout.bar_width + round(3 * unit)
+    spacing = layout.text_height + 4 * unit  # labels this far apart at least
+    every = max(1, math.ceil(spacing * (high - low) / max(1, bottom - layout.top)))
     for decade in range(high, low - 1, -every):
         y = round(layout.top + (high - decade) / (high - low) * (bottom - layout.top - 1))
-        draw.line([(layout.bar_left + layout.bar_width, y), (layout.bar_left + layout.bar_width + 3, y)], fill=(0, 0, 0))
-        draw.text((layout.bar_left + layout.bar_width + 5, max(0, y - 5)), f"1e{decade}", fill=(0, 0, 0), font=font)
+        draw.line([(layout.bar_left + layout.bar_width, y), (tick_right, y)], fill=(0, 0, 0), width=max(1, round(unit)))
+        draw.text((tick_right + 2 * unit, y), f"1e{decade}", fill=(0, 0, 0), font=font, anchor="lm")
     if steps:
-        draw.text((layout.left, bottom + 4), f"step {steps[0]}", fill=(0, 0, 0), font=font)
-        last = f"step {steps[-1]}"
-        draw.text((max(layout.left + 60, layout.bar_left - 4 - draw.textlength(last, font=font)), bottom + 4), last,
-                  fill=(0, 0, 0), font=font)
+        y = bottom + 4 * unit
+        first, last = f"step {steps[0]}", f"step {steps[-1]}"
+        draw.text((layout.left, y), first, fill=(0, 0, 0), font=font)
+        if len(steps) > 1:
+            width = draw.textlength(last, font=font)
+            x = max(layout.left + draw.textlength(first, font=font) + 8 * unit, layout.bar_left - 4 * unit - width)
+            draw.text((min(x, layout.width - 2 * unit - width), y), last, fill=(0, 0, 0), font=font)
     return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).contiguous()
 
 
@@ -195,9 +327,10 @@ class FlowHistory:
         >>> from actviz.output.results import Summary
         >>> flow = FlowHistory()
         >>> grad = Summary(4, 0, 0, -1.0, 1.0, 0.0, 4.0, [4.0])
-        >>> flow.add(StepResults(0, activations={"fc": grad}, gradients={"fc": grad}, images={"fc": torch.zeros(1, 2, 2)}))
-        >>> sorted(flow.last_pictures)
-        ['flow/activation_std', 'flow/gradient_norm', 'flow/zero_fraction']
+        >>> flow.add(StepResults(0, activations={"fc": grad, "out": grad.divided_by(0.5)},
+        ...                      gradients={"fc": grad, "out": grad}, images={"fc": torch.zeros(1, 2, 2)}))
+        >>> sorted(flow.last_pictures)  # no zeros anywhere and one gradient norm, 2.0: nothing to show there
+        ['flow/activation_std']
     """
 
     def __init__(self, update_ratio: bool = False, image_steps: Callable[[int], bool] | None = None) -> None:
@@ -234,7 +367,9 @@ class FlowHistory:
         image_step = bool(results.images) or any(not tag.startswith("flow/") for tag in results.pictures)
         image_step = image_step or (self.image_steps is not None and self.image_steps(results.step))
         if image_step and self.steps:
-            self.last_pictures = {FLOW.format(statistic=name): self.picture(name) for name in self._statistics() if self.rows[name]}
+            self.last_pictures = {FLOW.format(statistic=name): draw_flow(name, self.rows[name], self.steps, values)
+                                  for name in self._statistics() if self.rows[name]
+                                  for values in [self.values(name)] if has_something_to_show(values)}
             results.pictures.update(self.last_pictures)
 
     def picture(self, name: str) -> torch.Tensor:

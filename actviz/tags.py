@@ -7,6 +7,10 @@ step (:mod:`actviz.transformer_step`, :mod:`actviz.probe`, :mod:`actviz.flow`, .
 from the pattern constants below; :data:`ROWS` documents them, and the tables of README.md
 (``readme=True`` rows) and docs/how-it-works.md are :func:`markdown_table` of it (a test checks).
 
+In TensorBoard, actviz's scalars, histograms and images are under :data:`TENSORBOARD_PREFIX` + tag
+(``~activations/features.0``; :func:`tensorboard_tag`), so that TensorBoard's default tab shows the
+user's own tags (``loss``, ``train/loss``) first; the tag tables show those names.
+
 :func:`step_items` turns a :class:`~actviz.output.results.StepResults` into ``(kind, tag, value)``
 items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.output.results.Summary` for ``"histogram"``,
 a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"`` (a heat map is a
@@ -19,8 +23,10 @@ Example:
     >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])})
     >>> [(kind, tag) for kind, tag, value in step_items(results)]
     [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm'), ('scalar', 'gradient_stats/fc/nonfinite')]
-    >>> pattern_of("gradient_stats/fc/norm"), pattern_of("my/own/tag")
-    ('gradient_stats/{layer}/norm', None)
+    >>> pattern_of("gradient_stats/fc/norm"), pattern_of("~gradient_stats/fc/norm"), pattern_of("my/own/tag")
+    ('gradient_stats/{layer}/norm', 'gradient_stats/{layer}/norm', None)
+    >>> tensorboard_tag("scalar", "gradient_stats/fc/norm"), tensorboard_tag("text", "alerts")
+    ('~gradient_stats/fc/norm', 'alerts')
 """
 
 from __future__ import annotations
@@ -32,10 +38,21 @@ from typing import Any
 
 from .output.results import StepResults
 
-__all__ = ["KINDS", "PATTERNS", "ROWS", "Item", "Row", "markdown_table", "pattern_of", "step_items"]
+__all__ = [
+    "KINDS", "PATTERNS", "ROWS", "TENSORBOARD_PREFIX", "Item", "Row", "markdown_table", "pattern_of", "step_items",
+    "tensorboard_tag",
+]
 
 #: What a tagged value is, in the order TensorBoard's tabs show them.
 KINDS = ("image", "histogram", "scalar", "text")
+
+#: What TensorBoard holds actviz's scalars, histograms and images under, before the tag. TensorBoard's default
+#: tab, Time Series, shows those three kinds in one group per first part of a tag (``train`` of ``train/loss``),
+#: groups in name order, and opens only the first two (TensorBoard 2.21, ``metrics_reducers.ts``). ``~`` sorts
+#: after letters, digits and ``_``: the user's own groups come first, open; actviz's follow, closed. Texts are
+#: not in Time Series and keep their tags.
+TENSORBOARD_PREFIX = "~"
+_TAB_KINDS = {"Images": "image", "Histograms": "histogram", "Scalars": "scalar", "Text": "text"}
 
 FEATURE_MAPS = "feature_maps/{layer}"
 ACTIVATIONS = "activations/{layer}"
@@ -117,8 +134,16 @@ _MATCHERS = [(re.compile(re.sub(r"\\{\w+\\}", ".+", re.escape(pattern)) + "$"), 
 
 
 def pattern_of(tag: str) -> str | None:
-    """The pattern of :data:`PATTERNS` that ``tag`` is written under, or ``None``: not an actviz tag."""
+    """The pattern of :data:`PATTERNS` that ``tag`` (or TensorBoard's name of it) is written under, or ``None``:
+    not an actviz tag."""
+    tag = tag.removeprefix(TENSORBOARD_PREFIX)
     return next((pattern for matcher, pattern in _MATCHERS if matcher.match(tag)), None)
+
+
+def tensorboard_tag(kind: str, tag: str) -> str:
+    """The name TensorBoard holds ``tag`` of ``kind`` (one of :data:`KINDS`) under: :data:`TENSORBOARD_PREFIX` + tag,
+    but for texts."""
+    return tag if kind == "text" else TENSORBOARD_PREFIX + tag
 
 
 def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[Item]:
@@ -174,7 +199,7 @@ def _scalars(shown: set[str] | None, scalars: dict[str, float]) -> Iterator[Item
 
 
 def markdown_table(rows: tuple[Row, ...] = ROWS) -> str:
-    """The Markdown table of ``rows``: tab (once per group), tags, meaning.
+    """The Markdown table of ``rows``: tab (once per group), tags as TensorBoard shows them, meaning.
 
     A tag that shares all but its last part with the row's first is written as ``/last``.
 
@@ -182,15 +207,16 @@ def markdown_table(rows: tuple[Row, ...] = ROWS) -> str:
         >>> print(markdown_table((Row("Scalars", ("a/{layer}/mean", "a/{layer}/std"), "moments"),)))
         | TensorBoard tab | tag | what it is |
         |---|---|---|
-        | Scalars | `a/{layer}/mean`, `/std` | moments |
+        | Scalars | `~a/{layer}/mean`, `/std` | moments |
     """
     lines = ["| TensorBoard tab | tag | what it is |", "|---|---|---|"]
     tab = None
     for row in rows:
-        first = row.tags[0].rsplit("/", 1)[0]
-        tags = [f"`{row.tags[0]}`"] + [
+        shown = [tensorboard_tag(_TAB_KINDS[row.tab], tag) for tag in row.tags]
+        first = shown[0].rsplit("/", 1)[0]
+        tags = [f"`{shown[0]}`"] + [
             f"`/{tag.rsplit('/', 1)[1]}`" if tag.rsplit("/", 1)[0] == first and "/" in tag else f"`{tag}`"
-            for tag in row.tags[1:]
+            for tag in shown[1:]
         ]
         shown_tab = f" {row.tab} " if row.tab != tab else " "
         lines.append(f"|{shown_tab}| {', '.join(tags)} | {row.meaning} |")

@@ -40,18 +40,19 @@ CHROMIUM_FLAGS = [
     "--disable-component-update", "--no-first-run",
 ]
 MAX_BYTES = 300_000
-# (dashboard, tag filter, element that shows the data has loaded, settle time in ms, file)
+# (dashboard, tag filter on TensorBoard's names (actviz's start with "~"), element that shows the data has
+# loaded, settle time in ms, file)
 SHOTS = [
     # the conv layers' feature maps of the probe image, at the last logged step
     ("images", r"feature_maps/(0|4|8)$", "tf-image-loader:visible img", 1500, "images_dashboard.png"),
     # the probe image and Grad-CAM of the last conv over it
-    ("images", r"^(probe/input|gradcam/8)$", "tf-image-loader:visible img", 1500, "probe_gradcam.png"),
+    ("images", r"^~(probe/input|gradcam/8)$", "tf-image-loader:visible img", 1500, "probe_gradcam.png"),
     # one chart per statistic, every layer on it
     ("custom_scalars", None, "tf-custom-scalar-multi-line-chart-card:visible", 3500, "custom_scalars.png"),
     # gradients flowing back into each watched layer, over steps
-    ("histograms", r"^gradients/(0|4|8|13)$", "vz-histogram-timeseries:visible", 2500, "histograms_dashboard.png"),
+    ("histograms", r"^~gradients/(0|4|8|13)$", "vz-histogram-timeseries:visible", 2500, "histograms_dashboard.png"),
     # per-layer gradient norms, one chart per layer
-    ("scalars", r"^gradient_stats/(0|4|8|13)/norm$", "tf-scalar-card:visible", 2500, "scalars_chart.png"),
+    ("scalars", r"^~gradient_stats/(0|4|8|13)/norm$", "tf-scalar-card:visible", 2500, "scalars_chart.png"),
 ]
 TIMEOUT_MS = 60_000
 

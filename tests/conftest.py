@@ -13,38 +13,63 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from actviz.tags import TENSORBOARD_PREFIX, pattern_of
+
 DATA_DIR = Path(__file__).parent / "data"
 
 pytest_plugins = ["quick_lane"]  # pytest --quick: all but the slow tests (tests/quick_lane.py)
 
 
 class Run:
-    """Everything a run folder holds, read with TensorBoard's own EventAccumulator."""
+    """Everything a run folder holds, read with TensorBoard's own EventAccumulator.
+
+    Tags are actviz's names (``activations/0``). TensorBoard holds actviz's scalars, histograms and
+    images under ``~`` + name (:func:`actviz.tags.tensorboard_tag`); this reads them by actviz's name,
+    and fails on a run where one of actviz's tags lacks the ``~`` (test_tags.py and
+    test_tensorboard_server.py check TensorBoard's own names). Other tags (a user's ``loss``, the texts)
+    are read as they are; ``events`` is the accumulator itself, by TensorBoard's names.
+    """
 
     def __init__(self, log_dir: str | Path) -> None:
         self.events = EventAccumulator(str(log_dir), size_guidance={"images": 0, "histograms": 0, "scalars": 0})
         self.events.Reload()
         tags = self.events.Tags()
-        self.image_tags = set(tags["images"])
-        self.histogram_tags = set(tags["histograms"])
-        self.scalar_tags = set(tags["scalars"])
+        self._tensorboard_tags: dict[str, str] = {}  # actviz's name -> TensorBoard's
+        for kind in ("images", "histograms", "scalars"):
+            for tag in tags[kind]:
+                name = tag.removeprefix(TENSORBOARD_PREFIX)
+                assert name != tag or pattern_of(tag) is None, f"actviz's {kind} tag {tag!r} is written without '~'"
+                self._tensorboard_tags[name] = tag
+        self.image_tags = {tag.removeprefix(TENSORBOARD_PREFIX) for tag in tags["images"]}
+        self.histogram_tags = {tag.removeprefix(TENSORBOARD_PREFIX) for tag in tags["histograms"]}
+        self.scalar_tags = {tag.removeprefix(TENSORBOARD_PREFIX) for tag in tags["scalars"]}
+
+    def tensorboard_tag(self, tag: str) -> str:
+        """TensorBoard's name of ``tag`` in this run (``tag`` itself when the run lacks it)."""
+        return self._tensorboard_tags.get(tag, tag)
+
+    def histogram_events(self, tag: str) -> list:
+        return self.events.Histograms(self.tensorboard_tag(tag))
 
     def histogram_steps(self, tag: str) -> list[int]:
-        return [event.step for event in self.events.Histograms(tag)]
+        return [event.step for event in self.histogram_events(tag)]
 
     def histogram(self, tag: str, step: int):
-        (value,) = [event.histogram_value for event in self.events.Histograms(tag) if event.step == step]
+        (value,) = [event.histogram_value for event in self.histogram_events(tag) if event.step == step]
         return value
 
+    def scalar_events(self, tag: str) -> list:
+        return self.events.Scalars(self.tensorboard_tag(tag))
+
     def scalar(self, tag: str, step: int) -> float:
-        (value,) = [event.value for event in self.events.Scalars(tag) if event.step == step]
+        (value,) = [event.value for event in self.scalar_events(tag) if event.step == step]
         return value
 
     def image_steps(self, tag: str) -> list[int]:
-        return [event.step for event in self.events.Images(tag)]
+        return [event.step for event in self.events.Images(self.tensorboard_tag(tag))]
 
     def image(self, tag: str, step: int) -> np.ndarray:
-        (event,) = [event for event in self.events.Images(tag) if event.step == step]
+        (event,) = [event for event in self.events.Images(self.tensorboard_tag(tag)) if event.step == step]
         image = Image.open(io.BytesIO(event.encoded_image_string))
         array = np.asarray(image.convert("RGB") if image.mode == "P" else image)  # a heat map: palette indices
         assert array.shape[:2] == (event.height, event.width)

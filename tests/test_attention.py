@@ -225,7 +225,7 @@ def test_every_tag_on_four_transformers(kind, read_run):
     run = read_run(log_dir)
     for layer in attention_layers:
         for name in ATTENTION_SCALARS:
-            assert [e.step for e in run.events.Scalars(f"attention/{layer}/{name}")] == [0, 2], (layer, name)
+            assert [e.step for e in run.scalar_events(f"attention/{layer}/{name}")] == [0, 2], (layer, name)
         assert run.histogram_steps(f"attention/{layer}/head_max_logit") == [0, 2]
         assert 0 < run.scalar(f"attention/{layer}/entropy_min", 0) <= run.scalar(f"attention/{layer}/entropy_mean", 0)
     assert not [t for t in run.scalar_tags if t.startswith("attention/") and t.split("/")[1] not in attention_layers]
@@ -409,7 +409,7 @@ def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read
     messages = [str(w.message) for w in caught if "transformer statistics failed" in str(w.message)]
     assert len(messages) == 1 and "broken on purpose" in messages[0]
     run = read_run(log_dir)
-    assert [e.step for e in run.events.Scalars("attention/0.layers.0.self_attn/max_logit")] == [0, 1]
+    assert [e.step for e in run.scalar_events("attention/0.layers.0.self_attn/max_logit")] == [0, 1]
     assert "activation_stats/1/mean" in run.scalar_tags and "activation_stats/1/max_abs" not in run.scalar_tags
 
 

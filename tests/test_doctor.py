@@ -104,6 +104,24 @@ def test_no_actviz_run_exits_2(tmp_path, capsys):
     assert main(["doctor", str(tmp_path)]) == 2
 
 
+def test_a_run_written_before_the_tilde_is_read_too(tmp_path, capsys):
+    """Runs written before actviz put "~" before its TensorBoard tags: the same statistics, by their bare names."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(tmp_path / "old") as writer:
+        for step, norm in enumerate([0.5, 0.25]):
+            writer.add_scalar("gradient_stats/fc/norm", norm, step)
+            writer.add_scalar("activation_stats/fc/std", 2.0, step)
+    with SummaryWriter(tmp_path / "new") as writer:
+        writer.add_scalar("~gradient_stats/fc/norm", 0.125, 0)
+        writer.add_scalar("~activation_stats/fc/std", 4.0, 0)
+    assert main(["doctor", "--json", str(tmp_path)]) == 0
+    runs = {Path(run["path"]).name: run for run in json.loads(capsys.readouterr().out)["runs"]}
+    (old,), (new,) = runs["old"]["layers"], runs["new"]["layers"]
+    assert (old["layer"], old["gradient_norm"], old["activation_std"]) == ("fc", 0.25, 2.0)
+    assert (new["layer"], new["gradient_norm"], new["activation_std"]) == ("fc", 0.125, 4.0)
+
+
 def test_the_command_runs_as_a_program_and_its_help_teaches(tmp_path):
     train(tmp_path, sick_cnn())
     done = subprocess.run([sys.executable, "-m", "actviz", "doctor", str(tmp_path)], capture_output=True, text=True, check=False,

@@ -12,13 +12,18 @@ from torch import nn
 
 import actviz
 from actviz.flow import (
+    CARD_IMAGE_BOX,
+    MIN_TEXT_PX,
     MISSING_COLOUR,
     NAN_COLOUR,
     PALETTE,
+    FlowHistory,
     colour_bar_range,
     draw_flow,
     flow_layout,
+    has_something_to_show,
 )
+from actviz.output.results import StepResults, Summary
 
 FORWARD_ORDER = ["stem", "body", "head"]
 
@@ -100,7 +105,8 @@ def test_colour_bar_has_a_tick_at_every_decade_of_the_logged_range(tmp_path, rea
     low, high = colour_bar_range(logged)
     assert low == math.floor(math.log10(logged.min())) and high == math.ceil(math.log10(logged.max()))
     height = layout.rows * layout.cell_height
-    every = max(1, math.ceil(12 * (high - low) / height))
+    spacing = layout.text_height + 4 * layout.font_size / 10  # a label's digits and a gap of 4 tenths of the font
+    every = max(1, math.ceil(spacing * (high - low) / height))
     for decade in range(high, low - 1, -every):
         y = round(layout.top + (high - decade) / (high - low) * (height - 1))
         assert tuple(image[y, layout.bar_left + layout.bar_width + 1][:3]) == (0, 0, 0), decade
@@ -122,8 +128,13 @@ def test_each_write_carries_the_whole_history_and_nan_has_its_own_colour(tmp_pat
 
 def test_flow_tags_by_default_and_update_ratio_when_asked(tmp_path, read_run):
     run(tmp_path / "default", Net())
+    # the Linear layers' outputs have no exact zero: flow/zero_fraction would be one colour, and is not written
     assert {tag for tag in read_run(tmp_path / "default").image_tags if tag.startswith("flow/")} == {
-        "flow/gradient_norm", "flow/activation_std", "flow/zero_fraction"}
+        "flow/gradient_norm", "flow/activation_std"}
+    relu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    run(tmp_path / "relu", relu, layers="all")  # a ReLU zeroes about half its inputs: now there is something to show
+    events = read_run(tmp_path / "relu")
+    assert "flow/zero_fraction" in events.image_tags and 0.2 < events.scalar("activation_stats/1/zero_fraction", 10) < 0.8
     run(tmp_path / "ratio", Net(), update_ratio=True)
     events = read_run(tmp_path / "ratio")
     assert "flow/update_ratio" in events.image_tags
@@ -155,8 +166,7 @@ def test_layout_fits_every_size(rows, columns):
 
 
 def test_history_keeps_at_most_max_columns_evenly_and_the_last():
-    from actviz.flow import MAX_COLUMNS, FlowHistory
-    from actviz.output.results import StepResults, Summary
+    from actviz.flow import MAX_COLUMNS
 
     flow = FlowHistory()
     for step in range(MAX_COLUMNS + 1):
@@ -180,3 +190,107 @@ def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run)
                 optimizer.step()
     assert [(alert.step, alert.rule, alert.layer) for alert in viz.alerts] == [(2, "vanishing_gradients", "stem")]
     assert read_run(tmp_path).image_steps("flow/gradient_norm") == [0, 5]
+
+
+# -- legible on a Time Series card, and nothing drawn when there is nothing to show -----------------
+
+
+def dark_runs(region: np.ndarray) -> list[tuple[int, int]]:
+    """``(first row, rows)`` of each band of consecutive pixel rows of ``region`` (H, W, 3) with dark ink in them."""
+    inked = (region.min(axis=2) < 128).any(axis=1)
+    runs, start = [], None
+    for y, dark in enumerate([*inked, False]):
+        if dark and start is None:
+            start = y
+        elif not dark and start is not None:
+            runs.append((start, y - start))
+            start = None
+    return runs
+
+
+@pytest.mark.parametrize("rows, columns, name", [
+    (4, 12, "conv{}"), (14, 50, "{}"), (3, 1024, "{}"), (1, 1, "fc"), (60, 200, "layer{}.0.conv2"),
+    (200, 500, "encoder.layers.{}.self_attn.out_proj"),
+])
+def test_digits_are_at_least_10_px_tall_on_a_time_series_card(rows, columns, name):
+    """The card scales the picture whole into CARD_IMAGE_BOX (301 x 215 px at least). Measured on the picture: the
+    ink of each colour-bar label ("1e0", "1e-4": digits only) and of each row label, times that scale."""
+    names = [name.format(row) for row in range(rows)]
+    rng = np.random.default_rng(0)
+    values = 10 ** rng.uniform(-4, 0, size=(rows, columns))
+    picture = draw_flow("gradient_norm", names, list(range(0, 20 * columns, 20)), values).permute(1, 2, 0).numpy()
+    height, width = picture.shape[:2]
+    scale = min(CARD_IMAGE_BOX[0] / width, CARD_IMAGE_BOX[1] / height)  # object-fit: contain
+    layout = flow_layout(names, columns)
+    assert (layout.width, layout.height) == (width, height) and layout.card_scale == pytest.approx(scale)
+    unit = layout.font_size / 10
+    title_end = math.ceil(2 * unit + layout.line_height)  # the title's line, drawn 2 units down
+    labels_end = layout.top + rows * layout.cell_height + math.ceil(layout.line_height / 2)
+    assert picture[title_end:math.floor(layout.top - layout.line_height / 2)].min() > 128  # a blank gap below it
+    tick_end = layout.bar_left + layout.bar_width + round(3 * unit)
+    bar_labels = dark_runs(picture[title_end:labels_end, tick_end + 1:])
+    row_labels = dark_runs(picture[title_end:labels_end, :layout.left - 1])
+    assert len(bar_labels) >= 2 and len(row_labels) == math.ceil(rows / layout.label_every)
+    for runs, what in ((bar_labels, "colour bar label"), (row_labels, "row label")):
+        shortest = min(height for _, height in runs)
+        assert shortest * scale >= MIN_TEXT_PX, (what, shortest, scale)
+    assert min(height for _, height in bar_labels) >= layout.text_height  # what the layout promises
+    # nothing is cut off at the right edge: the title, the last step and the decades fit
+    assert picture[:, -2:].min() > 128
+
+
+@pytest.mark.parametrize("rows, columns", [(4, 12), (14, 50), (3, 1024)])
+def test_the_font_is_the_smallest_that_makes_10_px(rows, columns):
+    """Text no larger than it must be: one pixel smaller, the same grid's digits would be under 10 px on the card."""
+    from actviz.flow import _layout_at
+
+    names = [f"layer{i}" for i in range(rows)]
+    layout = flow_layout(names, columns)
+    assert layout.text_height * layout.card_scale >= MIN_TEXT_PX
+    one_less = _layout_at(names, columns, layout.cell_width, layout.cell_height, layout.font_size - 1)
+    assert one_less.text_height * one_less.card_scale < MIN_TEXT_PX
+
+
+def test_has_something_to_show_by_hand():
+    zeros, constant = np.zeros((3, 5)), np.full((2, 4), 0.25)
+    assert not has_something_to_show(zeros) and not has_something_to_show(constant)
+    assert not has_something_to_show(np.array([[0.25, -np.inf], [-np.inf, 0.25]]))  # missing cells show nothing
+    assert not has_something_to_show(np.full((2, 2), -np.inf))
+    assert has_something_to_show(np.array([[0.0, 0.0], [0.0, 1e-6]]))  # one zero fraction above 0
+    assert has_something_to_show(np.array([[0.5, np.nan]]))  # a NaN is magenta
+    assert has_something_to_show(np.array([[0.0, 1.0]]))
+
+
+def summary_of(values: list[float]) -> Summary:
+    """The summary of a 1-D tensor of ``values``, counted by hand: num, nonfinite, zeros, min, max, sum, sum of squares."""
+    return Summary(len(values), 0, sum(value == 0 for value in values), min(values), max(values), sum(values),
+                   sum(value * value for value in values), [float(len(values))])
+
+
+def test_a_statistic_with_nothing_to_show_is_not_drawn_until_it_has():
+    flow = FlowHistory()
+    picture = {"fc": torch.zeros(1, 2, 2)}  # an image step
+    healthy = {"fc": summary_of([1.0, -2.0, 3.0]), "out": summary_of([0.5, 0.25])}  # no zeros anywhere
+    flow.add(StepResults(0, activations=healthy, gradients=healthy, images=picture))
+    # zero fraction 0 everywhere: no picture; std and norm differ between the layers: pictures
+    assert sorted(flow.last_pictures) == ["flow/activation_std", "flow/gradient_norm"]
+    flow.add(StepResults(1, activations=healthy, gradients=healthy, images=picture))
+    assert "flow/zero_fraction" not in flow.last_pictures
+    dying = {"fc": summary_of([0.0, 0.0, 3.0]), "out": summary_of([0.5, 0.25])}  # fc: 2 of 3 zero
+    flow.add(StepResults(2, activations=dying, gradients=healthy, images=picture))
+    assert flow.values("zero_fraction").tolist() == [[0.0, 0.0, 2 / 3], [0.0, 0.0, 0.0]]
+    assert sorted(flow.last_pictures) == ["flow/activation_std", "flow/gradient_norm", "flow/zero_fraction"]
+    layout = flow_layout(["fc", "out"], 3)
+    drawn = flow.last_pictures["flow/zero_fraction"].permute(1, 2, 0).numpy()
+    assert drawn.shape[:2] == (layout.height, layout.width)
+    assert colour_bar_range(flow.values("zero_fraction")) == (-1, 0)  # 2/3 within 1e-1 .. 1e0
+    assert tuple(drawn[layout.cell_centre(0, 2)]) == tuple(PALETTE[round(255 * (math.log10(2 / 3) + 1))])  # 210
+    assert tuple(drawn[layout.cell_centre(1, 2)]) == tuple(PALETTE[0])  # zero: the darkest colour
+
+
+def test_one_gradient_norm_everywhere_is_not_drawn():
+    flow = FlowHistory()
+    same = {"a": summary_of([3.0, 4.0]), "b": summary_of([-4.0, 3.0])}  # both norms 5, by hand
+    flow.add(StepResults(0, activations=same, gradients=same, images={"a": torch.zeros(1, 2, 2)}))
+    assert flow.values("gradient_norm").tolist() == [[5.0], [5.0]]
+    assert "flow/gradient_norm" not in flow.last_pictures and "flow/activation_std" in flow.last_pictures

@@ -358,7 +358,7 @@ COMPILE_RUN = """
                 optimizer.step()
             viz.close()
             events = EventAccumulator(log_dir, size_guidance={{"histograms": 0}}); events.Reload()
-            steps = [event.step for event in events.Histograms("activations/0")]
+            steps = [event.step for event in events.Histograms("~activations/0")]
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             results.append((graphs, steps, viz.step))
     print(results)

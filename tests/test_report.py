@@ -261,15 +261,15 @@ def test_report_writes_tensorboard_runs_and_html(
         assert item.run_dir == tmp_path / "tb" / model / path.stem
         events = _events(item.run_dir)
         tags = events.Tags()
-        assert sorted(tags["images"]) == sorted(["input"] + [f"feature_maps/{name}" for name in convs])
-        assert sorted(tags["histograms"]) == sorted(f"activations/{name}" for name in convs)
+        assert sorted(tags["images"]) == sorted(["~input"] + [f"~feature_maps/{name}" for name in convs])
+        assert sorted(tags["histograms"]) == sorted(f"~activations/{name}" for name in convs)
         assert "predictions/text_summary" not in tags["tensors"]  # random weights: no class names
-        (input_event,) = events.Images("input")
+        (input_event,) = events.Images("~input")
         assert (input_event.step, input_event.width, input_event.height) == (0, SIZE, SIZE)
-        first = events.Images(f"feature_maps/{convs[0]}")[0]
+        first = events.Images(f"~feature_maps/{convs[0]}")[0]
         assert (first.height, first.width) == first_grid
         for record in item.layers:
-            (event,) = events.Images(f"feature_maps/{record.name}")
+            (event,) = events.Images(f"~feature_maps/{record.name}")
             assert (event.height, event.width) == tuple(record.grid.shape[1:])
             assert np.array_equal(_png(event.encoded_image_string), record.grid[0].numpy())
 
@@ -286,12 +286,12 @@ def test_report_grid_is_the_watchers_rendering_of_the_conv_output(tmp_path: Path
         conv_out = net.features[0](x)
     actviz.report("alexnet", [CAT], logdir=tmp_path, layers="features.0", size=SIZE, progress=False)
     events = _events(tmp_path / "alexnet" / "chelsea")
-    (image,) = events.Images("feature_maps/features.0")
+    (image,) = events.Images("~feature_maps/features.0")
     assert np.array_equal(_png(image.encoded_image_string), feature_map_grid(conv_out[0])[0].numpy())
-    (mean,) = events.Scalars("activation_stats/features.0/mean")
+    (mean,) = events.Scalars("~activation_stats/features.0/mean")
     assert mean.value == pytest.approx(conv_out.mean().item(), abs=1e-5)
     assert (conv_out == 0).sum() == 0  # a conv output without exact zeros: zero_fraction is written once not zero
-    assert "activation_stats/features.0/zero_fraction" not in events.Tags()["scalars"]
+    assert "~activation_stats/features.0/zero_fraction" not in events.Tags()["scalars"]
 
 
 def test_pretrained_style_state_dict_gets_top5_in_tensorboard_and_html(tmp_path: Path) -> None:
@@ -392,7 +392,7 @@ def test_two_models_get_their_own_runs_and_say_which_they_are(tmp_path: Path) ->
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*")) == ["alexnet/chelsea", "vgg11/chelsea"]
     for model in ("alexnet", "vgg11"):
         events = _events(tmp_path / model / "chelsea")
-        assert events.Tags()["images"] == ["feature_maps/features.0", "input"]  # one model's tags, not two
+        assert events.Tags()["images"] == ["~feature_maps/features.0", "~input"]  # one model's tags, not two
         assert _text(tmp_path / model / "chelsea", "image").startswith(
             f"`{CAT}` (451×300), model `{model}`, weights none")
 

@@ -62,12 +62,12 @@ def test_a_sink_beside_tensorboard_gets_the_numbers_tensorboard_writes(tmp_path,
 
     written = 0
     for tag in run.scalar_tags:
-        for event in run.events.Scalars(tag):
+        for event in run.scalar_events(tag):
             kind, value = sink.items[(event.step, tag)]
             assert kind == "scalar" and same_float32(event.value, value), (tag, event.step, event.value, value)
             written += 1
     for tag in run.histogram_tags:
-        for event in run.events.Histograms(tag):
+        for event in run.histogram_events(tag):
             kind, summary = sink.items[(event.step, tag)]
             histogram = event.histogram_value
             limits, counts = summary.histogram()
@@ -85,8 +85,8 @@ def test_a_sink_beside_tensorboard_gets_the_numbers_tensorboard_writes(tmp_path,
     assert written > 100
     # What the sink got and TensorBoard did not: only zero counts TensorBoard leaves out until they are not zero.
     on_tensorboard = {(step, tag) for tag in run.image_tags for step in run.image_steps(tag)}
-    on_tensorboard |= {(event.step, tag) for tag in run.scalar_tags for event in run.events.Scalars(tag)}
-    on_tensorboard |= {(event.step, tag) for tag in run.histogram_tags for event in run.events.Histograms(tag)}
+    on_tensorboard |= {(event.step, tag) for tag in run.scalar_tags for event in run.scalar_events(tag)}
+    on_tensorboard |= {(event.step, tag) for tag in run.histogram_tags for event in run.histogram_events(tag)}
     on_tensorboard |= {(event.step, tag) for tag in run.events.Tags()["tensors"] for event in run.events.Tensors(tag)}
     left_out = {key for key in sink.items if key not in on_tensorboard}
     assert left_out and all(tag.rsplit("/", 1)[1] in ONCE_NOT_ZERO and sink.items[(step, tag)][1] == 0

@@ -128,18 +128,19 @@ def test_strict_raises_a_failing_write_in_the_training_thread(tmp_path):
 
 
 def _write_with_public_methods(writer: SummaryWriter, results: StepResults) -> None:
-    """What SummaryWriter's own methods write for one step: the reference for the sink's one event."""
+    """What SummaryWriter's own methods write for one step: the reference for the sink's one event (TensorBoard's
+    names of actviz's tags start with "~")."""
     for tag, summary in results.activations.items():
         limits, counts = summary.histogram()
         writer.add_histogram_raw(
-            f"activations/{tag}", min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
+            f"~activations/{tag}", min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
             sum_squares=summary.sum_squares, bucket_limits=limits, bucket_counts=counts, global_step=results.step,
         )
         for name in ("mean", "std", "zero_fraction", "nonfinite"):
             if name in ("mean", "std") or getattr(summary, name) != 0:  # the last two only once not zero
-                writer.add_scalar(f"activation_stats/{tag}/{name}", getattr(summary, name), results.step)
+                writer.add_scalar(f"~activation_stats/{tag}/{name}", getattr(summary, name), results.step)
     for tag, image in results.images.items():
-        writer.add_image(f"feature_maps/{tag}", image, results.step, dataformats="CHW")
+        writer.add_image(f"~feature_maps/{tag}", image, results.step, dataformats="CHW")
 
 
 def test_a_step_is_one_event_with_the_values_summarywriters_methods_write(tmp_path, read_run):

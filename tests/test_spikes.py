@@ -53,7 +53,7 @@ def test_a_loss_x1000_gives_a_spike_alert_at_that_step_and_full_logs_after(tmp_p
         for layer in LAYERS:
             assert run.scalar(f"spikes/gradient_norm/{layer}", step) == pytest.approx(
                 norms[step][layer], rel=1e-5)
-    assert [e.step for e in run.events.Scalars("spikes/gradient_norm/0")] == list(range(SPIKE - RING + 1, SPIKE + 1))
+    assert [e.step for e in run.scalar_events("spikes/gradient_norm/0")] == list(range(SPIKE - RING + 1, SPIKE + 1))
     # the layers, ranked by their own z-scores over the ring's earlier steps
     z = {}
     for layer in LAYERS:

@@ -35,16 +35,22 @@ def patterns_of_table(table: str) -> list[str]:
     return found
 
 
+def shown(row) -> list[str]:
+    """The tags of ``row`` as TensorBoard names them: after "~", but for the Text tab's."""
+    return list(row.tags) if row.tab == "Text" else ["~" + tag for tag in row.tags]
+
+
 def test_the_readme_tag_table_is_the_vocabularys_readme_rows():
     table = table_in(ROOT / "README.md", "## What you see")
     expected = markdown_table(tuple(row for row in ROWS if row.readme))
-    assert patterns_of_table(table) == [tag for row in ROWS if row.readme for tag in row.tags]
+    assert patterns_of_table(table) == [tag for row in ROWS if row.readme for tag in shown(row)]
     assert table == expected, f"README.md's tag table: replace it with actviz.tags.markdown_table(readme rows):\n{expected}"
 
 
 def test_the_how_it_works_tag_table_is_every_tag():
     table = table_in(ROOT / "docs" / "how-it-works.md", "## Every tag")
-    assert patterns_of_table(table) == list(PATTERNS)
+    assert patterns_of_table(table) == [tag for row in ROWS for tag in shown(row)]
+    assert [pattern_of(tag.replace("{", "").replace("}", "")) for tag in patterns_of_table(table)] == list(PATTERNS)
     assert table == markdown_table(), f"docs/how-it-works.md's tag table: replace it with:\n{markdown_table()}"
 
 
@@ -52,6 +58,7 @@ def test_the_table_reader_reads_a_wrong_table():
     table = "| TensorBoard tab | tag | what it is |\n|---|---|---|\n| Scalars | `a/{layer}/x`, `/y`, `b/z` | m |"
     assert patterns_of_table(table) == ["a/{layer}/x", "a/{layer}/y", "b/z"]
     assert pattern_of("a/conv/x") is None and pattern_of("activations/lstm/1.0") == "activations/{layer}"
+    assert pattern_of("~activations/lstm/1.0") == "activations/{layer}" and pattern_of("~~activations/x") is None
 
 
 def all_tags(run: Run) -> set[str]:
@@ -93,3 +100,19 @@ def test_every_tag_written_is_in_the_vocabulary(written):
 
 def test_every_pattern_of_the_vocabulary_is_written(written):
     assert set(PATTERNS) - {pattern_of(tag) for tag in written} == set()
+
+
+def test_tensorboard_holds_actvizs_scalars_histograms_and_images_after_a_tilde(tmp_path):
+    """Read without conftest's Run, which maps the names: TensorBoard's own tags, as its dashboards list them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = small_cnn()
+    with actviz.watch(model, tmp_path, every=1):
+        model(torch.randn(2, 3, 8, 8)).square().mean().backward()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    tags = events.Tags()
+    assert "~activations/0" in tags["histograms"] and "~gradient_stats/0/norm" in tags["scalars"]
+    assert "~feature_maps/0" in tags["images"] and "layers" in tags["tensors"]
+    for kind in ("images", "histograms", "scalars"):
+        assert tags[kind] and all(tag.startswith("~") and pattern_of(tag) for tag in tags[kind]), (kind, tags[kind])

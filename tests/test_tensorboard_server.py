@@ -2,7 +2,11 @@
 
 One small CNN run is written once per module and served by one TensorBoard
 process; the HTTP data API tests and the browser test share it. Everything the
-run should show is computed here by hand from the model's shapes.
+run should show is computed here by hand from the model's shapes. Tags here are
+TensorBoard's: actviz's scalars, histograms and images after a ``~``.
+
+The Time Series tests serve a run of their own each, with the user's loss beside
+actviz's tags, and measure the page at a laptop's 1366 x 768.
 """
 
 from __future__ import annotations
@@ -165,7 +169,7 @@ class TensorBoard:
             if images_served:
                 tags = EXPECTED_TAGS["images"]
                 return all(max((e["step"] for e in self.image_steps(tag)), default=-1) == STEPS - 1 for tag in tags)
-            histograms = self.json("/data/plugin/histograms/histograms", run=RUN, tag=f"activations/{LAYERS[-1]}")
+            histograms = self.json("/data/plugin/histograms/histograms", run=RUN, tag=f"~activations/{LAYERS[-1]}")
             return histograms[-1][1] == STEPS - 1
 
         try:
@@ -203,14 +207,15 @@ def serving(log_dir: Path, *flags: str, images_served: bool = True) -> Iterator[
         server.stop()
 
 
-FLOW_TAGS = {"flow/gradient_norm", "flow/activation_std", "flow/zero_fraction"}
+#: flow/zero_fraction has nothing to show here (no watched layer has an exact zero): it is not drawn.
+FLOW_TAGS = {"~flow/gradient_norm", "~flow/activation_std"}
 EXPECTED_TAGS = {
-    "images": {f"feature_maps/{layer}" for layer in (*CONV_OUTPUTS, HEATMAP_LAYER)} | FLOW_TAGS,
-    "histograms": {f"{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
-    | {f"{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
+    "images": {f"~feature_maps/{layer}" for layer in (*CONV_OUTPUTS, HEATMAP_LAYER)} | FLOW_TAGS,
+    "histograms": {f"~{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
+    | {f"~{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
     # nonfinite and zero_fraction are written once they are not zero: never, on this healthy run before its ReLUs
-    "scalars": {f"activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std")}
-    | {f"gradient_stats/{layer}/norm" for layer in LAYERS},
+    "scalars": {f"~activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std")}
+    | {f"~gradient_stats/{layer}/norm" for layer in LAYERS},
 }
 
 
@@ -245,7 +250,7 @@ def test_every_tag_is_served_by_its_dashboard(tensorboard: TensorBoard, plugin: 
 
 @pytest.mark.parametrize("layer", [*CONV_OUTPUTS, HEATMAP_LAYER])
 def test_feature_map_endpoint_returns_a_png_of_the_expected_size(tensorboard: TensorBoard, layer: str) -> None:
-    entries = tensorboard.image_steps(f"feature_maps/{layer}")
+    entries = tensorboard.image_steps(f"~feature_maps/{layer}")
     data = tensorboard.get(f"/data/plugin/images/individualImage?{entries[-1]['query']}")
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     with Image.open(io.BytesIO(data)) as image:
@@ -257,14 +262,14 @@ def test_feature_map_endpoint_returns_a_png_of_the_expected_size(tensorboard: Te
 
 
 def test_histograms_have_every_step(tensorboard: TensorBoard) -> None:
-    events = tensorboard.json("/data/plugin/histograms/histograms", run=RUN, tag="gradients/conv1")
+    events = tensorboard.json("/data/plugin/histograms/histograms", run=RUN, tag="~gradients/conv1")
     assert [step for _, step, _ in events] == list(range(STEPS))
     _, _, buckets = events[-1]
     assert sum(count for _, _, count in buckets) > 0
 
 
 def test_scalars_have_every_step(tensorboard: TensorBoard) -> None:
-    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="activation_stats/conv1/std")
+    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="~activation_stats/conv1/std")
     assert [step for _, step, _ in points] == list(range(STEPS))
     assert all(value > 0.0 for _, _, value in points)
 
@@ -273,20 +278,20 @@ def test_custom_scalars_dashboard_serves_the_layout(tensorboard: TensorBoard) ->
     """The Custom Scalars tab puts every layer's value of one statistic on one chart."""
     layout = tensorboard.json("/data/plugin/custom_scalars/layout")
     charts = {chart["title"]: chart["multiline"]["tag"] for category in layout["category"] for chart in category["chart"]}
-    assert charts["gradient norm"] == [r"^gradient_stats/.*/norm$"]
+    assert charts["gradient norm"] == [r"^~gradient_stats/.*/norm$"]
     served = tensorboard.tags("scalars")
     assert {tag for tag in served if re.match(charts["gradient norm"][0], tag)} == {
-        f"gradient_stats/{layer}/norm" for layer in LAYERS
+        f"~gradient_stats/{layer}/norm" for layer in LAYERS
     }
     data = tensorboard.json("/data/plugin/custom_scalars/scalars", run=RUN, tag=charts["activation std"][0])
     assert data["regex_valid"]
-    assert set(data["tag_to_events"]) == {f"activation_stats/{layer}/std" for layer in LAYERS}
+    assert set(data["tag_to_events"]) == {f"~activation_stats/{layer}/std" for layer in LAYERS}
     assert all(len(events) == STEPS for events in data["tag_to_events"].values())  # a line per layer, every step
 
 
 def test_flow_pictures_carry_every_step_even_when_tensorboard_serves_ten(tensorboard: TensorBoard) -> None:
     """The last flow picture served has one column per logging step: sampling hides no step."""
-    entries = tensorboard.image_steps("flow/gradient_norm")
+    entries = tensorboard.image_steps("~flow/gradient_norm")
     assert len(entries) == TENSORBOARD_DEFAULT_IMAGES and entries[-1]["step"] == STEPS - 1
     png = tensorboard.get(f"/data/plugin/images/individualImage?{entries[-1]['query']}")
     with Image.open(io.BytesIO(png)) as picture:
@@ -296,7 +301,7 @@ def test_flow_pictures_carry_every_step_even_when_tensorboard_serves_ten(tensorb
 
 def test_default_flags_keep_only_ten_images_per_tag(tensorboard: TensorBoard) -> None:
     """TensorBoard samples images per tag: it serves 10 of our 12 steps, always with the last."""
-    steps = [entry["step"] for entry in tensorboard.image_steps("feature_maps/conv1")]
+    steps = [entry["step"] for entry in tensorboard.image_steps("~feature_maps/conv1")]
     assert len(steps) == TENSORBOARD_DEFAULT_IMAGES < STEPS
     assert steps[-1] == STEPS - 1
 
@@ -304,7 +309,7 @@ def test_default_flags_keep_only_ten_images_per_tag(tensorboard: TensorBoard) ->
 def test_samples_per_plugin_flag_serves_every_image_step(log_root: Path) -> None:
     """What the README recommends: ``--samples_per_plugin images=100`` keeps up to 100 per tag."""
     with serving(log_root, "--samples_per_plugin", "images=100") as server:
-        steps = [entry["step"] for entry in server.image_steps("feature_maps/conv1")]
+        steps = [entry["step"] for entry in server.image_steps("~feature_maps/conv1")]
     assert steps == list(range(STEPS))
 
 
@@ -314,7 +319,7 @@ def test_samples_per_plugin_zero_hides_every_image(log_root: Path) -> None:
     If a TensorBoard release makes 0 mean "all", this fails: update the README's advice.
     """
     with serving(log_root, "--samples_per_plugin", "images=0", images_served=False) as server:
-        assert server.image_steps("feature_maps/conv1") == []
+        assert server.image_steps("~feature_maps/conv1") == []
 
 
 def test_server_is_stopped_when_the_block_fails(log_root: Path) -> None:
@@ -337,7 +342,8 @@ def _missing_browser(reason: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium for the module (a persistent context: its own profile, nothing shared)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -351,9 +357,14 @@ def browser_page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1280, "height": 1100},
         )
         try:
-            yield context.new_page()
+            yield context
         finally:
             context.close()
+
+
+@pytest.fixture(scope="module")
+def browser_page(browser: Any) -> Any:
+    return browser.new_page()
 
 
 def test_images_dashboard_shows_feature_map_grids(
@@ -364,7 +375,7 @@ def test_images_dashboard_shows_feature_map_grids(
     page = browser_page
     page.goto(f"{tensorboard.url}/#images", timeout=30_000)
     for layer in (*CONV_OUTPUTS, HEATMAP_LAYER):
-        card = page.locator("tf-image-loader", has_text=f"feature_maps/{layer}")
+        card = page.locator("tf-image-loader", has_text=f"~feature_maps/{layer}")
         image = card.locator("img")
         height, width = expected_image_size(layer)
         # naturalWidth is 0 until the PNG has loaded and decoded.
@@ -381,3 +392,164 @@ def test_images_dashboard_shows_feature_map_grids(
     with Image.open(screenshot) as picture:
         assert picture.size == (1280, 1100)
     print(f"screenshot: {screenshot}")
+
+
+# -- TensorBoard's default tab, Time Series, at a laptop's 1366 x 768 ---------------------------
+
+LAPTOP = {"width": 1366, "height": 768}
+#: The user's loss card must start this close to the top of the page (on a laptop: the first screen, and a bit).
+FIRST_SCREEN_PX = 1000
+DEMO_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "demo_train.py"
+#: Time Series lays its cards out in columns of at least this width (TensorBoard 2.21, ``$metrics-min-card-width``).
+TIME_SERIES_MIN_CARD_WIDTH = 335
+
+
+def write_user_run(log_dir: Path, user_tag: str) -> None:
+    """:func:`write_run`'s CNN under actviz, and the user's own ``SummaryWriter`` logging ``user_tag`` to the same folder."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    model = small_cnn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with SummaryWriter(log_dir) as writer, actviz.watch(model, log_dir, every=1):
+        for step in range(STEPS):
+            loss = nn.functional.cross_entropy(model(torch.randn(INPUT_SHAPE)), torch.randint(0, 4, (4,)))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            writer.add_scalar(user_tag, loss.item(), step)
+
+
+def write_demo_run(log_dir: Path) -> None:
+    """scripts/demo_train.py's model, ``watch()`` and ``demo/`` scalars through ``viz.writer``, for 100 steps on a
+    smaller data set instead of a minute (its first ``demo/loss`` is at step 100)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_train", DEMO_SCRIPT)
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    torch.manual_seed(0)
+    train_x, train_y = demo.make_dataset(256, 32, seed=0)
+    test_x, test_y = demo.make_dataset(64, 32, seed=1)
+    model = demo.small_cnn()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
+    with actviz.watch(model, log_dir, every=20, image_every=100, probe=test_x[:1]) as viz:
+        for _ in range(100):  # steps 0 to 99; the demo logs demo/ every 100 steps, at step 100
+            batch = torch.randint(0, len(train_x), (64,))
+            loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
+        viz.writer.add_scalar("demo/loss", loss.item(), viz.step)
+        viz.writer.add_scalar("demo/test_accuracy", accuracy, viz.step)
+
+
+def time_series_tags(server: TensorBoard) -> set[str]:
+    """Every tag the Time Series tab lists: what the page fetches when it opens."""
+    found = server.json("/data/plugin/timeseries/tags")
+    by_run = [*found["scalars"]["runTagInfo"].values(), *found["histograms"]["runTagInfo"].values()]
+    return {tag for tags in by_run for tag in tags} | set(found["images"]["tagRunSampledInfo"])
+
+
+@contextlib.contextmanager
+def serving_time_series(log_root: Path, user_tag: str, last_image: str) -> Iterator[TensorBoard]:
+    """TensorBoard on ``log_root``, once it lists ``user_tag`` and ``last_image``, the last tag actviz writes.
+
+    Time Series opens the first two groups of its first list of tags, so the page must not open before
+    every tag is listed.
+    """
+    server = TensorBoard(log_root)
+    try:
+        wait_for(lambda: {user_tag, last_image} <= time_series_tags(server), STARTUP_TIMEOUT,
+                 f"tensorboard to list {user_tag} and {last_image}")
+        yield server
+    finally:
+        server.stop()
+
+
+def open_time_series(browser: Any, server: TensorBoard, user_tag: str) -> tuple[Any, float, list[str]]:
+    """A fresh laptop-sized page on the Time Series tab: ``(page, top of the user's card, group names in order)``."""
+    page = browser.new_page()
+    page.set_viewport_size(LAPTOP)
+    page.goto(f"{server.url}/#timeseries", timeout=30_000)
+    card = page.locator(f'card-view:has(tb-truncated-path[title="{user_tag}"])')
+    card.wait_for(timeout=30_000)  # a card is only drawn in an open group
+    tops = [card.bounding_box()["y"]]
+    while len(tops) < 3 or tops[-1] != tops[-2]:  # until the cards have settled in their grid
+        assert len(tops) < 40, f"the card kept moving: {tops}"
+        page.wait_for_timeout(500)
+        tops.append(card.bounding_box()["y"])
+    assert page.evaluate("document.scrollingElement.scrollTop") == 0
+    groups = [title.get_attribute("title") for title in page.locator("metrics-card-group-toolbar .group-title").all()]
+    return page, tops[-1], groups
+
+
+@pytest.mark.parametrize("user_tag", ["loss", "train/loss", "demo/loss"])
+def test_the_users_loss_is_on_the_first_screen_of_time_series(
+    browser: Any, tmp_path: Path, user_tag: str
+) -> None:
+    """TensorBoard's default tab, as it opens at 1366 x 768: the user's loss card starts in the first 1,000 px.
+
+    Time Series lists the groups (the tags' first parts) by name and opens the first two; actviz's all start with
+    "~", after the user's.
+    """
+    if user_tag == "demo/loss":
+        write_demo_run(tmp_path / "demo")
+        last_image = "~probe/input"
+    else:
+        write_user_run(tmp_path / RUN, user_tag)
+        last_image = "~flow/gradient_norm"
+    with serving_time_series(tmp_path, user_tag, last_image) as server:
+        page, top, groups = open_time_series(browser, server, user_tag)
+        page.close()
+    user_group = user_tag.split("/", 1)[0]
+    print(f"{user_tag}: card top {top:.0f} px; groups {groups}")
+    assert groups[0] == user_group and all(group.startswith("~") for group in groups if group != user_group), groups
+    assert 0 < top < FIRST_SCREEN_PX, f"{user_tag}'s card starts {top:.0f} px down; groups: {groups}"
+
+
+def expect_natural_size(image: Any, width: int, height: int) -> None:
+    from playwright.sync_api import expect
+
+    expect(image).to_have_js_property("naturalWidth", width, timeout=30_000)  # 0 until the PNG is decoded
+    expect(image).to_have_js_property("naturalHeight", height, timeout=5_000)
+
+
+def test_flow_pictures_text_is_at_least_10_px_on_a_time_series_card(browser: Any, tmp_path: Path) -> None:
+    """The box a Time Series card fits a picture into is flow.CARD_IMAGE_BOX, and the digits of the flow pictures
+    are at least MIN_TEXT_PX tall there: measured on the page, at a laptop's 1366 x 768."""
+    from actviz.flow import CARD_IMAGE_BOX, MIN_TEXT_PX
+
+    write_user_run(tmp_path / RUN, "loss")
+    with serving_time_series(tmp_path, "loss", "~flow/gradient_norm") as server:
+        page, _, groups = open_time_series(browser, server, "loss")
+        assert "~flow" in groups
+        page.locator('metrics-card-group-toolbar .group-title[title="~flow"]').click()  # open when asked
+        images = page.locator('card-view:has(tb-truncated-path[title^="~flow/"]) img')
+        images.first.wait_for(timeout=30_000)
+        assert images.count() == len(FLOW_TAGS)
+        layout = flow_layout(list(LAYERS), STEPS)  # the last step's picture, which a card shows first
+        for index in range(images.count()):
+            image = images.nth(index)
+            expect_natural_size(image, layout.width, layout.height)
+            # The <img> fills its box and "object-fit: contain" scales the picture whole to fit inside it.
+            element = image.bounding_box()
+            box = image.evaluate("img => img.parentElement.getBoundingClientRect().toJSON()")
+            card_width = image.evaluate("img => img.closest('card-view').getBoundingClientRect().width")
+            assert image.evaluate("img => getComputedStyle(img).objectFit") == "contain"
+            assert element["width"] == pytest.approx(box["width"], abs=1)
+            assert element["height"] == pytest.approx(box["height"], abs=1)
+            scale = min(element["width"] / layout.width, element["height"] / layout.height)
+            print(f"flow card: picture {layout.width} x {layout.height} in a {box['width']:.0f} x {box['height']:.0f} "
+                  f"box: x{scale:.3f} (flow.py assumes x{layout.card_scale:.3f}); digits {layout.text_height} px "
+                  f"-> {layout.text_height * scale:.1f} px on the card")
+            # a card is 335 px wide or more: the box is narrowest there
+            assert card_width >= TIME_SERIES_MIN_CARD_WIDTH
+            assert card_width - box["width"] == pytest.approx(TIME_SERIES_MIN_CARD_WIDTH - CARD_IMAGE_BOX[0], abs=1)
+            assert box["height"] == pytest.approx(CARD_IMAGE_BOX[1], abs=1)
+            assert scale >= layout.card_scale * 0.99  # shown no smaller than flow.py assumes
+            assert layout.text_height * scale >= MIN_TEXT_PX
+        page.close()

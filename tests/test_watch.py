@@ -25,7 +25,7 @@ LAYERS = ["0", "2", "3", "6"]  # the small CNN's conv, conv, batch norm and line
 
 def once_not_zero(run, tag: str, step: int) -> float:
     """A scalar written only from the first step it is not zero on (nonfinite, zero_fraction): 0 before."""
-    if tag not in run.scalar_tags or step < run.events.Scalars(tag)[0].step:
+    if tag not in run.scalar_tags or step < run.scalar_events(tag)[0].step:
         return 0.0
     return run.scalar(tag, step)
 
@@ -148,7 +148,7 @@ def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
     for name in LAYERS:
         assert run.histogram_steps(f"activations/{name}") == [0, 3, 6, 9]
         assert run.histogram_steps(f"gradients/{name}") == [0, 3, 6, 9]
-        assert [e.step for e in run.events.Scalars(f"activation_stats/{name}/mean")] == [0, 3, 6, 9]
+        assert [e.step for e in run.scalar_events(f"activation_stats/{name}/mean")] == [0, 3, 6, 9]
     assert run.histogram_steps("weight_grads/0.weight") == [0, 3, 6, 9]
     for name in ["0", "2"]:
         assert run.image_steps(f"feature_maps/{name}") == [0, 5, 10]
@@ -334,11 +334,11 @@ def test_torchvision_models_with_inplace_relus(name, tmp_path, read_run):
         assert run.histogram_steps(f"activations/{layer}") == [0, 2]
         assert run.histogram_steps(f"gradients/{layer}") == [0, 2]
         for stat in ("mean", "std"):
-            assert [e.step for e in run.events.Scalars(f"activation_stats/{layer}/{stat}")] == [0, 2]
-        assert [e.step for e in run.events.Scalars(f"gradient_stats/{layer}/norm")] == [0, 2]
+            assert [e.step for e in run.scalar_events(f"activation_stats/{layer}/{stat}")] == [0, 2]
+        assert [e.step for e in run.scalar_events(f"gradient_stats/{layer}/norm")] == [0, 2]
         for tag in (f"activation_stats/{layer}/zero_fraction", f"activation_stats/{layer}/nonfinite",
                     f"gradient_stats/{layer}/nonfinite"):  # written from the first step they are not zero on
-            assert tag not in run.scalar_tags or [e.step for e in run.events.Scalars(tag)] in ([0, 2], [2])
+            assert tag not in run.scalar_tags or [e.step for e in run.scalar_events(tag)] in ([0, 2], [2])
     for param, _ in model.named_parameters():
         assert run.histogram_steps(f"weights/{param}") == [0, 2]
         assert run.histogram_steps(f"weight_grads/{param}") == [0, 2]
@@ -364,7 +364,7 @@ def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
     run = read_run(tmp_path)
     nonfinite = [once_not_zero(run, "activation_stats/0/nonfinite", step) for step in range(5)]
     assert nonfinite == [0, 0, expected_nan, 2 * 6 * 8 * 8, 0]
-    assert [e.step for e in run.events.Scalars("activation_stats/0/nonfinite")] == [2, 3, 4]  # from the first NaN on
+    assert [e.step for e in run.scalar_events("activation_stats/0/nonfinite")] == [2, 3, 4]  # from the first NaN on
     assert expected_nan == 2 * 6 * 9 - 6 * 9 == 54  # one sample, 6 channels, 3x3 patch
     assert run.histogram("activations/0", 2).num == 2 * 6 * 8 * 8 - expected_nan
     assert run.histogram_steps("activations/0") == [0, 1, 2, 4]  # all-NaN step: scalars only

@@ -1,8 +1,9 @@
 """Sinks: write one step's results to TensorBoard.
 
 Every tag and what it holds is in :mod:`actviz.tags` (:func:`~actviz.tags.step_items`); this
-module only maps those items to TensorBoard's values. Any object with ``write(results)``,
-``flush()`` and ``close()`` is a sink too (:class:`Sink`, ``watch(sink=...)``).
+module only maps those items to TensorBoard's values, under TensorBoard's names of the tags
+(:func:`~actviz.tags.tensorboard_tag`: scalars, histograms and images after ``~``). Any object
+with ``write(results)``, ``flush()`` and ``close()`` is a sink too (:class:`Sink`, ``watch(sink=...)``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
 from .._internals import event_file_writer, replace_record_checksum
-from ..tags import step_items
+from ..tags import TENSORBOARD_PREFIX, step_items, tensorboard_tag
 from .results import StepResults
 from .sink import Sink
 from .tensorboard_values import _image_value, _scalar_values, _text_value, _values
 
-#: Custom Scalars charts (anchored regexes on the tags of actviz.tags): each statistic across all layers.
+_TAG = "^" + TENSORBOARD_PREFIX  # the start of TensorBoard's name of an actviz scalar ("~" is not special in a regex)
+#: Custom Scalars charts (anchored regexes on TensorBoard's names of actviz's tags): each statistic across all layers.
 DASHBOARD_LAYOUT = {
     "actviz: every layer on one chart": {
-        "gradient norm": ["Multiline", [r"^gradient_stats/.*/norm$"]],
-        "activation std": ["Multiline", [r"^activation_stats/.*/std$"]],
-        "zero fraction": ["Multiline", [r"^activation_stats/.*/zero_fraction$"]],
-        "non-finite counts": ["Multiline", [r"^activation_stats/.*/nonfinite$", r"^gradient_stats/.*/nonfinite$"]],
-        "update ratio": ["Multiline", [r"^update_ratio/.*$"]],
+        "gradient norm": ["Multiline", [rf"{_TAG}gradient_stats/.*/norm$"]],
+        "activation std": ["Multiline", [rf"{_TAG}activation_stats/.*/std$"]],
+        "zero fraction": ["Multiline", [rf"{_TAG}activation_stats/.*/zero_fraction$"]],
+        "non-finite counts": ["Multiline", [rf"{_TAG}activation_stats/.*/nonfinite$", rf"{_TAG}gradient_stats/.*/nonfinite$"]],
+        "update ratio": ["Multiline", [rf"{_TAG}update_ratio/.*$"]],
     },
 }
 
@@ -89,6 +91,9 @@ class TensorBoardSink:
         owns_writer: Close the writer in :meth:`close`. True only when actviz created it.
         layout: Write :data:`DASHBOARD_LAYOUT` for TensorBoard's Custom Scalars tab with the
             first step (TensorBoard keeps one layout per run: it replaces one written before).
+
+    Scalars, histograms and images go under ``~`` + tag (:func:`~actviz.tags.tensorboard_tag`), so that
+    TensorBoard lists them after the user's own tags; texts under their tags.
     """
 
     def __init__(self, writer: Any, owns_writer: bool, layout: bool = False) -> None:
@@ -106,23 +111,26 @@ class TensorBoardSink:
         every TensorBoard loader reads it; it saves an event, a checksum and a queue
         hand-off per value.
         """
-        values = [value for item in step_items(results, self._shown) for value in _values(*item)]
+        values = [value for kind, tag, item in step_items(results, self._shown)
+                  for value in _values(kind, tensorboard_tag(kind, tag), item)]
         if self.layout and not self._layout_written:  # with the first step, as TensorBoard keeps one per run
             values += list(custom_scalars(DASHBOARD_LAYOUT).value)
         event_file_writer(self.writer).add_summary(SummaryProto(value=values), results.step)
         self._layout_written = True
 
     def write_image(self, tag: str, image: torch.Tensor, step: int) -> None:
-        """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag``, through the same PNG encoder.
+        """Write a ``(1 or 3, H, W)`` ``uint8`` picture under ``tag`` (after ``~``), through the same PNG encoder.
 
         ``add_image`` would re-encode it through a LANCZOS resize at PNG level 6; a fast
         level is several times cheaper.
         """
-        event_file_writer(self.writer).add_summary(SummaryProto(value=[_image_value(tag, image)]), step)
+        value = _image_value(tensorboard_tag("image", tag), image)
+        event_file_writer(self.writer).add_summary(SummaryProto(value=[value]), step)
 
     def write_values(self, step: int, scalars: dict[str, float], texts: dict[str, str] | None = None) -> None:
-        """Write scalars and texts (markdown) at ``step``, as one event."""
-        values = _scalar_values(scalars) + [_text_value(tag, text) for tag, text in (texts or {}).items()]
+        """Write scalars (after ``~``) and texts (markdown) at ``step``, as one event."""
+        values = _scalar_values({tensorboard_tag("scalar", tag): value for tag, value in scalars.items()})
+        values += [_text_value(tag, text) for tag, text in (texts or {}).items()]
         event_file_writer(self.writer).add_summary(SummaryProto(value=values), step)
 
     def flush(self) -> None:

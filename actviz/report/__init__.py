@@ -78,8 +78,8 @@ def report(
     each output's feature-map grid exactly as :func:`actviz.watch` does and summarise it.
 
     TensorBoard layout: one run per model and image, ``{logdir}/{model}/{image stem}``, all
-    at step 0, with ``feature_maps/{layer}`` (grid), ``activations/{layer}`` (histogram),
-    ``activation_stats/{layer}/{mean,std,zero_fraction,nonfinite}``, ``input`` (the image
+    at step 0, with ``~feature_maps/{layer}`` (grid), ``~activations/{layer}`` (histogram),
+    ``~activation_stats/{layer}/{mean,std,zero_fraction,nonfinite}``, ``~input`` (the image
     as the model saw it), ``image`` (text: the file, the model and its weights) and, when
     class names are known, ``predictions`` (text: top-5 table). A run folder that already
     holds events (the same model and image reported before) gets a warning.
@@ -104,7 +104,7 @@ def report(
         device: ``"cpu"`` or ``"cuda"``.
         progress: Show a tqdm progress bar over images × layers.
         gradcam: ``True`` adds Grad-CAM of each image's top-1 class at the last ``Conv2d``,
-            drawn over the input, to the page and as ``gradcam/{layer}`` in TensorBoard; a
+            drawn over the input, to the page and as ``~gradcam/{layer}`` in TensorBoard; a
             layer name picks another layer.
 
     Returns:
