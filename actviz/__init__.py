@@ -15,12 +15,12 @@ Example:
 """
 
 from ._version import __version__
-from .alerts import Alert
+from .diagnosis.alerts import Alert
 from .api import watch
-from .gradcam import grad_cam
+from .pictures.gradcam import grad_cam
 from .options import CaptureOptions
-from .output.results import StepResults, Summary
-from .rendering import feature_map_grid, heatmap
+from .common.results import StepResults, Summary
+from .pictures.rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
 from .report.images import load_images
 from .schedule import Schedule

@@ -15,17 +15,17 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .alerts import Alert, check_alerts
-from .amp import check_grad_scaler
-from .compiled_model import unwrap_compiled
-from .diagnosis import make_diagnosis
-from .open_watchers import watching
+from .diagnosis.alerts import Alert, check_alerts
+from .capture.amp import check_grad_scaler
+from .capture.compiled_model import unwrap_compiled
+from .diagnosis.step_diagnosis import make_diagnosis
+from .output.open_watchers import watching
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
-from .output.results import StepResults
+from .common.results import StepResults
 from .output.sink import FanOutSink, Sink, check_sink
 from .output.tensorboard import TensorBoardSink, use_fast_crc
-from .probe import Probe, check_probe, gradcam_layers, try_probe
-from .run_folders import warn_if_reused, warn_if_shared
+from .capture.probe import Probe, check_probe, gradcam_layers, try_probe
+from .output.run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
 from .watcher import Watcher
@@ -102,7 +102,7 @@ def watch(
             ``SummaryWriter()``'s default ``runs/<date>_<host>`` is used.
         writer: A ``SummaryWriter`` you own. actviz writes to it and never closes it.
         sink: Any object with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.output.sink.Sink`):
-            it gets each step's :class:`~actviz.output.results.StepResults` on the writer thread, as
+            it gets each step's :class:`~actviz.common.results.StepResults` on the writer thread, as
             TensorBoard does, and ``close()`` when the watcher closes. Alone, only it is written to
             (no ``SummaryWriter``, no folder); with ``log_dir`` or ``writer``, both are. A sink
             that raises is warned about once; training goes on.
@@ -136,7 +136,7 @@ def watch(
             ranks before rank 0 writes. Every rank must then call :func:`watch`,
             ``viz.flush()`` and ``viz.close()`` alike. The default (``False``) runs no
             collective at all: rank 0 logs its own share.
-        on_step: Called with each written step's :class:`~actviz.output.results.StepResults`, on
+        on_step: Called with each written step's :class:`~actviz.common.results.StepResults`, on
             the writer thread: ``results.statistics()`` maps every tag to its count, mean,
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
@@ -149,7 +149,7 @@ def watch(
             0, so the same picture moves through training; ``probe/input`` shows it.
             ``watch()`` sends it through once itself, the same way, so that a probe the model
             cannot take (a wrong shape or device) raises here; that forward changes nothing
-            of the model (:func:`actviz.probe.try_probe` says how).
+            of the model (:func:`actviz.capture.probe.try_probe` says how).
         gradcam: With an image ``probe``: ``True`` draws Grad-CAM of the last ``Conv2d`` over probe
             sample 0 as ``gradcam/{layer}`` on image steps; a layer name or a list picks others.
             Each must be a layer that the probe's forward runs and whose output is ``(N, C, h, w)``.
@@ -159,9 +159,9 @@ def watch(
             watched parameters for one step, which is why it is off by default.
         alerts: Health alerts per layer (non-finite values, vanishing and exploding gradients, dead
             units, saturation, update ratio; see docs/diagnosis.md): ``True``, ``False``, or a dict
-            that overrides thresholds of :data:`actviz.alerts.DEFAULT_THRESHOLDS`. Each alert is a
+            that overrides thresholds of :data:`actviz.diagnosis.alerts.DEFAULT_THRESHOLDS`. Each alert is a
             ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.
-        on_alert: Called with each :class:`~actviz.alerts.Alert`, on the writer thread.
+        on_alert: Called with each :class:`~actviz.diagnosis.alerts.Alert`, on the writer thread.
         spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
             spike, name the layers, write their last 16 gradient norms and log the next 3 steps in full.
 

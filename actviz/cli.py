@@ -1,4 +1,4 @@
-"""The ``actviz`` command line: thin wrappers over :func:`actviz.report` and :mod:`actviz.doctor`.
+"""The ``actviz`` command line: thin wrappers over :func:`actviz.report` and :mod:`actviz.diagnosis.doctor`.
 
 ``actviz report`` exit codes: 0 when every image was processed, 1 when at least one image
 failed (the others are still reported), 2 when the report could not start (bad option,
@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 
-from .doctor import add_doctor_parser, doctor
+from .diagnosis.doctor import add_doctor_parser, doctor
 from .options import CaptureOptions
 
 __all__ = ["main", "build_parser"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from .suggestions import closest, did_you_mean
+from .common.suggestions import closest, did_you_mean
 
 __all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "find_layer", "layer_display_name"]
 

@@ -3,7 +3,7 @@
 A tag pattern names its variable parts in braces: ``{layer}`` is a qualified name from
 ``model.named_modules()`` (``features.0``), ``{param}`` one from ``model.named_parameters()``
 (``features.0.weight``), ``{statistic}`` one of the flow pictures. Modules that add tags to a
-step (:mod:`actviz.transformer_step`, :mod:`actviz.probe`, :mod:`actviz.flow`, ...) build them
+step (:mod:`actviz.capture.transformer_step`, :mod:`actviz.capture.probe`, :mod:`actviz.diagnosis.flow`, ...) build them
 from the pattern constants below; :data:`ROWS` documents them, and the tables of README.md
 (``readme=True`` rows) and docs/how-it-works.md are :func:`markdown_table` of it (a test checks).
 
@@ -11,15 +11,15 @@ In TensorBoard, actviz's scalars, histograms and images are under :data:`TENSORB
 (``~activations/features.0``; :func:`tensorboard_tag`), so that TensorBoard's default tab shows the
 user's own tags (``loss``, ``train/loss``) first; the tag tables show those names.
 
-:func:`step_items` turns a :class:`~actviz.output.results.StepResults` into ``(kind, tag, value)``
-items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.output.results.Summary` for ``"histogram"``,
+:func:`step_items` turns a :class:`~actviz.common.results.StepResults` into ``(kind, tag, value)``
+items, ``kind`` one of :data:`KINDS`: a :class:`~actviz.common.results.Summary` for ``"histogram"``,
 a ``float`` for ``"scalar"``, a ``(1 or 3, H, W)`` ``uint8`` tensor for ``"image"`` (a heat map is a
-:class:`~actviz.pixels.PaletteImage`: ``.rgb()`` is that tensor), markdown for ``"text"``.
+:class:`~actviz.common.pixels.PaletteImage`: ``.rgb()`` is that tensor), markdown for ``"text"``.
 :class:`~actviz.output.tensorboard.TensorBoardSink` maps them to TensorBoard values; a sink of
 your own (``watch(sink=...)``, see :class:`actviz.output.sink.Sink`) can use it too.
 
 Example:
-    >>> from actviz.output.results import StepResults, Summary
+    >>> from actviz.common.results import StepResults, Summary
     >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])})
     >>> [(kind, tag) for kind, tag, value in step_items(results)]
     [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm'), ('scalar', 'gradient_stats/fc/nonfinite')]
@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .output.results import StepResults
+from .common.results import StepResults
 
 __all__ = [
     "KINDS", "PATTERNS", "ROWS", "TENSORBOARD_PREFIX", "Item", "Row", "markdown_table", "pattern_of", "step_items",

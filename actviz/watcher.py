@@ -1,9 +1,9 @@
 """The watcher: the schedule, the step count and the one hook that stays on the model.
 
 Between logging steps the model carries one light forward pre-hook on its root
-(:mod:`actviz.root_hook`) and nothing else. On a step the schedule picks, that hook starts
-a :class:`~actviz.capture.StepCapture`, which hooks the watched layers, decides when the
-step is over and hands it to ``deliver`` (:mod:`actviz.open_steps`, then the sink on the
+(:mod:`actviz.capture.root_hook`) and nothing else. On a step the schedule picks, that hook starts
+a :class:`~actviz.capture.step_capture.StepCapture`, which hooks the watched layers, decides when the
+step is over and hands it to ``deliver`` (:mod:`actviz.capture.open_steps`, then the sink on the
 writer thread). Data flows one way: model → hook → capture → deliver → sink.
 """
 
@@ -16,23 +16,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._internals import inside_functorch_transform
-from .capture import StepCapture
-from .compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
-from .diagnosis import Alert, Diagnosis
-from .layer_slots import LayerSlots, parameters_of
-from .notices import Notices
-from .open_steps import OpenSteps
-from .open_watchers import register, unregister
+from .common._internals import inside_functorch_transform
+from .capture.step_capture import StepCapture
+from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
+from .diagnosis.step_diagnosis import Alert, Diagnosis
+from .capture.layer_slots import LayerSlots, parameters_of
+from .common.notices import Notices
+from .capture.open_steps import OpenSteps
+from .output.open_watchers import register, unregister
 from .options import CaptureOptions
 from .output.delivery import Delivery
-from .output.results import StepResults
+from .common.results import StepResults
 from .output.sink import Sink
-from .probe import Probe, unwrap_for_probe
-from .root_hook import StepHook
+from .capture.probe import Probe, unwrap_for_probe
+from .capture.root_hook import StepHook
 from .schedule import Schedule
-from .silences import Silences
-from .step_parameters import LoopHistory
+from .diagnosis.silences import Silences
+from .capture.step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
 
@@ -56,7 +56,7 @@ class Watcher:
         self._slots = LayerSlots(unwrap_compiled(model), layers)
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
-        self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis
+        self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
         self._spikes = diagnosis and diagnosis.spike_recorder(
             self._layers, self._parameters, lambda: self._last_started_step)
         self._delivery = None if sink is None else Delivery(sink, strict, on_step, diagnose=diagnosis)
@@ -110,7 +110,7 @@ class Watcher:
 
     @property
     def alerts(self) -> list[Alert]:
-        """Every health alert so far, oldest first (:class:`~actviz.alerts.Alert`); call :meth:`flush` first."""
+        """Every health alert so far, oldest first (:class:`~actviz.diagnosis.alerts.Alert`); call :meth:`flush` first."""
         return [] if self._diagnosis is None else list(self._diagnosis.alerts)
 
     @property
@@ -151,13 +151,13 @@ class Watcher:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         self._next_step = step
         if self._logs(step) and step != self._last_started_step:
-            eager_ahead()  # for a model compiled after watch(): see actviz.compiled_model
+            eager_ahead()  # for a model compiled after watch(): see actviz.capture.compiled_model
 
     def flush(self) -> None:
         """Write the pending step, if any, and wait until everything is in the writer. Never raises a write error."""
         if not self._on_writer_thread():  # from on_step: the training thread owns the open steps
             self._open.finish_all()
-            self._silences.check(closing=False)  # a run that logs nothing says why (actviz.silences)
+            self._silences.check(closing=False)  # a run that logs nothing says why (actviz.diagnosis.silences)
         if self._delivery is not None:
             self._delivery.flush()
 

@@ -15,7 +15,7 @@ from bench_models import Trainer, build_model
 from torch import nn
 
 import actviz
-from actviz.output.results import StepResults, Summary
+from actviz.common.results import StepResults, Summary
 from actviz.output.tensorboard import TensorBoardSink
 from actviz.summaries.one_tensor import summarize
 

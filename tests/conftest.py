@@ -150,7 +150,7 @@ def hooks_left(model: nn.Module) -> dict[str, int]:
 
 def optimizer_listeners() -> int:
     """How many open logging steps (of every watcher in the process) wait for an optimizer step."""
-    from actviz import optimizer_steps
+    from actviz.common import optimizer_steps
 
     return len(optimizer_steps._listeners)
 

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.alerts import DEFAULT_THRESHOLDS, HealthMonitor, check_alerts
-from actviz.output.results import StepResults, Summary
+from actviz.diagnosis.alerts import DEFAULT_THRESHOLDS, HealthMonitor, check_alerts
+from actviz.common.results import StepResults, Summary
 
 
 class Scale(nn.Module):

@@ -13,8 +13,8 @@ from conftest import CountOps, hooks_left
 from torch import nn
 
 import actviz
-from actviz.attention import AttentionMode
-from actviz.attention_stats import attention_logits, attention_stats, head_numbers
+from actviz.transformers.attention import AttentionMode
+from actviz.transformers.attention_stats import attention_logits, attention_stats, head_numbers
 
 
 def brute_force(q, k, mask=None, is_causal=False, scale=None, groups=1):
@@ -268,7 +268,7 @@ def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
 
 
 def test_entropy_collapse_over_logging_steps_alerts():
-    from actviz.transformer_alerts import TransformerAlerts
+    from actviz.diagnosis.transformer_alerts import TransformerAlerts
 
     alerts = TransformerAlerts()
     for step, entropy in enumerate([2.0, 1.9, 1.8]):
@@ -394,7 +394,7 @@ def test_a_multihead_attention_call_adds_at_most_eleven_kernels():
 
 
 def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read_run, monkeypatch):
-    import actviz.transformer_step as transformer_step
+    import actviz.capture.transformer_step as transformer_step
 
     def broken(*args, **kwargs):
         raise RuntimeError("broken on purpose")

@@ -10,9 +10,9 @@ from test_attention import tiny_vit
 from torch import nn
 
 import actviz
-from actviz.attention_maps import rollout
-from actviz.gradcam import gradcam_overlay
-from actviz.rendering import draw_grid
+from actviz.transformers.attention_maps import rollout
+from actviz.pictures.gradcam import gradcam_overlay
+from actviz.pictures.rendering import draw_grid
 
 
 def vit_weights_by_hand(model, image):
@@ -87,7 +87,7 @@ def test_a_long_sequence_keeps_its_first_rows_and_keys_only():
     import torch.nn.functional as F
     from test_attention import brute_force
 
-    from actviz.attention_maps import MAX_POSITIONS, ProbeMode
+    from actviz.transformers.attention_maps import MAX_POSITIONS, ProbeMode
 
     torch.manual_seed(0)
     q, k = torch.randn(1, 2, 1100, 4), torch.randn(1, 2, 1100, 4)

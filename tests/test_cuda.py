@@ -64,7 +64,7 @@ def test_values_equal_the_cpus(tmp_path):
 
 
 def test_a_heat_map_of_a_cuda_matrix_is_the_cpus():
-    from actviz.rendering import heatmap
+    from actviz.pictures.rendering import heatmap
 
     for matrix in (torch.randn(30, 200), torch.randn(1024, 96)):  # levels on the device; pooled
         on_gpu, on_cpu = heatmap(matrix.cuda()), heatmap(matrix)

@@ -17,8 +17,8 @@ from conftest import CountOps
 
 import actviz
 from actviz.output.pending_step import HostCopy, PendingStep
-from actviz.pixels import PaletteImage
-from actviz.rendering import feature_map_grid, heatmap, picture_source
+from actviz.common.pixels import PaletteImage
+from actviz.pictures.rendering import feature_map_grid, heatmap, picture_source
 from actviz.summaries.many_tensors import reduce_tensors
 from actviz.summaries.one_tensor import reduce_tensor
 

@@ -2,7 +2,7 @@
 
 Modules are found by walking the package, so a new module is checked without a change here.
 A module is public unless its own name starts with an underscore (``_version``, ``__main__``);
-``actviz._internals`` is private but its examples run all the same. The examples run from the
+``actviz.common._internals`` is private but its examples run all the same. The examples run from the
 repository root: the report's read ``tests/data/chelsea.jpg``.
 """
 
@@ -32,7 +32,7 @@ def examples(module: object) -> list[doctest.DocTest]:
 def test_every_module_is_found() -> None:
     files = {path for path in (ROOT / "actviz").rglob("*.py")}
     assert len(MODULES) == len(files), "a module pkgutil does not see: a folder without __init__.py?"
-    assert {"actviz.output.results", "actviz.report.html", "actviz.integrations.lightning"} <= set(MODULES)
+    assert {"actviz.common.results", "actviz.report.html", "actviz.integrations.lightning"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

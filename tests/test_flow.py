@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.flow import (
+from actviz.diagnosis.flow import (
     CARD_IMAGE_BOX,
     MIN_TEXT_PX,
     MISSING_COLOUR,
@@ -23,7 +23,7 @@ from actviz.flow import (
     flow_layout,
     has_something_to_show,
 )
-from actviz.output.results import StepResults, Summary
+from actviz.common.results import StepResults, Summary
 
 FORWARD_ORDER = ["stem", "body", "head"]
 
@@ -166,7 +166,7 @@ def test_layout_fits_every_size(rows, columns):
 
 
 def test_history_keeps_at_most_max_columns_evenly_and_the_last():
-    from actviz.flow import MAX_COLUMNS
+    from actviz.diagnosis.flow import MAX_COLUMNS
 
     flow = FlowHistory()
     for step in range(MAX_COLUMNS + 1):
@@ -242,7 +242,7 @@ def test_digits_are_at_least_10_px_tall_on_a_time_series_card(rows, columns, nam
 @pytest.mark.parametrize("rows, columns", [(4, 12), (14, 50), (3, 1024)])
 def test_the_font_is_the_smallest_that_makes_10_px(rows, columns):
     """Text no larger than it must be: one pixel smaller, the same grid's digits would be under 10 px on the card."""
-    from actviz.flow import _layout_at
+    from actviz.diagnosis.flow import _layout_at
 
     names = [f"layer{i}" for i in range(rows)]
     layout = flow_layout(names, columns)

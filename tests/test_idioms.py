@@ -3,13 +3,13 @@
 =============================  ===================================  =====================================
 idiom                          the helper                           a second spelling fails here
 =============================  ===================================  =====================================
-"did you mean" in an error     ``actviz.suggestions.did_you_mean``  ``difflib`` imported elsewhere
+"did you mean" in an error     ``actviz.common.suggestions.did_you_mean``  ``difflib`` imported elsewhere
 a layer looked up by name      ``actviz.selection.find_layer``      ``get_submodule`` or a dict of
                                                                     ``named_modules()`` elsewhere
-values in [0, 1] to pixels     ``actviz.pixels.to_uint8``           ``* 255`` and ``uint8`` on one line
-DTensor, FSDP, DDP by name     ``actviz.distributed_types``         ``type(x).__name__`` compared, or the
+values in [0, 1] to pixels     ``actviz.common.pixels.to_uint8``           ``* 255`` and ``uint8`` on one line
+DTensor, FSDP, DDP by name     ``actviz.common.distributed_types``         ``type(x).__name__`` compared, or the
                                                                     class names as strings, elsewhere
-a list of hook handles         ``actviz.owned_hooks.HookHandles``         a loop that calls ``.remove()`` on
+a list of hook handles         ``actviz.common.owned_hooks.HookHandles``         a loop that calls ``.remove()`` on
                                                                     each item, elsewhere
 =============================  ===================================  =====================================
 """
@@ -27,11 +27,11 @@ import torch
 from conftest import hooks_left
 from torch import nn
 
-from actviz.distributed_types import is_ddp, is_dtensor, is_fsdp_parameter
-from actviz.owned_hooks import HookHandles
-from actviz.pixels import to_uint8
+from actviz.common.distributed_types import is_ddp, is_dtensor, is_fsdp_parameter
+from actviz.common.owned_hooks import HookHandles
+from actviz.common.pixels import to_uint8
 from actviz.selection import find_layer
-from actviz.suggestions import closest, did_you_mean
+from actviz.common.suggestions import closest, did_you_mean
 
 PACKAGE = Path(__file__).resolve().parents[1] / "actviz"
 
@@ -53,7 +53,7 @@ def test_did_you_mean_offers_the_closest_names_best_first() -> None:
 
 def test_every_did_you_mean_of_the_package_reads_the_same() -> None:
     import actviz
-    from actviz.alerts import check_alerts
+    from actviz.diagnosis.alerts import check_alerts
 
     model = nn.Sequential(OrderedDict(features=nn.Sequential(nn.Conv2d(3, 4, 3)), head=nn.Linear(4, 2)))
     with pytest.raises(ValueError, match=r"^unknown layer 'feature\.0'; did you mean 'features\.0' or 'features'\?$"):
@@ -61,7 +61,7 @@ def test_every_did_you_mean_of_the_package_reads_the_same() -> None:
     with pytest.raises(ValueError, match=r"^unknown alert threshold 'vanish_ratio'; did you mean 'vanishing_ratio'\?$"):
         check_alerts({"vanish_ratio": 1.0})
     with pytest.raises(ValueError, match=r"^unknown layer 'feature\.0' for Grad-CAM; did you mean 'features\.0' or "):
-        actviz.gradcam.grad_cam(model, "feature.0", torch.randn(1, 3, 8, 8))
+        actviz.pictures.gradcam.grad_cam(model, "feature.0", torch.randn(1, 3, 8, 8))
 
 
 def test_find_layer_returns_the_module_itself_at_any_depth() -> None:
@@ -133,7 +133,7 @@ def test_hook_handles_are_removed_when_the_block_ends_by_an_exception_too() -> N
 
 
 def test_the_models_hooks_are_gone_after_a_probe_or_report_pass_that_raises() -> None:
-    from actviz.attention_maps import record_attention
+    from actviz.transformers.attention_maps import record_attention
     from actviz.report.capture import capture_layers
 
     class Broken(nn.Module):
@@ -198,18 +198,18 @@ def second_spellings(source: str) -> list[str]:
 
 #: The module that holds each idiom's one spelling, with the idioms it may spell.
 HOMES = {
-    "suggestions.py": {"did you mean (difflib)"},
+    "common/suggestions.py": {"did you mean (difflib)"},
     "selection.py": {"layer lookup (get_submodule)"},
-    "pixels.py": {"float to uint8"},
-    "distributed_types.py": {"class name check"},
-    "owned_hooks.py": {"hook-handle list"},
+    "common/pixels.py": {"float to uint8"},
+    "common/distributed_types.py": {"class name check"},
+    "common/owned_hooks.py": {"hook-handle list"},
 }
 
 
 def test_no_module_spells_an_idiom_out_again() -> None:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        allowed = HOMES.get(path.name, set()) if path.parent == PACKAGE else set()
+        allowed = HOMES.get(path.relative_to(PACKAGE).as_posix(), set())
         uses = [use for use in second_spellings(path.read_text()) if use.rsplit(", ", 1)[0] not in allowed]
         if uses:
             found[str(path.relative_to(PACKAGE))] = uses

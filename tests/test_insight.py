@@ -14,7 +14,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
 import actviz
-from actviz.rendering import feature_map_grid
+from actviz.pictures.rendering import feature_map_grid
 
 
 def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
@@ -322,7 +322,7 @@ def test_load_images_is_torchvisions_classification_preprocessing():
 
 
 def test_report_gradcam_draws_the_top_class_over_the_input(tmp_path, read_run):
-    from actviz.gradcam import grad_cam, gradcam_overlay
+    from actviz.pictures.gradcam import grad_cam, gradcam_overlay
 
     result = actviz.report("alexnet", ["tests/data/chelsea.jpg"], weights="none", logdir=tmp_path / "runs",
                            html=tmp_path / "html", size=96, progress=False, gradcam=True)

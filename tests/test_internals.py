@@ -1,4 +1,4 @@
-"""Each private API in actviz._internals does what actviz assumes: these fail loudly when one changes."""
+"""Each private API in actviz.common._internals does what actviz assumes: these fail loudly when one changes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tensorboard.summary.writer import record_writer
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from actviz import _internals
+from actviz.common import _internals
 
 PACKAGE = Path(_internals.__file__).parent
 CAT = Path(__file__).parent / "data" / "chelsea.jpg"

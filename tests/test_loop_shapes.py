@@ -432,7 +432,7 @@ def test_mnist_hogwild_workers_run_the_watched_model(method, tmp_path):
 
 
 def test_parameter_gradients_are_reduced_once_per_step_once_an_optimizer_is_known(tmp_path, read_run, monkeypatch):
-    import actviz.step_parameters as step_parameters
+    import actviz.capture.step_parameters as step_parameters
 
     calls: list[int] = []
     original = step_parameters.reduce_tensors

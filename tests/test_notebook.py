@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from PIL import Image
 
-from actviz.rendering import grid_layout, tile_size
+from actviz.pictures.rendering import grid_layout, tile_size
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"

@@ -67,10 +67,53 @@ def test_no_module_is_over_400_lines() -> None:
     assert {name: lines for name, lines in sizes.items() if lines > MAX_LINES} == {}
 
 
+def _stage(module: str) -> str:
+    """The sub-package a module belongs to (``capture`` of ``actviz.capture.root_hook``), or the module at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() and len(parts) == 2 else module
+
+
+def test_sub_packages_import_one_way_and_common_imports_no_other_stage() -> None:
+    edges: dict[str, set[str]] = {}
+    for module, targets in _import_graph().items():
+        edges.setdefault(_stage(module), set()).update(_stage(target) for target in targets if _stage(target) != _stage(module))
+    assert {"summaries", "output", "common"} <= edges["capture"]  # the graph sees the sub-packages
+    two_way = sorted((a, b) for a in edges for b in edges[a] if a < b and a in edges.get(b, set()))
+    assert two_way == [], "sub-packages that import each other"
+    assert edges["common"] == set(), "actviz.common imports only itself: it is the leaves every stage may import"
+    for leaf in ("actviz.options", "actviz.schedule", "actviz.selection", "actviz.tags"):
+        assert edges.get(leaf, set()) <= {"common"}, f"{leaf} sits at the top for every stage to read"
+
+
+def _tree_files() -> set[str]:
+    """The files of the tree in docs/how-it-works.md's "Where the code is": ``capture/root_hook.py``, ..."""
+    text = (ROOT / "docs" / "how-it-works.md").read_text().split("## Where the code is", 1)[1]
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    folders: list[tuple[int, str]] = []
+    files = set()
+    for line in block.splitlines()[1:]:  # the first line is actviz/ itself
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        folders = [(depth, folder) for depth, folder in folders if depth < indent]
+        path = "".join(folder for _, folder in folders) + name
+        if name.endswith("/"):
+            folders.append((indent, name))
+            files.add(path + "__init__.py")
+        else:
+            files.add(path)
+    return files
+
+
+def test_the_how_it_works_tree_lists_every_module() -> None:
+    modules = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")}
+    assert "capture/root_hook.py" in modules and "capture/root_hook.py" in _tree_files()
+    assert sorted(modules - _tree_files()) == [], "modules missing from docs/how-it-works.md's tree"
+    assert sorted(_tree_files() - modules) == [], "docs/how-it-works.md's tree names modules that do not exist"
+
+
 def test_no_import_cycle_inside_actviz() -> None:
     graph = _import_graph()
     assert "actviz.report.results" in graph["actviz.report.html"]  # the graph sees relative imports
-    assert "actviz.layer_outputs" in graph["actviz.report.capture"]
+    assert "actviz.capture.layer_outputs" in graph["actviz.report.capture"]
     state: dict[str, str] = {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -170,7 +213,8 @@ def test_every_process_wide_side_effect_is_made_in_a_module_the_docs_name() -> N
     section = _side_effect_section()
     named = {match.replace(".", "/") for match in re.findall(r"actviz[/.]([\w/.]*\w)", section)}
     named = {name.removesuffix("/py") for name in named} | {name.rsplit("/", 1)[0] for name in named}
-    assert {"optimizer_steps", "open_watchers", "distributed_types", "_internals", "output/tensorboard"} <= named
+    assert {"common/optimizer_steps", "output/open_watchers", "common/distributed_types", "common/_internals",
+            "output/tensorboard"} <= named
     unnamed, making = {}, set()
     for path in sorted(PACKAGE.rglob("*.py")):
         module = str(path.relative_to(PACKAGE).with_suffix(""))
@@ -181,7 +225,8 @@ def test_every_process_wide_side_effect_is_made_in_a_module_the_docs_name() -> N
             making.add(module)
         if made and module not in named:
             unnamed[module] = made
-    assert {"optimizer_steps", "open_watchers", "distributed_types", "output/tensorboard"} <= making  # the scan sees them
+    assert {"common/optimizer_steps", "output/open_watchers", "common/distributed_types",
+            "output/tensorboard"} <= making  # the scan sees them
     assert unnamed == {}, "a process-wide side effect (or a check by class name) in a module that the " \
                           "Side effects section of docs/how-it-works.md does not name: add it there, or move it"
 

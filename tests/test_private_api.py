@@ -1,4 +1,4 @@
-"""Private APIs of other libraries are reached only through actviz/_internals.py.
+"""Private APIs of other libraries are reached only through actviz/common/_internals.py.
 
 Outside ``_internals.py``, actviz code may use a name that starts with one underscore only
 on ``self``/``cls`` or when actviz itself defines that name (a method, attribute, function or
@@ -132,7 +132,7 @@ def test_no_module_but_internals_reaches_into_another_librarys_private_names() -
                 seen_known.add((relative, use.split(": ", 1)[1]))
             else:
                 bad.setdefault(relative, []).append(use)
-    assert not bad, f"private names of other libraries outside actviz/_internals.py: {bad}"
+    assert not bad, f"private names of other libraries outside actviz/common/_internals.py: {bad}"
     assert seen_known == KNOWN, f"gone, take them off KNOWN in this test: {sorted(KNOWN - seen_known)}"
 
 

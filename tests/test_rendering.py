@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from actviz.output.png import encode_png
-from actviz.rendering import (
+from actviz.pictures.rendering import (
     _resize,
     feature_map_grid,
     grid_layout,
@@ -151,8 +151,8 @@ def test_png_round_trip_of_noise_and_repeated_rows(shape):
 
 
 def test_a_heat_map_is_stored_as_palette_indices_that_decode_to_the_same_pixels() -> None:
-    from actviz.heatmap_sources import HEATMAP_COLOURS, heatmap_source
-    from actviz.pixels import PaletteImage
+    from actviz.pictures.heatmap_sources import HEATMAP_COLOURS, heatmap_source
+    from actviz.common.pixels import PaletteImage
 
     torch.manual_seed(0)
     matrix = torch.randn(20, 200).cumsum(1)

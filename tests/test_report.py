@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import nn
 
 import actviz
-from actviz.rendering import feature_map_grid
+from actviz.pictures.rendering import feature_map_grid
 from actviz.report import (
     ImageError,
     ReportError,

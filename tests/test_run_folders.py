@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 import actviz
-from actviz.run_folders import earlier_runs
+from actviz.output.run_folders import earlier_runs
 
 
 def _messages(caught, text: str) -> list[str]:
@@ -108,7 +108,7 @@ def test_run_folder_warnings_never_raise_under_warnings_as_errors(tmp_path, capl
 
 
 def test_closed_watchers_are_forgotten_in_every_folder(tmp_path):
-    from actviz import run_folders
+    from actviz.output import run_folders
 
     for index in range(3):
         with actviz.watch(nn.Linear(4, 2), tmp_path / f"run{index}"):

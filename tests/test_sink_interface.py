@@ -11,8 +11,8 @@ import torch
 from conftest import hooks_left, small_cnn, train_step
 
 import actviz
-from actviz.open_watchers import watching
-from actviz.output.results import StepResults
+from actviz.output.open_watchers import watching
+from actviz.common.results import StepResults
 from actviz.output.sink import FanOutSink
 from actviz.tags import ONCE_NOT_ZERO, step_items
 

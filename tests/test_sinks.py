@@ -19,9 +19,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 import actviz
 from actviz.output import tensorboard as sinks
-from actviz.output.results import StepResults, Summary
+from actviz.common.results import StepResults, Summary
 from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
-from actviz.rendering import feature_map_grid
+from actviz.pictures.rendering import feature_map_grid
 from actviz.summaries.one_tensor import summarize
 
 
@@ -80,7 +80,7 @@ for index in range(3):  # three watchers, never closed: their steps are written 
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
     viz = actviz.watch(model, sys.argv[1] + f"/run{index}", every=1)
     model(torch.randn(2, 3, 8, 8)).sum().backward()
-print(registered.count("actviz.open_watchers"), sum(module.startswith("actviz") for module in registered))
+print(registered.count("actviz.output.open_watchers"), sum(module.startswith("actviz") for module in registered))
 """
 
 

@@ -11,7 +11,7 @@ import torch
 from conftest import CountOps, small_cnn
 
 import actviz
-from actviz.spikes import FOLLOW, RING
+from actviz.diagnosis.spikes import FOLLOW, RING
 
 SPIKE = 40
 LAYERS = {"0": 0, "2": 2, "3": 3, "6": 6}  # small_cnn's watched layers: conv, conv, batch norm, linear
@@ -80,10 +80,10 @@ def test_a_nan_loss_is_a_spike_named_once(tmp_path):
 
 
 def test_spikes_subscribe_once_and_unsubscribe_at_close_and_are_off_by_default(tmp_path):
-    from actviz import optimizer_steps
-    from actviz.spikes import SpikeRecorder
+    from actviz.common import optimizer_steps
+    from actviz.diagnosis.spikes import SpikeRecorder
 
-    def recorders() -> int:  # other parts of a watcher (actviz.silences) listen to optimizer steps too
+    def recorders() -> int:  # other parts of a watcher (actviz.diagnosis.silences) listen to optimizer steps too
         return sum(isinstance(getattr(listener, "__self__", None), SpikeRecorder)
                    for listener in optimizer_steps._listeners.values())
 

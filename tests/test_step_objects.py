@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.owned_hooks import OwnedHook
+from actviz.common.owned_hooks import OwnedHook
 
 
 class HookCensus(nn.Module):

@@ -9,7 +9,7 @@ import torch
 
 import actviz.summaries.many_tensors
 from actviz.options import DEFAULT_SAMPLE_SIZE
-from actviz.output.results import HEADER_SIZE, Summary
+from actviz.common.results import HEADER_SIZE, Summary
 from actviz.summaries.many_tensors import reduce_tensors
 from actviz.summaries.one_tensor import finish, flat_view, reduce_tensor, sample_stride, summarize
 

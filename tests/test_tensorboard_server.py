@@ -36,8 +36,8 @@ from PIL import Image
 from torch import nn
 
 import actviz
-from actviz.flow import flow_layout
-from actviz.rendering import grid_layout, tile_size
+from actviz.diagnosis.flow import flow_layout
+from actviz.pictures.rendering import grid_layout, tile_size
 
 RUN = "cnn"
 #: More image steps than TensorBoard keeps per tag by default (10), to see its sampling.
@@ -521,7 +521,7 @@ def expect_natural_size(image: Any, width: int, height: int) -> None:
 def test_flow_pictures_text_is_at_least_10_px_on_a_time_series_card(browser: Any, tmp_path: Path) -> None:
     """The box a Time Series card fits a picture into is flow.CARD_IMAGE_BOX, and the digits of the flow pictures
     are at least MIN_TEXT_PX tall there: measured on the page, at a laptop's 1366 x 768."""
-    from actviz.flow import CARD_IMAGE_BOX, MIN_TEXT_PX
+    from actviz.diagnosis.flow import CARD_IMAGE_BOX, MIN_TEXT_PX
 
     write_user_run(tmp_path / RUN, "loss")
     with serving_time_series(tmp_path, "loss", "~flow/gradient_norm") as server:

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 import actviz
-from actviz.rendering import feature_map_grid, grid_layout, heatmap, tile_size
+from actviz.pictures.rendering import feature_map_grid, grid_layout, heatmap, tile_size
 
 LAYERS = ["0", "2", "3", "6"]  # the small CNN's conv, conv, batch norm and linear
 
@@ -445,8 +445,8 @@ def test_transformer_encoder_layer(tmp_path, read_run):
 def test_a_long_sequence_heat_map_is_area_averaged_to_512_pixels_by_the_whole_bounds(tmp_path, read_run):
     # 1,024 tokens x 96 features: the picture is 512 x 48, each pixel the mean of a 2 x 2 block,
     # coloured by where it falls between the whole matrix's min and max.
-    from actviz.heatmap_sources import HEATMAP_COLOURS
-    from actviz.pixels import PaletteImage
+    from actviz.pictures.heatmap_sources import HEATMAP_COLOURS
+    from actviz.common.pixels import PaletteImage
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 96))

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import actviz
-from actviz.layer_outputs import output_tensors
+from actviz.capture.layer_outputs import output_tensors
 from actviz.selection import ROOT_NAME
 
 STEPS, EVERY = 6, 2

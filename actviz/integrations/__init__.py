@@ -26,7 +26,7 @@ from typing import Any
 from ..api import watch
 from ..options import CaptureOptions
 from ..schedule import Schedule
-from ..suggestions import did_you_mean
+from ..common.suggestions import did_you_mean
 
 __all__: list[str] = []  # the adapters live in their submodules
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..api import watch
-from ..safe_warnings import warn_safely
+from ..common.safe_warnings import warn_safely
 from ..watcher import Watcher
 from . import _check_watch_kwargs
 

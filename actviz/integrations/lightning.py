@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from ..api import watch
-from ..safe_warnings import warn_safely
+from ..common.safe_warnings import warn_safely
 from ..watcher import Watcher
 from . import _check_watch_kwargs
 

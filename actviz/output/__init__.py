@@ -2,7 +2,7 @@
 
 * :mod:`~actviz.output.pending_step`: one step's reductions and picture sources, copied to the host in one
   copy per device;
-* :mod:`~actviz.output.results`: what a step logs, on the host (:class:`Summary`, :class:`StepResults`);
+* :mod:`~actviz.common.results`: what a step logs, on the host (:class:`Summary`, :class:`StepResults`);
 * :mod:`~actviz.output.delivery`: where a finished step goes: the writer thread, or at once with
   ``strict=True``;
 * :mod:`~actviz.output.writer_thread`: the writer thread (:class:`BackgroundSink`), never waited on when it
@@ -14,7 +14,7 @@
 * :mod:`~actviz.output.png`: the PNG bytes of the pictures, for the event files and the report.
 
 Example:
-    >>> from actviz.output.results import StepResults
+    >>> from actviz.common.results import StepResults
     >>> StepResults(3, scalars={"loss": 0.5}).scalars
     {'loss': 0.5}
 """

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..safe_warnings import warn_safely
+from ..common.safe_warnings import warn_safely
 from ..tags import ALERTS, LAYERS
 from .pending_step import PendingStep
-from .results import StepResults
+from ..common.results import StepResults
 from .sink import Sink
 from .writer_thread import BackgroundSink
 
@@ -32,7 +32,7 @@ class Delivery:
         sink: The sink (:class:`actviz.output.tensorboard.TensorBoardSink`, or a fan-out to the user's too).
         strict: Write on the training thread and let errors raise.
         on_step: Called with each step's results once written.
-        diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.Diagnosis`).
+        diagnose: Called with each step's results before they are written (:class:`actviz.diagnosis.step_diagnosis.Diagnosis`).
     """
 
     def __init__(
@@ -44,7 +44,7 @@ class Delivery:
         self.latest: StepResults | None = None
         self.layer_table: str | None = None
         self._on_step = on_step
-        self._diagnose = diagnose  # actviz.diagnosis.Diagnosis: alerts (the first NaN/Inf among them), flow, spikes
+        self._diagnose = diagnose  # actviz.diagnosis.step_diagnosis.Diagnosis: alerts (the first NaN/Inf among them), flow, spikes
         self._warned: set[str] = set()
         self._alerted = False
         self._background = None if strict else BackgroundSink(
@@ -129,7 +129,7 @@ def first_nonfinite(results: StepResults) -> str | None:
     not finite, or else the first the backward pass reached with a gradient that is not; ``None`` if none.
 
     Example:
-        >>> from actviz.output.results import Summary
+        >>> from actviz.common.results import Summary
         >>> finite, bad = Summary(4, 0, 0, 0.0, 1.0, 1.0, 1.0, [4.0]), Summary(4, 2, 0, 0.0, 1.0, 1.0, 1.0, [2.0])
         >>> first_nonfinite(StepResults(12, activations={"encoder.2": finite, "encoder.3": bad, "head": bad}))
         "actviz: NaN or Inf first at step 12, in the output of 'encoder.3' (the first watched layer, in forward order, whose output is not finite)"

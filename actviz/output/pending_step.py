@@ -20,7 +20,7 @@ from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
 from ..summaries.small_tensors import SmallTensors
 from ..tags import GRAD_SCALE
-from .results import StepResults
+from ..common.results import StepResults
 
 __all__ = ["HostCopy", "PendingStep"]
 

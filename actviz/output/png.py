@@ -3,7 +3,7 @@
 TensorBoard wants PNG bytes. PIL is the fallback to switch to for anything beyond
 8-bit gray and RGB (16-bit, alpha); this encoder covers what actviz makes,
 faster, because its pictures are enlarged by repeating pixels. A heat map comes as its
-palette indices (:class:`~actviz.pixels.PaletteImage`) and is stored as such, one byte per
+palette indices (:class:`~actviz.common.pixels.PaletteImage`) and is stored as such, one byte per
 pixel (PNG's colour type 3), which decodes to the RGB pixels.
 """
 
@@ -15,7 +15,7 @@ import zlib
 import numpy as np
 import torch
 
-from ..pixels import PaletteImage
+from ..common.pixels import PaletteImage
 
 __all__ = ["encode_png"]
 

@@ -3,7 +3,7 @@
 A sink is any object with three methods, called on actviz's writer thread, one step at a time,
 in step order:
 
-* ``write(results)``: one step's :class:`~actviz.output.results.StepResults` (the numbers, not the
+* ``write(results)``: one step's :class:`~actviz.common.results.StepResults` (the numbers, not the
   tags: :func:`actviz.tags.step_items` gives every ``(kind, tag, value)`` TensorBoard gets);
 * ``flush()``: make what was written durable (``viz.flush()``);
 * ``close()``: the watcher is closed; nothing is written after.
@@ -12,7 +12,7 @@ in step order:
 and skipped: it never stops training nor the other sinks.
 
 Example:
-    >>> from actviz.output.results import StepResults
+    >>> from actviz.common.results import StepResults
     >>> class ListSink:
     ...     def __init__(self): self.steps = []
     ...     def write(self, results): self.steps.append(results.step)
@@ -34,8 +34,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..safe_warnings import warn_safely
-from .results import StepResults
+from ..common.safe_warnings import warn_safely
+from ..common.results import StepResults
 
 __all__ = ["FanOutSink", "Sink", "check_sink"]
 

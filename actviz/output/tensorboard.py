@@ -16,9 +16,9 @@ import torch
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
-from .._internals import event_file_writer, replace_record_checksum
+from ..common._internals import event_file_writer, replace_record_checksum
 from ..tags import TENSORBOARD_PREFIX, step_items, tensorboard_tag
-from .results import StepResults
+from ..common.results import StepResults
 from .sink import Sink
 from .tensorboard_values import _image_value, _scalar_values, _text_value, _values
 
@@ -84,7 +84,7 @@ def _masked_crc32c(crc32c: Callable[[bytes], int]) -> Callable[[bytes], int]:
 
 
 class TensorBoardSink:
-    """Writes :class:`~actviz.output.results.StepResults` through a ``SummaryWriter``.
+    """Writes :class:`~actviz.common.results.StepResults` through a ``SummaryWriter``.
 
     Args:
         writer: A ``torch.utils.tensorboard.SummaryWriter``.

@@ -20,9 +20,9 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import text as text_summary
 
-from ..pixels import PaletteImage
+from ..common.pixels import PaletteImage
 from .png import encode_png
-from .results import StepResults, Summary  # noqa: F401 - StepResults for the example
+from ..common.results import StepResults, Summary  # noqa: F401 - StepResults for the example
 
 __all__: list[str] = []  # used by actviz.output.tensorboard
 

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..safe_warnings import warn_safely
-from .results import StepResults
+from ..common.safe_warnings import warn_safely
+from ..common.results import StepResults
 from .sink import Sink
 
 __all__ = ["BackgroundSink", "PendingResults"]

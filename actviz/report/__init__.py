@@ -4,7 +4,7 @@
 (:mod:`~actviz.report.models`), selects layers with :func:`actviz.selection.select_layers`
 (the keywords ``conv``, ``relu`` and ``all`` are the watcher's too), and runs each image
 (:mod:`~actviz.report.images`) through the model **once**. On that pass each selected
-layer's output goes through :func:`actviz.layer_outputs.reduce_output`, the watcher's own
+layer's output goes through :func:`actviz.capture.layer_outputs.reduce_output`, the watcher's own
 per-layer work, in a forward hook (:mod:`~actviz.report.capture`), which adds only the
 report's dead-channel count. The results (:mod:`~actviz.report.results`) are written by
 the watcher's :class:`~actviz.output.tensorboard.TensorBoardSink`, one run per image, and, if asked, as
@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..gradcam import grad_cam, gradcam_overlay, last_conv_name
-from ..layer_outputs import output_tensors
+from ..pictures.gradcam import grad_cam, gradcam_overlay, last_conv_name
+from ..capture.layer_outputs import output_tensors
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
-from ..output.results import StepResults
+from ..common.results import StepResults
 from ..output.tensorboard import TensorBoardSink, use_fast_crc
-from ..probe import gradcam_layers
+from ..capture.probe import gradcam_layers
 from ..selection import LayerSpec, layer_display_name, select_layers
 from .capture import capture_layers
 from .errors import ImageError, ReportError, WeightsError

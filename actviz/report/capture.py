@@ -1,6 +1,6 @@
 """The report's one forward pass: a hook per selected layer, doing the watcher's per-layer work.
 
-Each hook hands the layer's output to :func:`actviz.layer_outputs.reduce_output`, the
+Each hook hands the layer's output to :func:`actviz.capture.layer_outputs.reduce_output`, the
 function the watcher's hooks call, so a report's statistics and pictures are the
 watcher's. The report adds two numbers of its own: the count of dead channels and the
 share of the output a ReLU sets to zero (:func:`relu_zero_fraction`). Every
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layer_outputs import batch_dim_of, output_tensors, reduce_output
+from ..capture.layer_outputs import batch_dim_of, output_tensors, reduce_output
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
-from ..owned_hooks import HookHandles
-from ..pixels import PaletteImage
+from ..common.owned_hooks import HookHandles
+from ..common.pixels import PaletteImage
 from ..selection import layer_display_name
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..pixels import to_uint8
+from ..common.pixels import to_uint8
 from .errors import ImageError
 
 if TYPE_CHECKING:

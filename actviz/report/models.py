@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
-from .._internals import image_classification
-from ..suggestions import did_you_mean
+from ..common._internals import image_classification
+from ..common.suggestions import did_you_mean
 from .errors import ReportError, WeightsError
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..options import DEFAULT_MAX_CHANNELS
-from ..output.results import Summary
+from ..common.results import Summary
 
 __all__ = ["ImageReport", "LayerRecord", "ReportResult"]
 

@@ -26,7 +26,7 @@ for its size.
   subclasses and inference tensors (other guards) get ``None`` at once.
 
 It is off unless ``ACTVIZ_FUSED=1`` (:func:`use_fused` says why). It needs three private APIs, each
-behind one function in :mod:`actviz._internals`: Inductor's backend (wrapped to count graphs and calls),
+behind one function in :mod:`actviz.common._internals`: Inductor's backend (wrapped to count graphs and calls),
 ``mark_unbacked`` with a size hint (Inductor tunes its reduction for the size class, not for the first
 tensor it sees) and the current stance (to skip ``set_stance`` when it is already the default). An error
 from any of them counts as a failed compile.
@@ -43,8 +43,8 @@ from typing import Any
 
 import torch
 
-from .._internals import compiler_stance, inductor_backend, mark_size_unbacked
-from ..safe_warnings import warn_safely
+from ..common._internals import compiler_stance, inductor_backend, mark_size_unbacked
+from ..common.safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 

@@ -16,7 +16,7 @@ path, and anything on MPS), about ``z``, the tensor with NaN and ±Inf replaced 
 ``numel`` stays on the host. A tensor's row lives in a device tensor: alone (a 1-D row,
 possibly followed by its sample) or as row ``index`` of a ``(k, len(FIELDS))`` matrix
 (a step's small tensors, or parameters, reduced together). :func:`decode` turns a row into
-the numbers of a :class:`~actviz.output.results.Summary`; :func:`actviz.summaries.one_tensor.finish` adds the
+the numbers of a :class:`~actviz.common.results.Summary`; :func:`actviz.summaries.one_tensor.finish` adds the
 bucket counts. To add a statistic, add its name to :data:`FIELDS` (its column follows) and
 compute it where the rows are made (:mod:`actviz.summaries.one_tensor`, :mod:`actviz.summaries.small_tensors`,
 :mod:`actviz.summaries.many_tensors`, :mod:`actviz.summaries.piecewise`, :mod:`actviz.summaries.cpu_shortcut`).

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .. import distributed_types
-from .._internals import flatten_copy
+from ..common import distributed_types
+from ..common._internals import flatten_copy
 from ..options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from .header import Reduction
 from .one_tensor import flat_view, local_shard, reduce_tensor, sample_stride, wide_dtype

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ..distributed_types import is_dtensor
+from ..common.distributed_types import is_dtensor
 from .header import Reduction
 from .one_tensor import wide_dtype
 

@@ -23,10 +23,11 @@ import math
 import numpy as np
 import torch
 
-from .. import distributed_types
+from ..common import distributed_types
 from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
-from ..output.results import HEADER_SIZE, Summary
-from . import fused, piecewise
+from ..common.results import HEADER_SIZE, Summary
+from . import fused
+from . import piecewise
 from .cpu_shortcut import reduce_on_cpu
 from .header import HEADER, Reduction, finite_bounds, wide_dtype
 from .small_tensors import SmallTensors
@@ -229,7 +230,7 @@ def summarize(
     sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     count_zeros: bool = True,
 ) -> torch.Tensor:
-    """Summary vector of one tensor, on the host (see :meth:`actviz.output.results.Summary.vector`).
+    """Summary vector of one tensor, on the host (see :meth:`actviz.common.results.Summary.vector`).
 
     For one tensor at a time: it waits for the device. The watcher reduces on the device
     and copies a whole step back at once instead.

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._internals import flatten_copy
+from ..common._internals import flatten_copy
 from .header import Reduction, wide_dtype
 from .segments import reduce_segments
 

@@ -1,0 +1,300 @@
+"""The hooks of one logging step, and the small results they leave: a step's life, stage by stage.
+
+A :class:`StepCapture` exists only for a step that logs; every tensor is reduced in its hook, on its
+device, into a :class:`~actviz.output.pending_step.PendingStep`. The stages, in order:
+
+1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, the optimizer hook;
+2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient;
+3. end of forward (``_on_forward_done``): forward hooks off; over now if nothing waits for a backward;
+4. output gradient (:class:`~actviz.capture.output_gradients.OutputGradients`): the gradient flowing into each layer, reduced;
+5. end of backward (:class:`~actviz.capture.step_end.StepEnd`): the gradients kept as left, unless an optimizer applies them;
+6. optimizer step (``_on_optimizer_step``): the gradients it applies, however many backwards came
+   between (a GAN discriminator's real and fake batches; :mod:`actviz.capture.step_parameters`);
+7. end (``finish``, also at the next training forward of a loop without optimizer, and at ``flush()``):
+   hooks off, one copy to the host started, ``deliver`` called once.
+
+A step whose outputs require grad waits for its backward even if other forwards come first (a siamese
+pair, an RL episode; :mod:`actviz.capture.open_steps`). No hook holds a batch: a later in-place op cannot change
+what was logged. Output gradients come from ``output.register_hook`` (module backward hooks raise on
+in-place ReLUs, pytorch#61519); layers run without grad (``checkpoint``) get it when backward recomputes them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..common._internals import functorch_wrapped
+from .compiled_model import EagerStance
+from .layer_outputs import DrawnTensors, first_tensor, layer_table, nested_values, output_tensors
+from .layer_outputs import PER_CHANNEL_AFFINE, copied_picture, reduce_output, shape_of as _shape_of
+from ..options import CaptureOptions
+from ..output.pending_step import PendingStep
+from ..common.owned_hooks import ForwardHooks, HookHandles, OwnedHook
+from .output_gradients import OutputGradients
+from .step_end import StepEnd
+from .step_parameters import LoopHistory, StepParameters
+from ..summaries.header import Reduction
+from ..summaries.merge_ranks import merge_across_ranks
+from ..summaries.one_tensor import reduce_tensor
+from ..tags import LAYERS
+from .transformer_step import TransformerStep
+from ..summaries.unit_counts import COUNTED_LAYERS, unit_counts
+
+__all__ = ["StepCapture"]
+
+logger = logging.getLogger(__name__)
+
+_UNWATCHED = (None,)  # what the layer lookup gives a module it does not hold
+
+#: Called with (what failed, the exception) when a hook raises.
+ErrorHandler = Callable[[str, BaseException], None]
+
+
+class StepCapture(OutputGradients, StepEnd):
+    """Hooks and results for one logging step.
+
+    Args:
+        step: The step number the results belong to.
+        model: The watched model; a forward hook on it marks the end of the forward pass.
+        layers: ``(tag name, module)`` pairs to hook.
+        parameters: ``(tag name, parameter)`` pairs whose values and gradients to summarize.
+        want_stats: Summarize activations, output gradients, weights and weight gradients.
+        want_images: Draw feature maps.
+        options: Bins, sampling and channel limits.
+        deliver: Called once, with the :class:`~actviz.output.pending_step.PendingStep`, when the step
+            ends and logged something.
+        on_error: Called with the failing layer or parameter name; it may re-raise.
+        on_no_backward: Called with this capture when it ends without the backward pass
+            its outputs waited for.
+        grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
+        describe_layers: Also write the text ``layers`` (see :func:`~actviz.capture.layer_outputs.layer_table`).
+        pictures: Pictures made before the step (the probe's): ``(tag, draw, sources, full_tag)``.
+
+    With ``options.merge_ranks`` every rank runs a capture for the same steps and ``deliver``
+    may be ``None``; with ``options.update_ratio`` a step ends at the next forward, once the
+    update is done. ``stance`` holds ``force_eager`` until the step ends; ``history`` is what
+    the watcher knows of its loop (:class:`~actviz.capture.step_parameters.LoopHistory`).
+
+    Example:
+        >>> from actviz.options import CaptureOptions
+        >>> model, delivered = torch.nn.Sequential(torch.nn.Linear(3, 2)), []
+        >>> capture = StepCapture(0, model, [("0", model[0])], list(model.named_parameters()), want_stats=True,
+        ...                       want_images=False, options=CaptureOptions(), deliver=delivered.append, on_error=print)
+        >>> model(torch.randn(4, 3)).sum().backward()
+        >>> capture.finish()  # at an optimizer step, the next forward of a loop without one, or flush()
+        >>> results = delivered[0].resolve()
+        >>> sorted(results.gradients), sorted(results.weight_grads)
+        (['0'], ['0.bias', '0.weight'])
+    """
+
+    def __init__(
+        self,
+        step: int,
+        model: nn.Module,
+        layers: Sequence[tuple[str, nn.Module]],
+        parameters: Sequence[tuple[str, nn.Parameter]],
+        *,
+        want_stats: bool,
+        want_images: bool,
+        options: CaptureOptions,
+        deliver: Callable[[PendingStep], None] | None,
+        on_error: ErrorHandler,
+        on_no_backward: Callable[[StepCapture], None] | None = None,
+        grad_scaler: Any = None,
+        describe_layers: bool = False,
+        pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
+        stance: EagerStance | None = None,
+        history: LoopHistory | None = None,
+        hold_stance: bool = True,
+    ) -> None:
+        self.step = step
+        self.want_stats = want_stats
+        self.want_images = want_images
+        self.options = options
+        self.done = False
+        self.in_forward = True
+        self.expects_backward = False  # some watched output requires grad
+        self.backward_seen = False  # a backward pass has reached a watched output
+        self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
+        self.dropped_gradients = False  # zeroed before an optimizer applied them
+        self._stepped = False
+        self._hold_stance = hold_stance  # a model compiled after watch(): until the step ends (fullgraph checks it)
+        self._in_closure = False  # its backward ran inside an optimizer step's closure (LBFGS, Lightning)
+        self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
+        self._history = history or LoopHistory()
+        self._deliver = deliver
+        self._on_error = on_error
+        self._on_no_backward = on_no_backward
+        self._pending = PendingStep(step, options.bins)
+        for tag, draw, sources, full_tag in pictures:
+            self._pending.add_picture(tag, draw, *sources, full_tag=full_tag)
+        self._hooks = HookHandles()
+        self._layer_pairs = list(layers)  # the watcher's own pairs: its steps reuse their lookup (LoopHistory)
+        self._layers = dict(layers)
+        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
+        self._seen, self._seen_grads = set[str](), set[str]()  # layers, output gradients logged: a 2nd call logs nothing
+        self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
+        self._merge = options.merge_ranks and want_stats
+        self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
+        self._drawn = DrawnTensors()
+        self._callback_queued = False
+        self._pass_reached = False  # the backward pass under way has reached a watched output
+        self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
+        self._eager.enter()
+        try:
+            self._attach(model)
+        except BaseException:
+            self._end_eager()
+            raise
+
+    def release_stance(self) -> None:
+        self._end_eager()
+
+    def _end_eager(self) -> None:
+        stance, self._eager = self._eager, None
+        if stance is not None:
+            stance.exit()
+
+    def _attach(self, model: nn.Module) -> None:
+        # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
+        self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
+        self._backward_handles = self._hooks.group("backward")
+        self._by_module, hook_dicts = self._history.lookup(self._layer_pairs)
+        layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
+        self._hooks.add("forward", layer_hooks)
+        layer_hooks.add_to(hook_dicts)
+        done = OwnedHook(self._on_forward_done, model)
+        self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
+        if self.want_stats:
+            self._parameters.reduce_values()
+            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_optimizer_step, self._on_optimizer_done)
+            TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
+
+    def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
+        try:
+            return function(*args)
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._on_error(name, error)
+            return None
+
+    def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        entry = self._by_module.get(id(module), _UNWATCHED)
+        if entry[0] is not module or self.done:  # a copy's module (it shares the hook dict), or the step is over
+            return
+        for at in range(1, len(entry), 2):
+            self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
+
+    def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
+        if name in self._seen:  # a module called twice logs its first call
+            return
+        first = output if isinstance(output, torch.Tensor) else first_tensor(output)
+        if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
+            return
+        self._seen.add(name)
+        if self._shapes is not None and first is not None:
+            self._shapes[name] = _shape_of(first)
+        if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
+            self._recompute.add(name)
+        # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
+        draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
+        try:
+            if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
+                self._capture_tensor(name, name, batch_dim, module, output, draw)
+            else:
+                self._capture_output(name, batch_dim, module, output, draw)
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._on_error(name, error)
+
+    def _capture_output(self, name: str, batch_dim: int, module: nn.Module, output: Any, draw: bool) -> None:
+        tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
+        for position, (suffix, tensor) in enumerate(tensors):
+            if tensor.is_nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
+                if self.want_stats:
+                    values = nested_values(tensor)
+                    reduction = reduce_tensor(values, self.options.histogram_sample_size, small=self._pending.small)
+                    self._add_activation(module, name + suffix, values, reduction)
+            else:  # only the first is drawn (an LSTM's h and c are not batch-first)
+                self._capture_tensor(name, name + suffix, batch_dim, module, tensor, draw and position == 0)
+
+    def _capture_tensor(self, name: str, tag: str, batch_dim: int, module: nn.Module, tensor: torch.Tensor,
+                        draw: bool) -> None:
+        """One tensor of a layer's output: its summary, its picture and the hook on its gradient.
+
+        Most outputs are copied once, whole: the copy is the summary's row in the step's small tensors
+        and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
+        """
+        small = self._pending.small
+        copy = small.whole_copy(tensor, self.options.histogram_sample_size) if self.want_stats else None
+        if copy is not None:
+            row = small.add_copy(copy)
+            reduction, picture = row, copied_picture(copy, row, self.options.max_channels, batch_dim) if draw else None
+        else:
+            reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim)
+        if reduction is not None:
+            self._add_activation(module, tag, tensor, reduction)
+            self._hook_gradient(name, tag, tensor)
+        if picture is not None:
+            self._pending.add_picture(tag, *picture)
+            self._drawn.add(tensor)
+
+    def _add_activation(self, module: nn.Module, tag: str, tensor: torch.Tensor, reduction: Reduction | int) -> None:
+        self._pending.add("activations", tag, reduction, mergeable=True)
+        if self.options.unit_counts and isinstance(module, COUNTED_LAYERS):  # for health alerts
+            unit_counts(module, tag, tensor, self._pending)
+
+    def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
+        self._hooks.remove("forward")
+        self.in_forward = False
+        if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
+            self._end_eager()
+        if output is None:  # the forward raised
+            self.finish()
+            return
+        for name in self._recompute:
+            hook = OwnedHook(self._on_recomputed, self._layers[name], name)
+            self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
+        if self._recompute and self._parameters.trainable:
+            self.expects_backward = True
+        if not self.expects_backward:
+            self.finish()
+
+    def finish(self, missed_backward: bool = False) -> None:
+        """Remove every hook, start the copy to the host and deliver the step; once, however often called.
+
+        ``missed_backward`` says the backward pass the outputs waited for never came.
+        """
+        if self.done:
+            return
+        if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
+            # A closure's step (LBFGS, Lightning) and a loop that updates by hand (word_language_model) used them as
+            # its backward left them; a loop whose optimizer steps them did not (zeroed first, or no step came).
+            if not self._in_closure and self._history.optimizer_steps:
+                self._parameters.discard_gradients()
+                self.dropped_gradients = True
+        self.done = True
+        self.in_forward = False
+        self._end_eager()
+        self._hooks.remove()
+        self._drawn = DrawnTensors()
+        self._parameters.hand_over()
+        if self._shapes is not None:
+            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
+        if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
+            self._on_no_backward(self)
+        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):
+            return
+        if self._pending.empty or self._deliver is None:
+            return
+        try:
+            self._pending.send()
+        except Exception as error:  # noqa: BLE001 - a failed copy loses this step, not the run
+            self._on_error("(step)", error)
+            return
+        self._deliver(self._pending)

@@ -1,0 +1,212 @@
+"""The watched parameters of one logging step: their values, and their gradients as the optimizer applies them.
+
+Values are reduced when the step starts. Gradients are reduced once, when an optimizer
+that holds a watched parameter steps (actviz's one optimizer step pre-hook): after DDP's
+all-reduce, every micro-batch of accumulation, every further backward pass (a GAN
+discriminator's real and fake batches), clipping and ``GradScaler.unscale_``. A loop not
+yet known to step an optimizer (:class:`LoopHistory`) also has them reduced at the end of
+each backward pass, as that pass left them. Gradients zeroed (``zero_grad()`` sets them to
+``None``) before any optimizer applied them are not logged: :meth:`StepParameters.dropped`
+tells. All of them are reduced together (:func:`~actviz.summaries.many_tensors.reduce_tensors`).
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..common._internals import forward_hooks
+from .layer_outputs import layers_by_module
+from .amp import loss_scale_of, unscaled_by
+from ..common.optimizer_steps import subscribe
+from ..options import CaptureOptions
+from ..output.pending_step import PendingStep
+from ..summaries.header import Reduction
+from ..summaries.many_tensors import reduce_tensors
+from ..summaries.merge_ranks import is_sharded
+from ..summaries.one_tensor import local_shard, reduce_tensor
+from ..tags import UPDATE_RATIO
+
+__all__ = ["LoopHistory", "StepParameters"]
+
+_GRAD = operator.attrgetter("grad")  # a parameter's .grad, read in C in map()
+
+
+@dataclass
+class LoopHistory:
+    """What a watcher learned about its training loop, shared by its steps.
+
+    ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
+    logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
+    ``layer_lookup``: the last step's ``(layers, layers_by_module(layers), the modules' forward hook dicts)``,
+    reused while its steps watch the same ``(name, module)`` pairs (:meth:`lookup`).
+    """
+
+    optimizer_steps: bool | None = None
+    layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
+
+    def lookup(self, layers: list[tuple[str, nn.Module]]) -> tuple[dict[int, tuple[Any, ...]], list[dict[int, Any]]]:
+        """``layers_by_module(layers)`` and each of its modules' forward hook dicts (what
+        :meth:`~actviz.common.owned_hooks.ForwardHooks.add_to` fills), made again only when the pairs changed."""
+        kept = self.layer_lookup
+        if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
+            by_module = layers_by_module(layers)
+            kept = self.layer_lookup = (list(layers), by_module, [forward_hooks(entry[0]) for entry in by_module.values()])
+        return kept[1], kept[2]
+
+
+class StepParameters:
+    """Reductions of the watched parameters and their gradients for one step.
+
+    Args:
+        parameters: ``(tag name, parameter)`` pairs.
+        options: Sampling options.
+        pending: Where the step's results go.
+        report: Called with the failing parameter name and the exception.
+        grad_scaler: A ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``.
+
+    With ``options.update_ratio`` it also logs ``update_ratio/{param}`` =
+    ||w_after - w_before|| / ||w_before|| across the update that follows the step, from a
+    copy of the parameters taken just before it (with the gradients) and compared when the
+    step ends.
+
+    Example:
+        The gradients logged are the ones the optimizer applies, here after clipping:
+
+        >>> import tempfile, actviz
+        >>> model = nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with tempfile.TemporaryDirectory() as runs, actviz.watch(model, runs, every=1, image_every=False) as viz:
+        ...     model(torch.ones(1, 2)).sum().backward()  # gradients [1, 1] and [1]: norm 3 ** 0.5
+        ...     _ = nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        ...     optimizer.step()
+        ...     viz.flush()
+        ...     print(round(viz.latest.statistics()["weight_grads/weight"]["norm"], 4))  # 2 ** 0.5 * 0.5 / 3 ** 0.5
+        0.4082
+    """
+
+    def __init__(
+        self,
+        parameters: Sequence[tuple[str, nn.Parameter]],
+        options: CaptureOptions,
+        pending: PendingStep,
+        report: Callable[[str, BaseException], None],
+        grad_scaler: Any = None,
+    ) -> None:
+        self.named = list(parameters)
+        self.update_ratio = options.update_ratio
+        self._before: list[torch.Tensor] | None = None
+        self.trainable = [pair for pair in self.named if pair[1].requires_grad]  # the same pairs: no new tuples
+        self._options = options
+        self._pending = pending
+        self._report = report
+        self._grad_scaler = grad_scaler
+        # merged across ranks (merge_ranks) only when sharded: looked at only then
+        self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
+        self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
+        self._grads_scaled = False
+        self._trainable_params = [param for _, param in self.trainable]
+        self._grad_refs: list[weakref.ref[torch.Tensor] | None] = []  # each .grad as the step's backward left it
+        self.taken_at_step = False  # reduced as an optimizer applied them
+        self.scale_taken = False  # the gradients of this step's backward carry the loss scale
+
+    def reduce_values(self) -> None:
+        """Reduce the parameters as they are now, at the start of the step."""
+        found = self._reduce(self.named, [param for _, param in self.named])
+        self._pending.add_many("weights", found, mergeable=self._sharded)
+
+    def attach(
+        self,
+        add_handle: Callable[[Any], None],
+        on_optimizer_step: Callable[[torch.optim.Optimizer], None],
+        on_optimizer_done: Callable[[torch.optim.Optimizer], None],
+    ) -> None:
+        """Hook the optimizers that hold a trainable watched parameter; the handle goes to ``add_handle``.
+
+        ``on_optimizer_step(optimizer)`` runs before such an optimizer steps, ``on_optimizer_done(optimizer)``
+        after it (a closure may have run the backward inside).
+        """
+        watched = {id(param) for _, param in self.trainable}
+
+        def holds(optimizer: torch.optim.Optimizer) -> bool:
+            return any(id(param) in watched for group in optimizer.param_groups for param in group["params"])
+
+        def optimizer_hook(optimizer: torch.optim.Optimizer) -> None:
+            if holds(optimizer):
+                on_optimizer_step(optimizer)
+
+        def optimizer_done(optimizer: torch.optim.Optimizer) -> None:
+            if holds(optimizer):
+                on_optimizer_done(optimizer)
+
+        if self.trainable:
+            add_handle(subscribe(optimizer_hook, after=optimizer_done))
+
+    def take_loss_scale(self) -> None:
+        """Copy, on the device, the AMP scale that this backward pass multiplies gradients by."""
+        scale = loss_scale_of(self._grad_scaler)
+        if scale is not None and not self.scale_taken:
+            self.scale_taken = True
+            self._pending.set_loss_scale(scale.detach().clone().reshape(()))
+
+    def note_gradients(self) -> None:
+        """Remember which tensors the step's backward left in ``.grad``: later passes accumulate into them."""
+        self._grad_refs = [None if grad is None else weakref.ref(grad) for grad in map(_GRAD, self._trainable_params)]
+
+    def dropped(self) -> bool:
+        """Whether a watched gradient was zeroed to ``None`` (or replaced) since :meth:`note_gradients`."""
+        for ref, grad in zip(self._grad_refs, map(_GRAD, self._trainable_params)):
+            if ref is not None and ((noted := ref()) is None or noted is not grad):
+                return True
+        return False
+
+    def discard_gradients(self) -> None:
+        """Log no gradients for this step: no optimizer applied the ones its backward made."""
+        self._grads, self._grad_refs = {}, []
+
+    def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
+        self.taken_at_step = self.taken_at_step or optimizer is not None
+        with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
+        if self.update_ratio and self.trainable:  # the values the update will change, one op
+            self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
+        if with_grads:
+            self._grads = self._reduce(with_grads, [param.grad for _, param in with_grads])
+            self._grads_scaled = self.scale_taken and not (
+                optimizer is not None and unscaled_by(self._grad_scaler, optimizer)
+            )
+
+    def hand_over(self) -> None:
+        """Put the last gradients taken, and the update ratios since, into the step's results."""
+        if self._before is not None:
+            after = [local_shard(param) for _, param in self.trainable]
+            change = torch._foreach_norm(torch._foreach_sub(after, self._before))
+            ratios = torch._foreach_div(change, torch._foreach_norm(self._before))  # NaN for an all-zero parameter
+            for (name, _), ratio in zip(self.trainable, ratios):
+                self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
+            self._before = None
+        self._pending.add_many("weight_grads", self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
+        self._grads = {}
+
+    def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:
+        """Reduce ``tensors`` (the parameters of ``named``, or their gradients) in a fixed number of ops;
+        if that fails, one by one, to name the one that fails."""
+        sample_size = self._options.histogram_sample_size
+        owners = [param for _, param in named]
+        try:
+            reductions = reduce_tensors(tensors, sample_size, owners, self._pending.small)  # copies: reduced at the end
+            return dict(zip([name for name, _ in named], reductions))
+        except Exception:  # noqa: BLE001 - a hook must never stop training
+            found = {}
+            for (tag, _), tensor in zip(named, tensors):
+                try:
+                    found[tag] = reduce_tensor(tensor, sample_size, count_zeros=False)
+                except Exception as error:  # noqa: BLE001
+                    self._report(tag, error)
+            return found

@@ -1,0 +1,304 @@
+"""Health alerts: rules over the statistics a logging step already has, checked on the writer thread.
+
+:class:`HealthMonitor` looks at each step's :class:`~actviz.common.results.StepResults` once
+it is on the host and keeps a short history per layer (a few floats), so the rules cost
+the training thread nothing and never wait for a device. Each rule fires once per layer
+and run: an :class:`Alert` kept in ``viz.alerts``, passed to ``on_alert``, a line of the
+``alerts`` text at its step, and a ``RuntimeWarning``. ``watch(alerts={...})`` overrides
+the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says where its comes
+from. Two counts come from the device, made in the layer's hook (:mod:`actviz.summaries.unit_counts`):
+the fraction of a ReLU's channels that are zero for the whole batch, and of a Tanh's or
+Sigmoid's outputs near its bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..common.results import StepResults
+from ..common.safe_warnings import warn_safely
+from ..common.suggestions import did_you_mean
+from ..tags import ALERTS, UPDATE_RATIO
+from ..summaries.unit_counts import DEAD_CHANNELS, SATURATED
+
+__all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts"]
+
+#: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
+DEFAULT_THRESHOLDS: dict[str, float] = {
+    "warmup_steps": 100,  # vanishing, exploding and update-ratio alerts only from this training step on
+    "vanishing_ratio": 1e-3,  # RMS output gradient below this x the median over watched layers ...
+    "vanishing_steps": 3,  # ... for this many logging steps in a row
+    "exploding_sigma": 6.0,  # log10 gradient norm above its running median + this many robust deviations ...
+    "exploding_min_history": 8,  # ... once it has this many logging steps of history ...
+    "exploding_median_factor": 10.0,  # ... and always at least this x its running median
+    "dead_zero_fraction": 0.99,  # zero fraction of a ReLU-family output
+    "dead_channel_fraction": 0.9,  # fraction of a ReLU's channels that are zero for the whole batch
+    "saturation_fraction": 0.05,  # fraction of a Tanh's or Sigmoid's outputs within 0.03 of a bound
+    "update_ratio_low": 1e-4,  # ||dW|| / ||W|| of a weight below this ...
+    "update_ratio_high": 1e-2,  # ... or above this ...
+    "update_ratio_steps": 3,  # ... for this many logging steps in a row
+}
+
+#: Logging steps of gradient norms kept per layer for the exploding-gradient rule.
+HISTORY = 32
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One health alert: what was seen, where and when, against which threshold.
+
+    Example:
+        >>> alert = Alert(30, "vanishing_gradients", "fc1", "gradient_rms", 2e-9, 1e-4, "...")
+        >>> alert.rule, alert.layer
+        ('vanishing_gradients', 'fc1')
+    """
+
+    step: int
+    rule: str
+    layer: str | None
+    statistic: str
+    value: float
+    threshold: float
+    message: str
+
+    def line(self) -> str:
+        """The alert as one markdown line of the ``alerts`` text: ``step N · rule · layer: message``."""
+        return f"step {self.step} · **{self.rule}** · `{self.layer or '-'}`: {self.message}"
+
+
+def check_alerts(alerts: Any) -> dict[str, float] | None:
+    """Check ``watch(alerts=)``: ``True`` gives the default thresholds, ``False`` ``None``, a dict overrides some.
+
+    Raises:
+        TypeError: Not a bool or a dict, or a threshold that is not a number.
+        ValueError: An unknown threshold name (the nearest is suggested) or a value that is not positive.
+
+    Example:
+        >>> check_alerts({"vanishing_ratio": 1e-4})["vanishing_ratio"], check_alerts(False)
+        (0.0001, None)
+        >>> check_alerts({"vanish_ratio": 1e-4})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown alert threshold 'vanish_ratio'; did you mean 'vanishing_ratio'?
+    """
+    if alerts is True:
+        return dict(DEFAULT_THRESHOLDS)
+    if alerts is False:
+        return None
+    if not isinstance(alerts, Mapping):
+        raise TypeError(f"alerts must be True, False or a dict of thresholds, got {type(alerts).__name__}: {alerts!r}")
+    thresholds = dict(DEFAULT_THRESHOLDS)
+    for name, value in alerts.items():
+        if name not in DEFAULT_THRESHOLDS:
+            hint = did_you_mean(str(name), DEFAULT_THRESHOLDS, otherwise=f"; known: {', '.join(DEFAULT_THRESHOLDS)}")
+            raise ValueError(f"unknown alert threshold {name!r}{hint}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"alert threshold {name} must be a number, got {type(value).__name__}: {value!r}")
+        if not (value >= 0 if name == "warmup_steps" else value > 0):
+            raise ValueError(f"alert threshold {name} must be {'>= 0' if name == 'warmup_steps' else 'positive'}, got {value}; the default is "
+                             f"{DEFAULT_THRESHOLDS[name]}")
+        thresholds[name] = float(value)
+    return thresholds
+
+
+class HealthMonitor:
+    """Applies the rules to each step's results on the writer thread and reports what they find.
+
+    Args:
+        thresholds: From :func:`check_alerts`.
+        relu_layers: Names of the watched layers that are ReLU-family modules.
+        matrices: Names of the watched parameters with 2 or more dimensions (the update-ratio rule's);
+            ``None`` for every parameter.
+        on_alert: Called with each :class:`Alert`, on the writer thread.
+
+    Example:
+        >>> from actviz.common.results import Summary
+        >>> monitor = HealthMonitor(check_alerts(True), relu_layers={"relu"})
+        >>> dead = Summary(100, 0, 100, 0.0, 0.0, 0.0, 0.0, [100.0])
+        >>> [alert.rule for alert in monitor.check(StepResults(5, activations={"relu": dead}))]
+        ['dead_units']
+    """
+
+    def __init__(
+        self, thresholds: dict[str, float], relu_layers: set[str] | frozenset[str] = frozenset(),
+        matrices: set[str] | None = None, on_alert: Callable[[Alert], None] | None = None,
+    ) -> None:
+        self.thresholds = thresholds
+        self.relu_layers = set(relu_layers)
+        self.matrices = matrices
+        self.on_alert = on_alert
+        self.alerts: list[Alert] = []
+        self._fired: set[tuple[str, str | None]] = set()
+        self._norms: dict[str, deque[float]] = {}
+        self._streaks: dict[tuple[str, str], int] = {}
+
+    def check(self, results: StepResults) -> list[Alert]:
+        """Run every rule on one step; return the new alerts (each rule fires once per layer and run).
+
+        Vanishing and exploding gradients and the update ratio are judged from step ``warmup_steps`` (100)
+        on; their histories fill from step 0. A freshly initialised network is a transient: attention's
+        query and key projections get about 1e-4 of the median gradient at initialisation, and Adam's
+        first updates are as large as the learning rate whatever the gradient.
+        """
+        counts = {tag: results.scalars.pop(tag) for tag in [t for t in results.scalars if t.startswith("health/")]}
+        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts),
+                 *results.alerts]  # found while the step was finished (actviz.diagnosis.transformer_alerts)
+        results.alerts = []
+        trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
+        found += trends if results.step >= self.thresholds["warmup_steps"] else []
+        fresh = []
+        for alert in found:
+            if (alert.rule, alert.layer) not in self._fired:
+                self._fired.add((alert.rule, alert.layer))
+                fresh.append(alert)
+        self.report(results, fresh)
+        return fresh
+
+    def report(self, results: StepResults | None, alerts: list[Alert]) -> None:
+        """Keep, warn about, write into ``results.texts["alerts"]`` and hand on ``alerts``."""
+        for alert in alerts:
+            self.alerts.append(alert)
+            warn_safely(f"actviz: {alert.message}", RuntimeWarning, stacklevel=2)
+            if self.on_alert is not None:
+                try:
+                    self.on_alert(alert)
+                except Exception as error:  # noqa: BLE001 - the user's callback must not stop training
+                    warn_safely(f"actviz's on_alert callback raised {type(error).__name__}: {error}", RuntimeWarning)
+        if alerts and results is not None:
+            lines = [alert.line() for alert in alerts]
+            old = results.texts.get(ALERTS)
+            results.texts[ALERTS] = "\n\n".join([old, *lines] if old else lines)
+
+    def _streak(self, rule: str, layer: str, hit: bool) -> int:
+        """How many logging steps in a row ``rule`` has held for ``layer``, this one included."""
+        count = self._streaks.get((rule, layer), 0) + 1 if hit else 0
+        self._streaks[(rule, layer)] = count
+        return count
+
+    def _nonfinite(self, results: StepResults) -> list[Alert]:
+        """First NaN or Inf: in forward order the first layer whose output is not finite, else the first
+        gradient the backward pass reached that is not. No threshold: one bad element is one too many."""
+        for kind, where in (("activations", "in the output of"), ("gradients", "in the gradient flowing into")):
+            for layer, summary in getattr(results, kind).items():
+                if summary.nonfinite:
+                    return [Alert(results.step, "nonfinite", layer, f"{kind}_nonfinite", float(summary.nonfinite), 0.0,
+                                  f"NaN or Inf first at step {results.step}, {where} {layer!r} "
+                                  f"({summary.nonfinite} of {summary.num} elements)")]
+        return []
+
+    def _vanishing(self, results: StepResults) -> list[Alert]:
+        """Vanishing gradients: a layer's output-gradient RMS below ``vanishing_ratio`` (1e-3) x the median
+        over the watched layers, ``vanishing_steps`` (3) logging steps in a row. Healthy layers of one network
+        differ by one or two orders of magnitude (He et al. 2015 keep them within a small factor by design;
+        Glorot & Bengio 2010 show the 1e-3 and smaller ratios of saturated deep nets); three steps in a row
+        ignore one odd batch."""
+        rms = {layer: math.sqrt(s.sum_squares / s.finite_count) for layer, s in results.gradients.items()
+               if s.finite_count and not s.nonfinite}
+        if len(rms) < 3:
+            return []
+        limit = self.thresholds["vanishing_ratio"] * statistics.median(rms.values())
+        found = []
+        for layer, value in rms.items():
+            if self._streak("vanishing", layer, value < limit) >= self.thresholds["vanishing_steps"]:
+                found.append(Alert(results.step, "vanishing_gradients", layer, "gradient_rms", value, limit,
+                                   f"vanishing gradients at step {results.step} in {layer!r}: its output gradient's "
+                                   f"RMS {value:.3g} is below {self.thresholds['vanishing_ratio']:g} x the median of "
+                                   f"the watched layers ({limit:.3g}) for {self.thresholds['vanishing_steps']:g} "
+                                   "logging steps in a row"))
+        return found
+
+    def _exploding(self, results: StepResults) -> list[Alert]:
+        """Exploding gradients: a layer's gradient norm far above its own recent history, judged on a log
+        scale with robust statistics. With ``m`` the median and ``s`` the scaled median absolute deviation
+        (1.4826 x MAD, a standard deviation for normal data) of the log10 norms of its last logging steps
+        (at least ``exploding_min_history``, 8, at most 32), it fires when the log10 norm passes
+        ``m + max(log10(exploding_median_factor), exploding_sigma x s)``: at least 10x the median (the
+        ``exploding_median_factor``), and further for a layer whose norm wanders by nature. A gradient
+        norm's batch-to-batch noise is multiplicative (small batches, an embedding whose rows follow the
+        batch's tokens), so a mean and standard deviation of raw norms, pulled up by one large early value,
+        fire on ordinary fluctuation; the median and MAD of the logs do not. Six sigma is the loss-spike
+        rule of OLMo's and LLM-Foundry's trainers; ten times the median is one decade, the smallest jump
+        the rule calls an explosion."""
+        found = []
+        floor = math.log10(self.thresholds["exploding_median_factor"])
+        for layer, summary in results.gradients.items():
+            norm = summary.norm
+            history = self._norms.setdefault(layer, deque(maxlen=HISTORY))
+            if not math.isfinite(norm) or norm <= 0 or summary.nonfinite:
+                continue
+            if len(history) >= self.thresholds["exploding_min_history"]:
+                logs = [math.log10(value) for value in history]
+                middle = statistics.median(logs)
+                spread = 1.4826 * statistics.median(abs(value - middle) for value in logs)
+                margin = max(floor, self.thresholds["exploding_sigma"] * spread)
+                if math.log10(norm) > middle + margin:
+                    median, limit = 10.0 ** middle, 10.0 ** (middle + margin)
+                    found.append(Alert(results.step, "exploding_gradients", layer, "gradient_norm", norm, limit,
+                                       f"exploding gradients at step {results.step} in {layer!r}: gradient norm "
+                                       f"{norm:.3g} is {norm / median:.3g}x the median {median:.3g} of its last "
+                                       f"{len(history)} logging steps, above the limit {limit:.3g}"))
+            history.append(norm)
+        return found
+
+    def _dead_units(self, results: StepResults, counts: dict[str, float]) -> list[Alert]:
+        """Dead units: a ReLU-family output with ``dead_zero_fraction`` (0.99) of its elements zero, or
+        with ``dead_channel_fraction`` (0.9) of its channels zero for the whole batch. A healthy ReLU
+        zeroes about half its inputs; a unit whose input is negative for every sample gets no gradient
+        and never recovers (the "dying ReLU" of Lu et al. 2019)."""
+        found = []
+        for layer in self.relu_layers & results.activations.keys():
+            fraction = results.activations[layer].zero_fraction
+            if fraction >= self.thresholds["dead_zero_fraction"]:
+                found.append(Alert(results.step, "dead_units", layer, "zero_fraction", fraction,
+                                   self.thresholds["dead_zero_fraction"],
+                                   f"dead units at step {results.step} in {layer!r}: {fraction:.1%} of its outputs "
+                                   "are zero, so almost no gradient flows back through it"))
+                continue
+            channels = counts.get(f"{DEAD_CHANNELS}/{layer}", math.nan)
+            if channels >= self.thresholds["dead_channel_fraction"] - 1e-6:  # counted in float32 on the device
+                found.append(Alert(results.step, "dead_units", layer, "dead_channel_fraction", channels,
+                                   self.thresholds["dead_channel_fraction"],
+                                   f"dead units at step {results.step} in {layer!r}: {channels:.1%} of its channels "
+                                   "are zero for the whole batch"))
+        return found
+
+    def _saturation(self, results: StepResults, counts: dict[str, float]) -> list[Alert]:
+        """Saturation: more than ``saturation_fraction`` (5 %) of a Tanh's or Sigmoid's outputs within 0.03
+        of its bounds, where its slope is below 0.06 (Tanh) or 0.03 (Sigmoid) and gradients die. Glorot &
+        Bengio (2010) trace the stalled training of deep sigmoid nets to exactly this."""
+        found = []
+        prefix = SATURATED + "/"
+        for tag, fraction in counts.items():
+            if tag.startswith(prefix) and fraction > self.thresholds["saturation_fraction"]:
+                layer = tag[len(prefix):]
+                found.append(Alert(results.step, "saturation", layer, "saturated_fraction", fraction,
+                                   self.thresholds["saturation_fraction"],
+                                   f"saturation at step {results.step} in {layer!r}: {fraction:.1%} of its outputs "
+                                   "are within 0.03 of the bounds, where its gradient vanishes"))
+        return found
+
+    def _update_ratio(self, results: StepResults) -> list[Alert]:
+        """Update ratio out of [``update_ratio_low``, ``update_ratio_high``] = [1e-4, 1e-2] for
+        ``update_ratio_steps`` (3) logging steps in a row, weights with 2 or more dimensions only (a bias
+        starting at zero has no meaningful ratio). Around 1e-3 is healthy (Karpathy, CS231n "Babysitting
+        the learning process"); a decade off either side means a learning rate 10x too large or small."""
+        low, high = self.thresholds["update_ratio_low"], self.thresholds["update_ratio_high"]
+        found = []
+        for tag, ratio in results.scalars.items():
+            param = tag.removeprefix(UPDATE_RATIO.format(param=""))
+            if param == tag or not math.isfinite(ratio) or (self.matrices is not None and param not in self.matrices):
+                continue
+            outside = not low <= ratio <= high
+            if self._streak("update_ratio", param, outside) >= self.thresholds["update_ratio_steps"]:
+                side = "above" if ratio > high else "below"
+                found.append(Alert(results.step, "update_ratio", param, "update_ratio", ratio,
+                                   high if ratio > high else low,
+                                   f"update ratio at step {results.step} of {param!r}: ||dW||/||W|| = {ratio:.3g} is "
+                                   f"{side} [{low:g}, {high:g}] for {self.thresholds['update_ratio_steps']:g} logging "
+                                   f"steps in a row: the learning rate is likely too {'high' if side == 'above' else 'low'}"))
+        return found

@@ -1,0 +1,123 @@
+"""What actviz adds to each step on the writer thread, before it is written: alerts, flow pictures, spikes.
+
+:class:`Diagnosis` is the one object :class:`~actviz.output.delivery.Delivery` calls with each
+step's results (``diagnose=``): the health rules (:mod:`actviz.diagnosis.alerts`), the flow pictures
+(:mod:`actviz.diagnosis.flow`) and the spike recorder's findings (:mod:`actviz.diagnosis.spikes`). A failure
+here warns once and the step is written all the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import nn
+
+from .alerts import Alert, HealthMonitor, check_alerts
+from .flow import FlowHistory
+from ..common.results import StepResults
+from ..common.safe_warnings import warn_safely
+from .spikes import SpikeRecorder
+from ..tags import ALERTS
+from ..summaries.unit_counts import is_relu_family
+
+__all__ = ["Alert", "Diagnosis", "make_diagnosis"]
+
+logger = logging.getLogger(__name__)
+
+
+class Diagnosis:
+    """Health alerts, flow pictures and spike records of one watcher's run.
+
+    Args:
+        sink: The sink spike records are written to, as steps of their own (:class:`actviz.output.sink.Sink`).
+        monitor: The health rules, or ``None`` with ``alerts=False``.
+        flow: The flow pictures' history.
+        spikes: Whether to record gradient spikes (``watch(spikes=True)``): see :meth:`spike_recorder`.
+        on_alert: Called with each alert (for spikes when the rules are off).
+
+    Example:
+        >>> from actviz.common.results import Summary
+        >>> diagnosis = Diagnosis(None, HealthMonitor(check_alerts(True)), FlowHistory())
+        >>> bad = Summary(4, 4, 0, 0.0, 0.0, 0.0, 0.0, [0.0])
+        >>> diagnosis(StepResults(3, activations={"fc": bad}))
+        >>> [(alert.step, alert.rule, alert.layer) for alert in diagnosis.alerts]
+        [(3, 'nonfinite', 'fc')]
+    """
+
+    def __init__(
+        self, sink: Any, monitor: HealthMonitor | None, flow: FlowHistory | None, spikes: bool = False,
+        on_alert: Any = None,
+    ) -> None:
+        self.sink = sink
+        self.monitor = monitor
+        self.flow = flow
+        self.record_spikes = spikes
+        self.spikes: SpikeRecorder | None = None
+        self._reporter = monitor or HealthMonitor(check_alerts(True) or {}, on_alert=on_alert)
+        self._spikes_written_until = -1
+        self._failed: set[str] = set()
+
+    def spike_recorder(
+        self, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]],
+        current_step: Callable[[], int | None],
+    ) -> SpikeRecorder | None:
+        """Start the spike recorder, if asked for, on these layers and parameters (see :class:`SpikeRecorder`)."""
+        if self.record_spikes and self.spikes is None:
+            self.spikes = SpikeRecorder(layers, parameters, current_step)
+        return self.spikes
+
+    @property
+    def alerts(self) -> list[Alert]:
+        """Every alert so far, in the order raised."""
+        return self._reporter.alerts
+
+    def __call__(self, results: StepResults) -> None:
+        """Add this step's alerts and flow pictures to ``results``; write spike records found since the last step."""
+        if self.spikes is not None:
+            self._guarded("spikes", self._write_spikes)
+        if self.monitor is not None:
+            self._guarded("alerts", self.monitor.check, results)
+        results.alerts = []  # with alerts=False, the transformer rules' findings are dropped with the rest
+        if self.flow is not None:
+            self._guarded("flow pictures", self.flow.add, results)
+
+    def _write_spikes(self) -> None:
+        assert self.spikes is not None
+        for record in self.spikes.take_records():
+            alert, values = record.resolve()
+            for step, scalars in sorted(values.items()):
+                if step > self._spikes_written_until:
+                    self.sink.write(StepResults(step, scalars=scalars))
+            self._spikes_written_until = max(self._spikes_written_until, *values) if values else self._spikes_written_until
+            self._reporter.report(None, [alert])
+            self.sink.write(StepResults(alert.step, texts={ALERTS: alert.line()}))
+
+    def _guarded(self, what: str, function: Any, *args: Any) -> None:
+        if what in self._failed:
+            return
+        try:
+            function(*args)
+        except Exception as error:
+            if what not in self._failed:
+                self._failed.add(what)
+                warn_safely(f"actviz's {what} failed and are skipped from now on: {type(error).__name__}: {error}")
+            logger.debug("%s failed", what, exc_info=error)
+
+
+def make_diagnosis(
+    sink: Any, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], alerts: Any, on_alert: Any, spikes: bool,
+    update_ratio: bool, image_steps: Callable[[int], bool] | None = None,
+) -> Diagnosis:
+    """The :class:`Diagnosis` of :func:`actviz.watch`'s ``alerts``, ``on_alert``, ``spikes`` and ``update_ratio``;
+    flow pictures are drawn on ``image_steps`` (the image schedule).
+
+    ``layers`` are ``(tag name, module)``; ``alerts`` has been checked (:func:`~actviz.diagnosis.alerts.check_alerts`).
+    """
+    thresholds = check_alerts(alerts)
+    monitor = None if thresholds is None else HealthMonitor(
+        thresholds, {name for name, module in layers if is_relu_family(module)},
+        {name for name, param in model.named_parameters() if param.dim() >= 2}, on_alert,
+    )
+    return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps), spikes, on_alert)

@@ -1,0 +1,91 @@
+"""Output-logit health: how large and how sure the model's output logits are.
+
+For a classifier or language-model head, a floating tensor whose last dimension holds the
+classes (every other dimension a row: each position of each sample):
+
+* ``logits/max``: the largest logit in the batch;
+* ``logits/logsumexp``: the mean over rows of ``log Z = logsumexp(row)``: what PaLM's and
+  OLMo 2's z-loss keeps near 0; a drift means the logits drift;
+* ``logits/entropy``: the mean over rows of the softmax entropy ``-Σ p log p`` (nats): ``log C``
+  for a uniform guess, near 0 for a confident (or collapsed) one.
+
+Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the device half
+(about eight kernels, no host sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .one_tensor import local_shard
+from .piecewise import PIECE
+from ..tags import LOGITS
+
+__all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]
+
+#: Tags of :func:`logit_vector`'s entries, in order.
+LOGIT_TAGS = LOGITS
+
+
+def last_linear_width(model: nn.Module) -> int | None:
+    """``out_features`` of the model's last ``nn.Linear`` in ``named_modules()`` order: its head, if it has one."""
+    width = None
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            width = module.out_features
+    return width
+
+
+def find_logits(output: Any, head_width: int | None) -> torch.Tensor | None:
+    """The logits in a model's output, or ``None``.
+
+    A mapping's (a Hugging Face ``ModelOutput``'s) ``logits`` entry, else a floating output
+    tensor of at least 2 dimensions whose last one is ``head_width`` classes (the last
+    ``nn.Linear``'s width: a hidden state of another width is not taken for logits).
+
+    Example:
+        >>> find_logits({"loss": torch.tensor(1.0), "logits": torch.zeros(2, 5)}, None).shape
+        torch.Size([2, 5])
+        >>> find_logits(torch.zeros(2, 5), 5).shape, find_logits(torch.zeros(2, 7), 5)
+        (torch.Size([2, 5]), None)
+    """
+    if isinstance(output, Mapping):
+        tensor = output.get("logits")
+    elif isinstance(output, torch.Tensor):
+        tensor = output if head_width is not None and output.dim() >= 2 and output.shape[-1] == head_width else None
+    else:
+        tensor = None
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tensor.dim() < 2 or tensor.numel() == 0:
+        return None
+    return tensor if tensor.shape[-1] >= 2 else None
+
+
+@torch.no_grad()
+def logit_vector(logits: torch.Tensor) -> torch.Tensor:
+    """``[max logit, mean log Z, mean entropy]`` of ``(..., classes)`` logits, float32, on their device.
+
+    Example:
+        >>> [round(v, 4) for v in logit_vector(torch.zeros(3, 4)).tolist()]   # uniform: log 4
+        [0.0, 1.3863, 1.3863]
+    """
+    values = local_shard(logits)  # detached; a DTensor's local shard
+    rows = values.reshape(-1, values.shape[-1]) if values.dim() else values.reshape(1, 1)
+    # A vocabulary's logits: rows a piece at a time, so that the temporaries stay about a piece's size.
+    step = max(1, PIECE // max(1, rows.shape[1])) if rows.numel() > PIECE else rows.shape[0]
+    found = [_row_numbers(chunk) for chunk in rows.split(step)]
+    parts = found[0] if len(found) == 1 else torch.cat(found, dim=1)
+    return torch.stack([parts[0].amax(), parts[1].mean(), parts[2].mean().neg()]).float()
+
+
+def _row_numbers(rows: torch.Tensor) -> torch.Tensor:
+    """``[max, log Z, Σ p log p]`` of each row of ``(n, classes)`` logits, float32 or float64."""
+    if rows.dtype not in (torch.float32, torch.float64):
+        rows = rows.float()
+    log_z = torch.logsumexp(rows, dim=-1)
+    probabilities = torch.softmax(rows, dim=-1)
+    entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
+    return torch.stack([rows.amax(dim=-1), log_z, entropy])

@@ -1,0 +1,160 @@
+"""Attention health from ``F.scaled_dot_product_attention``, with no model edit.
+
+:class:`AttentionMode` is a ``torch.overrides.TorchFunctionMode`` entered only for a logging
+forward. It sees every call of ``F.scaled_dot_product_attention`` (Hugging Face ``sdpa``
+models, timm, hand-written code) and of ``F.multi_head_attention_forward``
+(``nn.MultiheadAttention``, torchvision's ViT, ``nn.TransformerEncoderLayer``), and for
+each call recomputes a sample of attention rows from the call's own ``q`` and ``k``
+(:mod:`actviz.transformers.attention_stats`: which rows, the logits with the call's scale, mask and
+grouped-query layout, and the per-head numbers). This module finds the calls and the
+attention modules; the numbers are made there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
+from ..summaries.one_tensor import local_shard
+
+__all__ = ["AttentionMode", "attention_modules", "is_attention_module", "mha_call", "sdpa_call"]
+
+logger = logging.getLogger(__name__)
+
+_SDPA = F.scaled_dot_product_attention
+_MHA = F.multi_head_attention_forward
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_MHA_SIGNATURE = inspect.signature(_MHA)
+
+
+def sdpa_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``(query, key, attention_logits keyword arguments)`` of one ``scaled_dot_product_attention`` call."""
+    bound = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+    mask = bound.get("attn_mask")
+    return bound["query"], bound["key"], {
+        "masks": () if mask is None else (mask,), "is_causal": bool(bound.get("is_causal", False)),
+        "scale": bound.get("scale"), "enable_gqa": bool(bound.get("enable_gqa", False)),
+    }
+
+
+def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]] | None:
+    """The same for ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``), its projections of
+    batch element 0 recomputed; ``None`` where it adds keys of its own (``bias_k``, ``add_zero_attn``, ``static_k``).
+    """
+    call = _MHA_SIGNATURE.bind(*args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments  # every argument, by name
+    if a["bias_k"] is not None or a["add_zero_attn"] or a["static_k"] is not None:
+        return None
+    query, key, heads = a["query"], a["key"], a["num_heads"]
+    batched = query.dim() == 3  # (L, N, E): batch_first was undone by the module
+    q0, k0 = (query[:, 0], key[:, 0]) if batched else (query, key)
+    width = q0.shape[-1]
+    if a["use_separate_proj_weight"]:
+        w_q, w_k = a["q_proj_weight"], a["k_proj_weight"]
+    else:
+        w_q, w_k = a["in_proj_weight"][:width], a["in_proj_weight"][width : 2 * width]
+    bias = a["in_proj_bias"]
+    b_q, b_k = (None, None) if bias is None else (bias[:width], bias[width : 2 * width])
+    q = F.linear(q0, w_q, b_q).view(q0.shape[0], heads, -1).transpose(0, 1)[None]  # (1, H, L, E / H)
+    k = F.linear(k0, w_k, b_k).view(k0.shape[0], heads, -1).transpose(0, 1)[None]
+    masks = []
+    for mask, padding in ((a["attn_mask"], False), (a["key_padding_mask"], True)):
+        if mask is None:
+            continue
+        if padding and batched:
+            mask = mask[0]
+        mask = mask.view(1, 1, -1) if padding else (mask[:heads] if mask.dim() == 3 else mask)
+        masks.append(~mask if mask.dtype == torch.bool else mask)  # MHA's True means "left out"
+    return q, k, {"masks": masks}
+
+
+def is_attention_module(module: torch.nn.Module) -> bool:
+    """``nn.MultiheadAttention``, or a module whose class name contains ``Attention`` (any case)."""
+    return isinstance(module, torch.nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
+
+
+def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The model's attention modules, by ``named_modules()`` name.
+
+    Example:
+        >>> [name for name, _ in attention_modules(torch.nn.TransformerEncoderLayer(8, 2))]
+        ['self_attn']
+    """
+    return [(name, module) for name, module in model.named_modules() if is_attention_module(module)]
+
+
+class AttentionMode(TorchFunctionMode):
+    """Sees every attention call of one logging forward and keeps its statistics, on the device.
+
+    Args:
+        rows: Query rows sampled per call (:func:`attention_logits`).
+
+    Calls are named by :meth:`enter`/:meth:`leave` (forward pre-hooks and hooks push and pop
+    the enclosing modules' names); a call outside every named module is ``sdpa.{i}``. A name
+    called again in the same forward keeps its first call, as layers do. A call leaves what
+    :meth:`reduce` makes of it (:mod:`actviz.transformers.attention_maps` keeps the probe's weights).
+
+    Example:
+        >>> q = torch.randn(1, 2, 6, 4)
+        >>> with AttentionMode() as mode:
+        ...     mode.enter("attn")
+        ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        >>> [(name, tuple(stats.shape)) for name, stats in mode.calls]   # 2 heads, rows 1 to 5
+        [('attn', (2, 11))]
+    """
+
+    def __init__(self, rows: int | None = DEFAULT_ROWS) -> None:
+        super().__init__()
+        self.rows = rows
+        self.calls: list[tuple[str, torch.Tensor]] = []
+        self.failed: BaseException | None = None
+        self._stack: list[str] = []
+        self._names: set[str] = set()
+        self._unnamed = 0
+
+    def enter(self, name: str) -> None:
+        self._stack.append(name)
+
+    def leave(self, name: str) -> None:
+        if self._stack and self._stack[-1] == name:
+            self._stack.pop()
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if (func is _SDPA or func is _MHA) and self.failed is None:
+            self._record(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def reduce(self, query: torch.Tensor, key: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:
+        """What one call leaves: :func:`attention_stats` of its sampled rows."""
+        return attention_stats(attention_logits(query, key, rows=self.rows, **options))
+
+    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self._stack:
+            name = self._stack[-1]
+        else:
+            name, self._unnamed = f"sdpa.{self._unnamed}", self._unnamed + 1
+        if name in self._names:
+            return
+        self._names.add(name)
+        try:
+            with torch.no_grad():
+                call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
+                if call is None:
+                    return
+                # DTensors' local shards: an op on a DTensor could wait on a collective other ranks never run
+                query, key = local_shard(call[0]), local_shard(call[1])
+                options = dict(call[2], masks=[local_shard(mask) for mask in call[2].get("masks", ())])
+                self.calls.append((name, self.reduce(query, key, options)))
+        except Exception as error:
+            self.failed = error
+            logger.debug("attention statistics failed for %s", name, exc_info=True)

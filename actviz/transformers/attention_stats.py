@@ -1,0 +1,160 @@
+"""Attention statistics from a call's own ``q`` and ``k``: pure tensor functions, on the device, no host sync.
+
+:class:`~actviz.transformers.attention.AttentionMode` calls them for each attention call of a logging forward. For
+each call they recompute a sample of attention rows:
+
+* batch element 0, all heads, ``rows`` (64) query positions ``1, 1+s, 1+2s, ...`` with
+  ``s = ceil((L-1) / rows)`` (position 0 only when ``L = 1``: under a causal mask row 0
+  sees key 0 alone, so its entropy is 0 and its sink weight 1 by construction);
+* logits ``q·kᵀ·scale`` with the call's scale (default ``1/sqrt(E)``), its causal flag
+  (top-left aligned, as SDPA), its boolean mask (True takes part) or additive mask, and its
+  grouped-query layout (``enable_gqa``: query head ``h`` reads key head ``h // (H / Hk)``).
+
+:func:`attention_stats` keeps, per head, the max logit (the largest ``q·k·scale + mask``
+over the sampled rows and the keys they may attend to) and, per sampled row, ``Σ p log p``
+and the weight on key 0 (the attention sink). It stays on the device (no host sync), takes
+about ten kernels per call, and goes to the host with the rest of the step, where
+:func:`head_numbers` makes per head the max logit, the minimum and mean softmax entropy
+(nats) of the sampled rows, and their mean weight on key 0.
+
+Example:
+    >>> q = torch.randn(1, 2, 5, 4)
+    >>> tuple(attention_stats(attention_logits(q, q, rows=4)).shape)  # per head: max logit; per row: entropy, sink
+    (2, 9)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "head_numbers", "sampled_rows"]
+
+#: Query rows sampled per call.
+DEFAULT_ROWS = 64
+#: The rows of :func:`attention_stats`' result.
+STATS = ("max_logit", "entropy_min", "entropy_mean", "sink_weight")
+
+_causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}  # a few (rows, keys) masks
+_infinities: dict[torch.device, torch.Tensor] = {}  # -inf on each device, for torch.where without a new tensor
+
+
+def _minus_infinity(device: torch.device) -> torch.Tensor:
+    if device not in _infinities:
+        _infinities[device] = torch.tensor(-math.inf, device=device)
+    return _infinities[device]
+
+
+def sampled_rows(length: int, rows: int | None) -> slice:
+    """The query positions sampled from ``length``: every ``s``-th from 1 (see the module docstring).
+
+    Example:
+        >>> sampled_rows(200, 64), sampled_rows(10, 64), sampled_rows(1, 64), sampled_rows(10, None)
+        (slice(1, None, 4), slice(1, None, 1), slice(0, None, 1), slice(0, None, 1))
+    """
+    if rows is None or length == 1:
+        return slice(0, None, 1)
+    return slice(1, None, max(1, -(-(length - 1) // rows)))
+
+
+def _causal(length: int, keys: int, rows: slice, device: torch.device) -> torch.Tensor:
+    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may not see key ``j`` (``j > i``); cached."""
+    key = (length, keys, rows.start, rows.step, device)
+    mask = _causal_cache.get(key)
+    if mask is None:
+        if len(_causal_cache) > 64:
+            _causal_cache.clear()
+        positions = torch.arange(rows.start, length, rows.step, device=device)
+        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] > positions[:, None]
+    return mask
+
+
+@torch.no_grad()
+def attention_logits(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    masks: Sequence[torch.Tensor] = (),
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    rows: int | None = DEFAULT_ROWS,
+) -> torch.Tensor:
+    """Attention logits of batch element 0 for sampled query rows: a float32 ``(heads, R, S)`` tensor.
+
+    Args:
+        query: ``(N, H, L, E)`` (or ``(N, L, E)``, ``(L, E)``: one head) as SDPA takes it.
+        key: ``(N, Hk, S, E)`` likewise.
+        masks: SDPA masks broadcastable to ``(N, H, L, S)``: boolean (True takes part) or additive.
+        is_causal: SDPA's causal flag (top-left aligned).
+        scale: SDPA's scale; ``None`` for ``1/sqrt(E)``.
+        enable_gqa: ``H`` query heads share ``Hk`` key heads in groups of ``H // Hk``.
+        rows: Most query rows (:func:`sampled_rows`); ``None`` for every row.
+
+    Example:
+        >>> q, k = torch.randn(2, 4, 10, 8), torch.randn(2, 4, 10, 8)
+        >>> attention_logits(q, k, rows=5).shape   # rows 1, 3, 5, 7, 9
+        torch.Size([4, 5, 10])
+    """
+    batched = query.dim() >= 3
+    q = query[(0,) * (query.dim() - 3)] if query.dim() > 3 else (query[0][None] if batched else query[None])
+    k = key[(0,) * (key.dim() - 3)] if key.dim() > 3 else (key[0][None] if batched else key[None])
+    length, keys, width = q.shape[-2], k.shape[-2], q.shape[-1]
+    sampled = sampled_rows(length, rows)
+    q = q[:, sampled]
+    heads, kv_heads = q.shape[0], k.shape[0]
+    if heads != kv_heads and kv_heads > 1:
+        if not enable_gqa or heads % kv_heads:
+            raise ValueError(f"query has {heads} heads and key {kv_heads}: give enable_gqa=True with H % Hk == 0")
+        group = heads // kv_heads
+        logits = torch.bmm(q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1))
+        logits = logits.view(heads, q.shape[1], keys)
+    else:
+        logits = torch.bmm(q, k.expand(heads, keys, width).transpose(-2, -1))
+    factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    logits = logits.float().mul_(factor) if logits.dtype != torch.float32 else logits.mul_(factor)
+    if is_causal:
+        logits.masked_fill_(_causal(length, keys, sampled, logits.device), -math.inf)
+    for mask in masks:
+        if batched and mask.dim() >= query.dim():  # it has the batch dimension: take element 0's
+            mask = mask[(0,) * (mask.dim() - query.dim() + 1)]
+        if mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., sampled, :]
+        if mask.dtype == torch.bool:
+            logits = torch.where(mask, logits, _minus_infinity(logits.device))
+        else:
+            logits = logits + mask
+    return logits
+
+
+@torch.no_grad()
+def attention_stats(logits: torch.Tensor) -> torch.Tensor:
+    """The device half: per head of ``(heads, R, S)`` logits, one row ``[max logit, Σp·log p of each
+    sampled row, the weight on key 0 of each sampled row]``, shape ``(heads, 1 + 2R)``.
+
+    Four kernels after the logits; :func:`head_numbers` finishes it on the host.
+    """
+    probabilities = torch.softmax(logits, dim=-1)
+    negentropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
+    return torch.cat([logits.amax(dim=(-2, -1))[:, None], negentropy, probabilities[..., 0]], dim=1)
+
+
+def head_numbers(stats: torch.Tensor) -> torch.Tensor:
+    """The host half of :func:`attention_stats`: ``(4, heads)`` rows named by :data:`STATS`, in float64.
+
+    A row whose entropy is NaN (every key masked) is left out of the minimum and the mean.
+
+    Example:
+        >>> stats = head_numbers(attention_stats(torch.zeros(2, 3, 4)))  # uniform over 4 keys
+        >>> [round(v, 4) for v in stats[:, 0].tolist()]   # max logit, entropy min and mean (log 4), sink
+        [0.0, 1.3863, 1.3863, 0.25]
+    """
+    stats = stats.double()
+    rows = (stats.shape[1] - 1) // 2
+    entropy, sink = -stats[:, 1 : 1 + rows], stats[:, 1 + rows :]
+    finite = torch.isfinite(entropy)
+    counts = finite.sum(-1)
+    low = torch.where(finite, entropy, math.inf).amin(-1)
+    mean = torch.where(finite, entropy, 0.0).sum(-1) / counts
+    return torch.stack([stats[:, 0], torch.where(counts > 0, low, math.nan), mean, sink.nanmean(-1)])
