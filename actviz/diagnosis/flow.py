@@ -292,7 +292,7 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
     canvas[layout.top:bottom, layout.left:layout.left + grid.shape[1]] = grid
     bar_rows = np.linspace(255, 0, bottom - layout.top).round().astype(np.intp)
     canvas[layout.top:bottom, layout.bar_left:layout.bar_left + layout.bar_width] = PALETTE[bar_rows][:, None, :]
-    canvas[:, :layout.left] = _labels(names, layout)  # white but for the labels: the text below draws over it as before
+    canvas[:, :layout.left] = _labels(names, layout)  # white but for the labels; the title and legend below draw over it
     image = Image.fromarray(canvas)
     draw = ImageDraw.Draw(image)
     font = _font(layout.font_size)

@@ -7,45 +7,18 @@
 * :mod:`~actviz.summaries.cpu_shortcut`: a float CPU tensor's numbers read at once, in float64;
 * :mod:`~actviz.summaries.fused`: the header in one compiled kernel (Inductor);
 * :mod:`~actviz.summaries.small_tensors`: tensors no larger than their sample, batched per step;
+* :mod:`~actviz.summaries.segments`: many consecutive segments of one tensor reduced together;
 * :mod:`~actviz.summaries.many_tensors`: parameters and gradients reduced together in a fixed number of ops;
 * :mod:`~actviz.summaries.piecewise`: huge tensors and integers, a slice at a time;
-* :mod:`~actviz.summaries.merge_ranks`: ``merge_ranks=True``: one step's summaries merged over every rank.
-
-This package re-exports :mod:`~actviz.summaries.one_tensor`'s names: ``actviz.summaries.reduce_tensor``
-works as before.
+* :mod:`~actviz.summaries.merge_ranks`: ``merge_ranks=True``: one step's summaries merged over every rank;
+* :mod:`~actviz.summaries.unit_counts`: dead ReLU channels and saturated Tanh/Sigmoid outputs;
+* :mod:`~actviz.summaries.outliers`: outliers and low-precision headroom of a layer's output;
+* :mod:`~actviz.summaries.logits`: output-logit health.
 
 Example:
     >>> import torch
-    >>> from actviz.summaries import finish, reduce_tensor
+    >>> from actviz.summaries.one_tensor import finish, reduce_tensor
     >>> summary = finish(reduce_tensor(torch.tensor([1.0, -2.0, 0.0])), bins=2)
     >>> summary.min, summary.max, summary.zeros
     (-2.0, 1.0, 1)
 """
-
-from __future__ import annotations
-
-from .one_tensor import (  # re-exported: actviz.summaries.X worked before the package
-    HEADER_SIZE,
-    Reduction,
-    finish,
-    finite_bounds,
-    flat_view,
-    header_sums,
-    reduce_tensor,
-    reduce_values,
-    sample_stride,
-    summarize,
-)
-
-__all__ = [
-    "HEADER_SIZE",
-    "Reduction",
-    "finish",
-    "finite_bounds",
-    "flat_view",
-    "header_sums",
-    "reduce_tensor",
-    "reduce_values",
-    "sample_stride",
-    "summarize",
-]

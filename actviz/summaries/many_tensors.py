@@ -103,7 +103,7 @@ def reduce_tensors(
 
 
 class _Plan:
-    """Which of a list of tensors are copied end to end (:attr:`flat`, per device) and which go as before (:attr:`rest`).
+    """Which of a list of tensors are copied end to end (:attr:`flat`, per device) and which are reduced in groups by size (:attr:`rest`).
 
     Planned once for a list of parameters, kept while the same parameters, with the same sizes,
     come again: a step then spends no Python per parameter on deciding.
