@@ -153,6 +153,35 @@ def test_copies_and_pickles_of_a_watched_model_carry_nothing_live(tmp_path, read
     assert read_run(tmp_path / "original").histogram_steps("activations/0") == [0]
 
 
+def test_lazy_modules_are_watched_before_their_first_forward_and_log_their_parameters_once_they_have_them(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "skips '0.weight' from now on"
+        viz = actviz.watch(model, tmp_path, every=2, image_every=False, update_ratio=True)
+        with torch.no_grad():
+            model(torch.randn(3, 5))  # the dry run lazy modules need (not a step: no grad), then the optimizer
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            before = model[0].weight.detach().clone()
+            loss = model(torch.randn(3, 5)).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            applied = model[0].weight.grad.clone()
+            optimizer.step()
+            if step == 2:
+                viz.flush()
+                logged = viz.latest.statistics()
+                assert viz.latest.step == 2
+                assert logged["weights/0.weight"]["mean"] == pytest.approx(before.double().mean().item(), rel=1e-6)
+                assert logged["weight_grads/0.weight"]["norm"] == pytest.approx(applied.double().norm().item(),
+                                                                                rel=1e-6)
+                expected = ((model[0].weight - before).norm() / before.norm()).item()
+                assert viz.latest.scalars["update_ratio/0.weight"] == pytest.approx(expected, rel=1e-5)
+        viz.close()
+    assert hooks_left(model) == NO_HOOKS
+
+
 def test_a_shallow_copy_runs_unwatched_and_leaves_the_original_watched(tmp_path, read_run):
     # copy.copy shared the model's hook dict: the root hook, finding itself on a copy, took itself off both.
     model = mlp()

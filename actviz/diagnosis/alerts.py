@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,7 +126,7 @@ class HealthMonitor:
 
     def __init__(
         self, thresholds: dict[str, float], relu_layers: set[str] | frozenset[str] = frozenset(),
-        matrices: set[str] | None = None, on_alert: Callable[[Alert], None] | None = None,
+        matrices: Container[str] | None = None, on_alert: Callable[[Alert], None] | None = None,
     ) -> None:
         self.thresholds = thresholds
         self.relu_layers = set(relu_layers)

@@ -9,10 +9,12 @@ here warns once and the step is written all the same.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .alerts import Alert, HealthMonitor, check_alerts
 from .flow import FlowHistory
@@ -106,6 +108,40 @@ class Diagnosis:
             logger.debug("%s failed", what, exc_info=error)
 
 
+class MatrixNames:
+    """The names of a model's parameters with 2 or more dimensions, read when first asked.
+
+    A lazy module's parameters (``nn.LazyLinear``) have no shape until its first forward, so the
+    names are read again until none is lazy.
+
+    Example:
+        >>> import torch
+        >>> model = nn.Sequential(nn.LazyLinear(3), nn.LayerNorm(3))
+        >>> names = MatrixNames(model)
+        >>> "0.weight" in names, "1.weight" in names
+        (False, False)
+        >>> _ = model(torch.zeros(2, 5))
+        >>> "0.weight" in names, "1.weight" in names
+        (True, False)
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self._model = weakref.ref(model)
+        self._names: frozenset[str] | None = None
+
+    def __contains__(self, name: object) -> bool:
+        if self._names is not None:
+            return name in self._names
+        model = self._model()
+        if model is None:
+            return False
+        parameters = list(model.named_parameters())
+        names = frozenset(key for key, param in parameters if not is_lazy(param) and param.dim() >= 2)
+        if not any(is_lazy(param) for _, param in parameters):
+            self._names = names
+        return name in names
+
+
 def make_diagnosis(
     sink: Any, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], alerts: Any, on_alert: Any, spikes: bool,
     update_ratio: bool, image_steps: Callable[[int], bool] | None = None,
@@ -118,6 +154,6 @@ def make_diagnosis(
     thresholds = check_alerts(alerts)
     monitor = None if thresholds is None else HealthMonitor(
         thresholds, {name for name, module in layers if is_relu_family(module)},
-        {name for name, param in model.named_parameters() if param.dim() >= 2}, on_alert,
+        MatrixNames(model), on_alert,
     )
     return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps), spikes, on_alert)
