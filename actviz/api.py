@@ -50,6 +50,35 @@ def _is_summary_writer(writer: Any) -> bool:
     return isinstance(writer, SummaryWriter)
 
 
+def _check_log_dir(log_dir: Any) -> None:
+    """A non-empty path that TensorBoard can write: it puts the folder's name in UTF-8 into its files."""
+    if not isinstance(log_dir, (str, os.PathLike)):
+        raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}; for example log_dir='runs/exp1'")
+    path = os.fspath(log_dir)
+    if not isinstance(path, str):
+        raise TypeError(f"log_dir must be a str path, got bytes: {path!r}; for example log_dir='runs/exp1'")
+    if not path:
+        raise ValueError("log_dir must not be empty (it would write into the current folder); for example "
+                         "log_dir='runs/exp1', or leave it out for runs/<date>_<host>")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"log_dir must be encodable as UTF-8 (TensorBoard writes the folder's name in UTF-8), got "
+                         f"{path!r}; for example log_dir='runs/exp1'") from None
+
+
+def _check_not_scripted(model: nn.Module) -> None:
+    """TorchScript runs its modules without Python hooks: nothing would be logged, or hooks fail to attach."""
+    for name, module in unwrap_compiled(model).named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            where = "model" if not name else f"model's submodule {name!r}"
+            raise TypeError(
+                f"the {where} is a {type(module).__name__} (torch.jit.script or torch.jit.trace), which runs "
+                "without the Python hooks actviz needs; watch the nn.Module itself, for example "
+                "actviz.watch(model, 'runs/exp1') before torch.jit.script(model)"
+            )
+
+
 def _prepare_log_dir(log_dir: str | os.PathLike[str]) -> str:
     path = Path(log_dir)
     try:
@@ -97,17 +126,19 @@ def watch(
 
     Args:
         model: The ``nn.Module`` to watch (a DDP wrapper works too).
-        log_dir: Folder for a new ``SummaryWriter``; closed by :meth:`Watcher.close`.
+        log_dir: Folder for a new ``SummaryWriter``; closed by :meth:`Watcher.close`. Not empty,
+            and encodable as UTF-8.
             Give this or ``writer``, not both. With neither (and no ``sink``),
             ``SummaryWriter()``'s default ``runs/<date>_<host>`` is used.
         writer: A ``SummaryWriter`` you own. actviz writes to it and never closes it.
-        sink: Any object with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.output.sink.Sink`):
+        sink: Any object (an instance, not a class) with ``write(results)``, ``flush()`` and ``close()`` (:class:`actviz.output.sink.Sink`):
             it gets each step's :class:`~actviz.common.results.StepResults` on the writer thread, as
             TensorBoard does, and ``close()`` when the watcher closes. Alone, only it is written to
             (no ``SummaryWriter``, no folder); with ``log_dir`` or ``writer``, both are. A sink
             that raises is warned about once; training goes on.
-        every: When to log histograms and scalars: every N steps (step 0 included),
-            a collection of step numbers, a function ``step -> bool``, or ``False`` for never.
+        every: When to log histograms and scalars: every N steps (step 0 included), a collection
+            of step numbers (a ``range`` of any length), a function ``step -> bool``, or ``False`` for
+            never. Python ints, not tensors.
         image_every: When to log feature maps; same forms as ``every``, which it defaults to.
             ``image_every=False`` turns pictures off.
         layers: Which layers to watch. ``None`` means every module that owns parameters
@@ -116,7 +147,7 @@ def watch(
             :data:`actviz.selection.LAYER_KEYWORDS`), a name (``"features.0"``), a glob on
             names (``"classifier.*"``), a module object, or a predicate ``(name, module) -> bool``.
         max_channels: Most channels drawn per feature-map grid; the strongest are kept.
-        bins: Number of histogram buckets.
+        bins: Number of histogram buckets, 1 to 4096.
         histogram_sample_size: Bucket counts come from a strided sample of at most this
             many elements, scaled to the full count; ``None`` counts every element. The
             count, sum, sum of squares, min, max and all scalars always use every element.
@@ -159,7 +190,8 @@ def watch(
             watched parameters for one step, which is why it is off by default.
         alerts: Health alerts per layer (non-finite values, vanishing and exploding gradients, dead
             units, saturation, update ratio; see docs/diagnosis.md): ``True``, ``False``, or a dict
-            that overrides thresholds of :data:`actviz.diagnosis.alerts.DEFAULT_THRESHOLDS`. Each alert is a
+            that overrides thresholds of :data:`actviz.diagnosis.alerts.DEFAULT_THRESHOLDS` (fractions in
+            (0, 1], step counts whole numbers; :func:`~actviz.diagnosis.alerts.check_alerts`). Each alert is a
             ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.
         on_alert: Called with each :class:`~actviz.diagnosis.alerts.Alert`, on the writer thread.
         spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
@@ -169,7 +201,8 @@ def watch(
         The open :class:`Watcher`. It is also a context manager.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or an option has the wrong type.
+        TypeError: ``model`` is not an ``nn.Module`` or is a TorchScript module, or an option has the wrong
+            type (a tensor as a schedule, a sink class instead of an instance).
         ValueError: An option is out of range, both ``log_dir`` and ``writer`` are given,
             a layer spec matches nothing, ``model`` is already watched, the model cannot
             take ``probe``, or a ``gradcam`` layer does not exist or gives no ``(N, C, h, w)`` output.
@@ -187,6 +220,7 @@ def watch(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_not_scripted(model)
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
@@ -218,8 +252,10 @@ def watch(
         raise ValueError("give log_dir or writer, not both: actviz writes to one SummaryWriter")
     if writer is not None and not _is_summary_writer(writer):
         raise TypeError(f"writer must be a torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
-    if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-        raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}: {log_dir!r}")
+    if log_dir is not None:
+        _check_log_dir(log_dir)
+    if isinstance(sink, type):
+        raise TypeError(f"sink must be an object, got the class {sink.__name__}; for example sink={sink.__name__}()")
     if sink is not None:
         check_sink(sink)
     chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)

@@ -3,7 +3,7 @@
 ``actviz report`` exit codes: 0 when every image was processed, 1 when at least one image
 failed (the others are still reported), 2 when the report could not start (bad option,
 unknown model, weights that cannot be downloaded or loaded), 130 on Ctrl-C.
-``actviz doctor`` exit codes: 0 no alert, 1 at least one alert, 2 no actviz run.
+``actviz doctor`` exit codes: 0 no alert, 1 at least one alert, 2 no actviz run, 3 a damaged event file.
 """
 
 from __future__ import annotations

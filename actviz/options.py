@@ -12,10 +12,13 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 __all__ = [
-    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "cpu_shortcuts",
+    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "MAX_BINS", "cpu_shortcuts",
 ]
 
 DEFAULT_BINS = 64
+#: Most histogram buckets: each is three float64 per tensor and step in the event file (4096 makes a
+#: histogram of about 100 KB), and TensorBoard's histogram view draws at most 30 of them anyway.
+MAX_BINS = 4096
 DEFAULT_MAX_CHANNELS = 64
 #: Bucket counts come from at most this many elements, taken with a fixed stride; the
 #: moments, min and max always use every element. At 64 bins that is 256 sampled values
@@ -33,12 +36,14 @@ def cpu_shortcuts() -> bool:
     return os.environ.get("ACTVIZ_CPU_SHORTCUTS", "1") != "0"
 
 
-def check_positive_int(name: str, value: Any, example: int) -> None:
-    """Raise a ``TypeError`` or ``ValueError`` that names ``name`` unless ``value`` is an int > 0."""
+def check_positive_int(name: str, value: Any, example: int, most: int | None = None) -> None:
+    """Raise a ``TypeError`` or ``ValueError`` that names ``name`` unless ``value`` is an int > 0 (and <= ``most``)."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}; for example {name}={example}")
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}; for example {name}={example}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be at most {most}, got {value}; for example {name}={example}")
 
 
 @dataclass(frozen=True)
@@ -46,7 +51,7 @@ class CaptureOptions:
     """What a logging step reduces each tensor to. Checked when made.
 
     Args:
-        bins: Histogram buckets.
+        bins: Histogram buckets, 1 to :data:`MAX_BINS` (4096).
         histogram_sample_size: Bucket counts come from an evenly strided sample of at most
             this many elements, scaled to the full count; ``None`` counts every element.
         max_channels: Most channels drawn per feature-map grid; the strongest are kept.
@@ -81,7 +86,7 @@ class CaptureOptions:
     transformer_stats: bool | None = None
 
     def __post_init__(self) -> None:
-        check_positive_int("bins", self.bins, DEFAULT_BINS)
+        check_positive_int("bins", self.bins, DEFAULT_BINS, MAX_BINS)
         check_positive_int("max_channels", self.max_channels, DEFAULT_MAX_CHANNELS)
         if self.histogram_sample_size is not None:
             check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)

@@ -33,7 +33,7 @@ class Schedule:
     """
 
     period: int | None = None
-    steps: frozenset[int] | None = None
+    steps: frozenset[int] | range | None = None
     predicate: Callable[[int], bool] | None = None
 
     @classmethod
@@ -41,30 +41,45 @@ class Schedule:
         """Check ``spec`` and make a schedule of it.
 
         Args:
-            spec: A positive period (step 0 logs, then every ``spec`` steps), a collection of
-                non-negative step numbers, a predicate ``step -> bool``, or ``False`` for never.
+            spec: A positive ``int`` period (step 0 logs, then every ``spec`` steps), a collection of
+                non-negative ``int`` step numbers (a ``range`` of any length is kept as a range), a
+                predicate ``step -> bool``, or ``False`` for never. Not a tensor or an array.
             name: The argument's name, used in error messages.
 
         Raises:
             ValueError: A period ≤ 0, a negative or empty list of steps.
-            TypeError: Anything else.
+            TypeError: Anything else, a tensor or an array included (``every=int(t)`` or ``t.tolist()``).
         """
         if spec is False:
             return cls()  # never
         if spec is True:
             raise TypeError(f"{name}=True is ambiguous; give a number of steps, for example {name}=100 "
                             f"(or {name}=False to log none)")
+        if hasattr(spec, "tolist") and hasattr(spec, "ndim"):  # a tensor or an array: whose numbers, on which device?
+            example = f"{name}={spec.tolist()}" if getattr(spec, "ndim", 1) == 0 else f"{name}=steps.tolist()"
+            raise TypeError(f"{name} must be a Python int or a collection of ints, got a {type(spec).__name__}: "
+                            f"{spec!r}; for example {example}")
         if _is_int(spec):
             if spec <= 0:
                 raise ValueError(f"{name} must be a positive number of steps, got {spec}; for example {name}=100")
             return cls(period=spec)
+        if isinstance(spec, range):  # kept as a range: range(0, 10**12, 100) costs no memory
+            if not spec:
+                raise ValueError(f"{name} is an empty range of steps; nothing would be logged; for example "
+                                 f"{name}=range(0, 1000, 10)")
+            if min(spec[0], spec[-1]) < 0:
+                raise ValueError(f"{name} steps must be non-negative integers, got {spec!r}; for example "
+                                 f"{name}=range(0, 1000, 10)")
+            return cls(steps=spec)
         if isinstance(spec, Collection) and not isinstance(spec, (str, bytes)):
             steps = list(spec)
             bad = [s for s in steps if not _is_int(s) or s < 0]
             if bad:
-                raise ValueError(f"{name} steps must be non-negative integers, got {bad[0]!r}")
+                raise ValueError(f"{name} steps must be non-negative integers, got {bad[0]!r}; for example "
+                                 f"{name}=[0, 10, 100]")
             if not steps:
-                raise ValueError(f"{name} is an empty collection of steps; nothing would be logged")
+                raise ValueError(f"{name} is an empty collection of steps; nothing would be logged; for example "
+                                 f"{name}=[0, 10, 100]")
             return cls(steps=frozenset(steps))
         if callable(spec):
             return cls(predicate=spec)

@@ -221,8 +221,10 @@ def test_alerts_false_turns_them_off_and_a_dict_overrides_thresholds(tmp_path):
 @pytest.mark.parametrize("value, error, message", [
     ("yes", TypeError, "alerts must be True, False or a dict"),
     ({"vanish_ratio": 1e-4}, ValueError, "did you mean 'vanishing_ratio'"),
-    ({"vanishing_ratio": -1}, ValueError, "must be positive"),
-    ({"warmup_steps": -1}, ValueError, "must be >= 0"),
+    ({"vanishing_ratio": -1}, ValueError, r"must be a fraction of the median in \(0, 1\], got -1; for example alerts="),
+    ({"warmup_steps": -1}, ValueError, "must be a whole number of training steps, 0 or more, got -1"),
+    ({"saturation_fraction": float("nan")}, ValueError, r"must be a fraction in \(0, 1\], got nan"),
+    ({"exploding_median_factor": 0.5}, ValueError, "must be a factor over the running median, 1 or more"),
     ({"vanishing_ratio": "1e-4"}, TypeError, "must be a number"),
 ])
 def test_bad_alerts_are_named(value, error, message, tmp_path):

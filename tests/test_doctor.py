@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 import subprocess
 import sys
@@ -175,3 +176,160 @@ def test_the_python_blocks_of_docs_diagnosis_md_run(tmp_path, monkeypatch, capsy
     for block in blocks:
         exec(compile(block, "docs/diagnosis.md", "exec"), {})
     assert "[(100, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
+
+
+# --- anything in RUN_DIR: FIFOs, damaged records, odd names (each call under a hard timeout) ---
+
+def _record(data: bytes) -> bytes:
+    import struct
+
+    from actviz.output.run_folders import _masked_crc
+
+    crc = _masked_crc()
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
+
+
+def _event(step: int, *values) -> bytes:
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    return Event(step=step, wall_time=1.0, summary=Summary(value=list(values))).SerializeToString()
+
+
+def _scalar(tag: str, value: float):
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    return Summary.Value(tag=tag, simple_value=value)
+
+
+def _text(tag: str, *texts: str):
+    from torch.utils.tensorboard.summary import text as text_summary
+
+    value = text_summary(tag, "x").value[0]
+    value.tag = tag
+    value.tensor.ClearField("string_val")
+    value.tensor.string_val.extend(text.encode("utf-8") for text in texts)
+    return value
+
+
+def _write_run(folder: Path, *records: bytes, name: str = "events.out.tfevents.1.host") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / name
+    file.write_bytes(b"".join(records))
+    return file
+
+
+def _good_steps(steps: int = 3) -> list[bytes]:
+    return [_record(_event(step, _scalar("~activation_stats/fc/std", 1.0 + step),
+                           _scalar("~gradient_stats/fc/norm", 0.5))) for step in range(steps)]
+
+
+def _doctor(folder: Path, *options: str) -> subprocess.CompletedProcess:
+    """``actviz doctor`` as a program, killed after 60 s: a test that would hang fails instead."""
+    return subprocess.run([sys.executable, "-m", "actviz", "doctor", str(folder), *options], capture_output=True,
+                          check=False, cwd=ROOT, timeout=60)
+
+
+def test_a_fifo_named_like_an_event_file_is_skipped_not_waited_on(tmp_path):
+    _write_run(tmp_path / "run", *_good_steps())
+    os.mkfifo(tmp_path / "run" / "events.out.tfevents.2.fifo")
+    done = _doctor(tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.decode()
+    assert "events.out.tfevents.2.fifo: skipped: not a regular file" in out and "no alerts" in out
+
+
+def test_exit_statuses_are_distinct_and_documented(tmp_path):
+    from actviz.diagnosis import doctor as module
+
+    assert (module.EXIT_HEALTHY, module.EXIT_ALERTS, module.EXIT_NO_RUN, module.EXIT_DAMAGED) == (0, 1, 2, 3)
+    shown = subprocess.run([sys.executable, "-m", "actviz", "doctor", "--help"], capture_output=True, text=True,
+                           check=False, cwd=ROOT, timeout=120).stdout
+    assert "2 no actviz run in RUN_DIR,\n  3 a damaged event file" in shown
+    assert "**3** when an event file is damaged" in (ROOT / "docs" / "diagnosis.md").read_text()
+
+
+def test_a_record_claiming_2_to_the_40_bytes_is_damage_and_the_other_runs_are_read(tmp_path):
+    import struct
+
+    from actviz.output.run_folders import _masked_crc
+
+    header = struct.pack("<Q", 2**40)
+    huge = header + struct.pack("<I", _masked_crc()(header)) + b"\0" * 32
+    _write_run(tmp_path / "bad", *_good_steps(2), huge)
+    _write_run(tmp_path / "good", *_good_steps(4))
+    done = _doctor(tmp_path, "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == 3
+    assert {Path(run["path"]).name: run["last_step"] for run in report["runs"]} == {"bad": 1, "good": 3}
+    (problem,) = report["problems"]
+    assert Path(problem["path"]).parent.name == "bad" and problem["last_step"] == 1
+    assert "claiming 1099511627776 bytes" in problem["reason"] and problem["reason"].startswith("damaged")
+
+
+@pytest.mark.parametrize("where", ["length", "data", "last crc"])
+def test_one_flipped_byte_in_an_event_file_is_damage_from_the_step_where_it_stops(tmp_path, where):
+    records = _good_steps(5)
+    offset = sum(map(len, records[:3])) + {"length": 2, "data": 20, "last crc": len(records[3]) - 1}[where]
+    data = bytearray(b"".join(records))
+    data[offset] ^= 0x10
+    _write_run(tmp_path, bytes(data))
+    done = _doctor(tmp_path)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    out = done.stdout.decode()
+    assert "checksum does not match" in out and "read to step 2, nothing after it" in out
+    assert "run " in out and "(last step 2)" in out  # what precedes the damage is still reported
+
+
+def test_an_intact_file_written_by_actviz_is_not_damaged(tmp_path):
+    train(tmp_path, small_cnn(), steps=3)
+    assert _doctor(tmp_path).returncode == 0
+
+
+def test_a_layers_text_with_no_string_a_folder_named_like_an_event_file_and_a_tag_not_utf8(tmp_path):
+    empty_layers = _text("layers")
+    empty_layers.tensor.ClearField("string_val")
+    _write_run(tmp_path / "run", _record(_event(0, empty_layers)), *_good_steps(2))
+    (tmp_path / "run" / "events.out.tfevents.9.folder").mkdir()
+    bad_tag = _event(0, _scalar("~activation_stats/QQ/std", 1.0)).replace(b"QQ", b"\xff\xfe")
+    _write_run(tmp_path / "tag", *_good_steps(2), _record(bad_tag), *_good_steps(3)[2:])
+    done = _doctor(tmp_path, "--json")
+    assert done.returncode == 3, done.stderr
+    report = json.loads(done.stdout)
+    assert {Path(run["path"]).name: run["last_step"] for run in report["runs"]} == {"run": 1, "tag": 2}
+    reasons = {Path(problem["path"]).name: problem["reason"] for problem in report["problems"]}
+    assert reasons["events.out.tfevents.9.folder"].startswith("skipped: not a regular file")
+    assert reasons["events.out.tfevents.1.host"] == "damaged: a record after step 1 that is not a TensorBoard event, skipped"
+
+
+def test_a_folder_name_that_is_not_utf8_and_control_characters_are_escaped_on_the_terminal(tmp_path):
+    from actviz.diagnosis.alerts import Alert
+
+    layer = "evil\x1b[31m`\nname\\x"
+    alert = Alert(4, "dead_units", layer, "zero_fraction", 1.0, 0.99, f"dead units in {layer!r}\n\nnext")
+    folder = tmp_path / os.fsdecode(b"run\xff\x1b]0;title\x07")
+    _write_run(folder, *_good_steps(2), _record(_event(4, _scalar(f"~activation_stats/{layer}/std", 2.0),
+                                                        _text("alerts", alert.line()))))
+    done = _doctor(tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert b"\x1b" not in done.stdout and b"\x07" not in done.stdout and b"\xff" not in done.stdout
+    out = done.stdout.decode()
+    assert "run\\udcff\\x1b]0;title\\x07" in out and "evil\\x1b[31m`\\nname\\x" in out
+    report = json.loads(_doctor(tmp_path, "--json").stdout)
+    (run,) = report["runs"]
+    (found,) = run["alerts"]
+    assert (found["step"], found["rule"], found["layer"], found["message"]) == (4, "dead_units", layer, alert.message)
+    assert layer in [entry["layer"] for entry in run["layers"]]
+
+
+@pytest.mark.parametrize("layer", ["fc", "a`b", "a\nb", "-", "", " x ", "a\\x60b", "\\", "\x1b[2J", "\udcff", "é·`"])
+def test_alert_text_round_trips_any_layer_name(layer):
+    from actviz.diagnosis.alerts import Alert, parse_alert_lines
+
+    alerts = [Alert(3, "dead_units", layer, "zero_fraction", 1.0, 0.99, f"m {layer} \n\n {layer!r} "),
+              Alert(5, "gradient_spike", None, "global_norm", 9.0, 1.0, "spike")]
+    text = "\n\n".join(alert.line() for alert in alerts)
+    assert "\n" not in alerts[0].line() and text.encode("utf-8")
+    assert parse_alert_lines(text) == [(a.step, a.rule, a.layer, a.message) for a in alerts]

@@ -115,3 +115,29 @@ def test_closed_watchers_are_forgotten_in_every_folder(tmp_path):
             pass
     with actviz.watch(nn.Linear(4, 2), tmp_path / "open"):
         assert [key for key in run_folders._writing if key.startswith(str(tmp_path))] == [str(tmp_path / "open")]
+
+
+def test_a_fifo_named_like_an_event_file_is_not_opened_by_watch(tmp_path):
+    """Opening a FIFO waits for a writer: watch() would hang on its check for an earlier run."""
+    import os
+    import threading
+
+    from conftest import NO_HOOKS, hooks_left
+
+    os.mkfifo(tmp_path / "events.out.tfevents.1.fifo")
+    model, found = nn.Linear(4, 2), {}
+
+    def call() -> None:
+        found["earlier"] = earlier_runs(tmp_path)
+        with actviz.watch(model, tmp_path, every=5):
+            _run(model, 2)
+        found["done"] = True
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    if thread.is_alive():  # let the stuck open() return, so that the test fails instead of hanging
+        with open(tmp_path / "events.out.tfevents.1.fifo", "wb"):
+            pass
+        pytest.fail("earlier_runs() or watch() opened the FIFO and waited")
+    assert found == {"earlier": [], "done": True} and hooks_left(model) == NO_HOOKS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import math
+import os
 import warnings
 import weakref
 
@@ -649,3 +650,47 @@ def test_a_norm_layer_gets_its_picture_when_its_input_was_not_drawn_as_it_is(tmp
         alone(torch.randn(2, 3, 10, 10)).sum().backward()
     assert {tag for tag in read_run(tmp_path / "alone").image_tags if tag.startswith("feature_maps/")} == {
         "feature_maps/1"}
+
+
+class _ListSink:
+    def write(self, results): pass
+    def flush(self): pass
+    def close(self): pass
+
+
+@pytest.mark.parametrize(("options", "error", "pattern"), [
+    ({"bins": 10**7}, ValueError, r"bins must be at most 4096, got 10000000; for example bins=64"),
+    ({"alerts": {"dead_zero_fraction": 99}}, ValueError,
+     r"dead_zero_fraction must be a fraction in \(0, 1\], got 99; for example alerts=\{'dead_zero_fraction': 0.99\}"),
+    ({"alerts": {"vanishing_steps": 0.5}}, ValueError,
+     r"vanishing_steps must be a whole number of logging steps, 1 or more, got 0.5; for example alerts=\{'vanishing_steps': 3\}"),
+    ({"alerts": {"exploding_min_history": 40}}, ValueError, r"exploding_min_history must be a whole number of logging steps from 1 to 32"),
+    ({"alerts": {"update_ratio_low": 0.1}}, ValueError, r"update_ratio_low \(0.1\) must be below update_ratio_high \(0.01\)"),
+    ({"sink": _ListSink}, TypeError, r"sink must be an object, got the class _ListSink; for example sink=_ListSink\(\)"),
+    ({"log_dir": ""}, ValueError, r"log_dir must not be empty .*for example log_dir='runs/exp1'"),
+    ({"log_dir": "x/" + os.fsdecode(b"\xff")}, ValueError, r"log_dir must be encodable as UTF-8 .*for example log_dir='runs/exp1'"),
+    ({"every": torch.tensor(10)}, TypeError, r"every must be a Python int .*got a Tensor: tensor\(10\); for example every=10"),
+    ({"image_every": torch.tensor([1, 5])}, TypeError, r"image_every must be .*for example image_every=steps.tolist\(\)"),
+    ({"every": range(-5, 5)}, ValueError, r"every steps must be non-negative .*for example every=range\(0, 1000, 10\)"),
+])
+def test_bad_arguments_name_the_argument_and_a_good_value_and_leave_nothing(tmp_path, monkeypatch, options, error, pattern):
+    monkeypatch.chdir(tmp_path)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    log_dir = options.pop("log_dir", "runs/x")
+    if log_dir.startswith("x/"):
+        log_dir = str(tmp_path / log_dir)
+    with pytest.raises(error, match=pattern):
+        actviz.watch(model, log_dir, **options)
+    assert list(tmp_path.iterdir()) == [] and hooks_left(model) == NO_HOOKS
+
+
+def test_a_huge_range_is_a_schedule_and_a_scripted_model_is_refused(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with actviz.watch(model, tmp_path / "run", every=range(0, 10**15, 2), image_every=False) as viz:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+    assert viz.step == 3
+    scripted = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    with pytest.raises(TypeError, match=r"the model is a RecursiveScriptModule .*watch the nn.Module itself, for example"):
+        actviz.watch(scripted, tmp_path / "jit")
+    assert not (tmp_path / "jit").exists() and hooks_left(scripted) == NO_HOOKS

@@ -14,6 +14,7 @@ Sigmoid's outputs near its bounds.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections import deque
 from collections.abc import Callable, Container, Mapping
@@ -26,7 +27,7 @@ from ..common.suggestions import did_you_mean
 from ..tags import ALERTS, UPDATE_RATIO
 from ..summaries.unit_counts import DEAD_CHANNELS, SATURATED
 
-__all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts"]
+__all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts", "escape", "parse_alert_lines", "unescape"]
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
 DEFAULT_THRESHOLDS: dict[str, float] = {
@@ -67,8 +68,71 @@ class Alert:
     message: str
 
     def line(self) -> str:
-        """The alert as one markdown line of the ``alerts`` text: ``step N · rule · layer: message``."""
-        return f"step {self.step} · **{self.rule}** · `{self.layer or '-'}`: {self.message}"
+        """The alert as one markdown line of the ``alerts`` text: ``step N · **rule** · `layer`: message``.
+
+        The layer (``-`` without backticks when there is none) and the message are :func:`escape`-d, so
+        :func:`parse_alert_lines` gives back exactly what was written, whatever a layer's name holds.
+
+        Example:
+            >>> print(Alert(3, "dead_units", "a`b", "zero_fraction", 1.0, 0.99, "dead").line())
+            step 3 · **dead_units** · `a\\x60b`: dead
+        """
+        layer = "-" if self.layer is None else f"`{escape(self.layer)}`"
+        return f"step {self.step} · **{self.rule}** · {layer}: {escape(self.message)}"
+
+
+_LINE = re.compile(r"step (\d+) · \*\*(\w+)\*\* · (?:`([^`]*)`|-): (.*)")
+_ESCAPED = re.compile(r"\\(\\|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+
+
+def escape(text: str) -> str:
+    """``text`` on one line with no backtick and no control character, undone exactly by :func:`unescape`.
+
+    A backslash is doubled; a backtick and every character Python does not print (newlines, terminal
+    escapes, lone surrogates of a name that is not UTF-8) become ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``.
+
+    Example:
+        >>> print(escape("fc`1" + chr(10) + chr(27) + "[31m"))
+        fc\\x601\\x0a\\x1b[31m
+        >>> unescape(escape("a" + chr(92) + chr(10))) == "a" + chr(92) + chr(10)
+        True
+    """
+    out = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif char == "`" or not char.isprintable():
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def unescape(text: str) -> str:
+    """The text :func:`escape` was given."""
+    return _ESCAPED.sub(lambda match: "\\" if match[1] == "\\" else chr(int(match[1][1:], 16)), text)
+
+
+def parse_alert_lines(text: str, step: int = 0) -> list[tuple[int, str, str | None, str]]:
+    """``(step, rule, layer, message)`` of each :meth:`Alert.line` in an ``alerts`` text; ``layer`` is ``None``
+    for an alert about no layer. A paragraph in no alert's form (the first NaN/Inf, as actviz wrote it before
+    it had rules) is a ``nonfinite`` alert at ``step``, the text's own.
+
+    Example:
+        >>> alert = Alert(7, "nonfinite", "fc`" + chr(10), "activations_nonfinite", 1.0, 0.0, "NaN")
+        >>> parse_alert_lines(alert.line() + 2 * chr(10) + Alert(8, "gradient_spike", None, "", 0, 0, "x").line())
+        [(7, 'nonfinite', 'fc`\\n', 'NaN'), (8, 'gradient_spike', None, 'x')]
+    """
+    found: list[tuple[int, str, str | None, str]] = []
+    for paragraph in text.split("\n\n"):  # each line as written, its spaces included
+        match = _LINE.fullmatch(paragraph)
+        if match:
+            layer = None if match[3] is None else unescape(match[3])
+            found.append((int(match[1]), match[2], layer, unescape(match[4])))
+        elif paragraph.strip():
+            found.append((step, "nonfinite", None, paragraph.strip().removeprefix("actviz: ")))
+    return found
 
 
 def check_alerts(alerts: Any) -> dict[str, float] | None:
@@ -76,7 +140,11 @@ def check_alerts(alerts: Any) -> dict[str, float] | None:
 
     Raises:
         TypeError: Not a bool or a dict, or a threshold that is not a number.
-        ValueError: An unknown threshold name (the nearest is suggested) or a value that is not positive.
+        ValueError: An unknown threshold name (the nearest is suggested), or a value out of its bounds:
+            fractions in (0, 1], counts of steps whole numbers (logging steps 1 or more, ``warmup_steps`` 0 or
+            more, ``exploding_min_history`` at most 32), ``exploding_median_factor`` 1 or more, the rest
+            positive and ``update_ratio_low`` below ``update_ratio_high``. The error names the unit and the
+            default.
 
     Example:
         >>> check_alerts({"vanishing_ratio": 1e-4})["vanishing_ratio"], check_alerts(False)
@@ -99,11 +167,38 @@ def check_alerts(alerts: Any) -> dict[str, float] | None:
             raise ValueError(f"unknown alert threshold {name!r}{hint}")
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise TypeError(f"alert threshold {name} must be a number, got {type(value).__name__}: {value!r}")
-        if not (value >= 0 if name == "warmup_steps" else value > 0):
-            raise ValueError(f"alert threshold {name} must be {'>= 0' if name == 'warmup_steps' else 'positive'}, got {value}; the default is "
-                             f"{DEFAULT_THRESHOLDS[name]}")
+        unit, good = _BOUNDS[name]
+        if not (math.isfinite(value) and good(value)):
+            raise ValueError(f"alert threshold {name} must be {unit}, got {value!r}; for example "
+                             f"alerts={{{name!r}: {DEFAULT_THRESHOLDS[name]:g}}} (the default)")
         thresholds[name] = float(value)
+    if thresholds["update_ratio_low"] >= thresholds["update_ratio_high"]:
+        raise ValueError(f"alert thresholds update_ratio_low ({thresholds['update_ratio_low']:g}) must be below "
+                         f"update_ratio_high ({thresholds['update_ratio_high']:g}); for example "
+                         "alerts={'update_ratio_low': 1e-4, 'update_ratio_high': 1e-2} (the defaults)")
     return thresholds
+
+
+def _whole(low: float, high: float = math.inf) -> Callable[[float], bool]:
+    return lambda value: float(value).is_integer() and low <= value <= high
+
+
+#: Each threshold's unit, as an error names it, and its test.
+_BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "warmup_steps": ("a whole number of training steps, 0 or more", _whole(0)),
+    "vanishing_ratio": ("a fraction of the median in (0, 1]", lambda value: 0 < value <= 1),
+    "vanishing_steps": ("a whole number of logging steps, 1 or more", _whole(1)),
+    "exploding_sigma": ("a positive number of robust standard deviations", lambda value: value > 0),
+    "exploding_min_history": (f"a whole number of logging steps from 1 to {HISTORY} (the history kept)",
+                              _whole(1, HISTORY)),
+    "exploding_median_factor": ("a factor over the running median, 1 or more", lambda value: value >= 1),
+    "dead_zero_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
+    "dead_channel_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
+    "saturation_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
+    "update_ratio_low": ("a positive ratio ||dW|| / ||W||", lambda value: value > 0),
+    "update_ratio_high": ("a positive ratio ||dW|| / ||W||", lambda value: value > 0),
+    "update_ratio_steps": ("a whole number of logging steps, 1 or more", _whole(1)),
+}
 
 
 class HealthMonitor:

@@ -1,10 +1,14 @@
 """``actviz doctor RUN_DIR``: what a run's event files say about each layer, without TensorBoard.
 
-Reads every run under ``RUN_DIR`` with TensorBoard's own ``EventAccumulator`` and prints,
-per run, a table of the watched layers (last gradient norm and its trend, activation std,
-zero fraction, NaN/Inf) and every alert actviz raised, with its step. Works on runs of
-:func:`actviz.watch` and of the Lightning and Hugging Face callbacks alike (same tags).
-Exit status: 1 when a run holds an alert, 0 when none does, 2 when no actviz run is found.
+Reads every event file under ``RUN_DIR`` record by record, each record's checksums checked
+(TensorBoard's reader may stop at a bad record without a word), and prints, per run, a table
+of the watched layers (last gradient norm and its trend, activation std, zero fraction,
+NaN/Inf) and every alert actviz raised, with its step. Works on runs of :func:`actviz.watch`
+and of the Lightning and Hugging Face callbacks alike (same tags). A damaged file is named,
+with the step it is read to, and the rest are read; anything named like an event file that
+is not a regular file (a folder, a FIFO) is skipped. Every name is printed with its control
+characters escaped. Exit status: 0 no alert, 1 an alert, 2 no actviz run, 3 a damaged
+event file (:data:`EXIT_DAMAGED`, over 1 and 0: what it holds before the damage is reported).
 """
 
 from __future__ import annotations
@@ -12,18 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..tags import TENSORBOARD_PREFIX
+from ..output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
+from ..tags import ALERTS, TENSORBOARD_PREFIX
+from .alerts import parse_alert_lines
 
-__all__ = ["DOCTOR_DESCRIPTION", "DOCTOR_EPILOG", "RunHealth", "diagnose_runs", "doctor", "format_run"]
+__all__ = [
+    "DOCTOR_DESCRIPTION", "DOCTOR_EPILOG", "EXIT_ALERTS", "EXIT_DAMAGED", "EXIT_HEALTHY", "EXIT_NO_RUN",
+    "FileProblem", "RunHealth", "diagnose_runs", "doctor", "format_run",
+]
 
-EXIT_HEALTHY, EXIT_ALERTS, EXIT_NO_RUN = 0, 1, 2
+#: ``actviz doctor``'s exit statuses: no alert, an alert, no actviz run in RUN_DIR, a damaged event file.
+EXIT_HEALTHY, EXIT_ALERTS, EXIT_NO_RUN, EXIT_DAMAGED = 0, 1, 2, 3
 _SPARKS = "▁▂▃▄▅▆▇█"
-_ALERT_LINE = re.compile(r"^step (\d+) · \*\*(\w+)\*\* · `([^`]*)`: (.*)$")
 
 DOCTOR_DESCRIPTION = """\
 Read a training run's TensorBoard event files and say what is wrong, without TensorBoard:
@@ -49,7 +58,10 @@ reading the table:
   zero frac   fraction of exact zeros in the output (near 1 for a ReLU: dead units)
   nan/inf     most NaN/Inf elements in one step's output or gradient (0 when never written)
 
-exit codes: 0 no alert, 1 at least one alert, 2 no actviz run in RUN_DIR.
+exit codes: 0 no alert, 1 at least one alert, 2 no actviz run in RUN_DIR,
+  3 a damaged event file (bad checksum, cut short, undecodable record): it is named with
+  the step it is read to, and everything before the damage and in other files is reported.
+Names are printed with control characters escaped (\x1b, \x0a, ...).
 See docs/diagnosis.md for every rule, its threshold and what to do about it.
 """
 
@@ -76,25 +88,82 @@ class RunHealth:
     alerts: list[dict[str, Any]]
 
 
-def _runs(root: Path) -> list[Path]:
-    folders = {path.parent for path in root.rglob("events.out.tfevents.*")}
-    return sorted(folders)
+@dataclass
+class FileProblem:
+    """An event file ``actviz doctor`` could not read to its end (``last_step``: the last step read whole,
+    ``None`` when none was), or a thing named like one that is not a regular file."""
+
+    path: str
+    last_step: int | None
+    reason: str
 
 
-def _read(folder: Path) -> RunHealth | None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+@dataclass
+class _Events:
+    """What a run folder's event files hold that the doctor reads: scalars and texts by tag."""
 
-    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0, "images": 1, "histograms": 1})
-    events.Reload()
-    tags = events.Tags()
-    scalars, texts = set(tags.get("scalars", [])), set(tags.get("tensors", []))
+    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    texts: dict[str, list[tuple[int, list[bytes]]]] = field(default_factory=dict)
+
+
+def _event_files(root: Path, skipped: list[FileProblem]) -> dict[Path, list[Path]]:
+    """The event files below ``root`` by folder; anything else so named goes to ``skipped``."""
+    folders: dict[Path, list[Path]] = {}
+    for folder, subfolders, files in os.walk(root):
+        subfolders.sort()
+        for name in sorted(files + subfolders):
+            if name.startswith(EVENT_FILE_PREFIX):
+                path = Path(folder) / name
+                if is_event_file(path):
+                    folders.setdefault(Path(folder), []).append(path)
+                else:
+                    skipped.append(FileProblem(str(path), None, "not a regular file (a folder, a FIFO, ...)"))
+    return folders
+
+
+def _read_events(files: list[Path], damaged: list[FileProblem]) -> _Events:
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    events = _Events()
+    for file in files:
+        step: int | None = None
+        undecodable = False
+        try:
+            for data in read_records(file):
+                try:
+                    event = Event.FromString(data)
+                except DecodeError:  # whole, by its checksums, but not an event (a tag that is not UTF-8): skip it
+                    if not undecodable:
+                        damaged.append(FileProblem(str(file), step, f"a record after step {step} that is not a "
+                                                                    "TensorBoard event, skipped"))
+                    undecodable = True
+                    continue
+                step = event.step
+                for value in event.summary.value:
+                    if value.HasField("simple_value"):
+                        events.scalars.setdefault(value.tag, []).append((step, value.simple_value))
+                    elif value.tensor.string_val:
+                        events.texts.setdefault(value.tag, []).append((step, list(value.tensor.string_val)))
+                    elif value.metadata.plugin_data.plugin_name == "scalars" and value.tensor.float_val:
+                        events.scalars.setdefault(value.tag, []).append((step, value.tensor.float_val[0]))
+        except DamagedEventFile as error:
+            read = "nothing read" if step is None else f"read to step {step}, nothing after it"
+            damaged.append(FileProblem(str(file), step, f"{error.reason} at byte {error.offset}; {read}"))
+        except OSError as error:
+            damaged.append(FileProblem(str(file), step, f"cannot be read: {error.strerror or error}"))
+    return events
+
+
+def _read(folder: Path, files: list[Path], damaged: list[FileProblem]) -> RunHealth | None:
+    events = _read_events(files, damaged)
     # actviz's names of the statistics -> TensorBoard's (after "~"; without it in runs written before it)
-    written = {tag.removeprefix(TENSORBOARD_PREFIX): tag for tag in scalars}
+    written = {tag.removeprefix(TENSORBOARD_PREFIX): tag for tag in events.scalars}
     stats = [tag for tag in written if tag.startswith(("activation_stats/", "gradient_stats/"))]
-    if not stats and "alerts" not in texts:
+    if not stats and ALERTS not in events.texts:
         return None
-    names = _layer_order(events, texts, stats)
-    series = {tag: [(event.step, event.value) for event in events.Scalars(written[tag])] for tag in stats}
+    names = _layer_order(events.texts.get("layers", []), stats)
+    series = {tag: sorted(events.scalars[written[tag]], key=lambda point: point[0]) for tag in stats}
     last_step = max((points[-1][0] for points in series.values() if points), default=0)
     layers = []
     for name in names:
@@ -110,46 +179,58 @@ def _read(folder: Path) -> RunHealth | None:
             zeros[-1] if zeros else (0.0 if std else None), int(max(bad, default=0)),
         ))
     alerts = []
-    if "alerts" in texts:
-        for event in events.Tensors("alerts"):
-            for text in event.tensor_proto.string_val:
-                alerts += _parse_alerts(event.step, text.decode("utf-8", "replace"))
+    for step, texts in events.texts.get(ALERTS, []):
+        for text in texts:
+            alerts += [{"step": at, "rule": rule, "layer": layer, "message": message}
+                       for at, rule, layer, message in parse_alert_lines(text.decode("utf-8", "replace"), step)]
     return RunHealth(str(folder), last_step, layers, alerts)
 
 
-def _layer_order(events: Any, texts: set[str], stats: list[str]) -> list[str]:
-    """Layers in the order of the ``layers`` table (model order), then any others by name."""
+def _layer_order(tables: list[tuple[int, list[bytes]]], stats: list[str]) -> list[str]:
+    """Layers in the order of the first ``layers`` table (model order), then any others by name."""
     found = sorted({tag.split("/", 1)[1].rsplit("/", 1)[0] for tag in stats})
     ordered: list[str] = []
-    if "layers" in texts:
-        table = events.Tensors("layers")[0].tensor_proto.string_val[0].decode("utf-8", "replace")
-        for line in table.splitlines()[2:]:
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if cells and cells[0] in found and cells[0] not in ordered:
-                ordered.append(cells[0])
+    table = tables[0][1][0].decode("utf-8", "replace") if tables and tables[0][1] else ""
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if cells and cells[0] in found and cells[0] not in ordered:
+            ordered.append(cells[0])
     return ordered + [name for name in found if name not in ordered]
 
 
-def _parse_alerts(step: int, text: str) -> list[dict[str, Any]]:
-    found = []
-    for line in (line.strip() for line in text.split("\n\n")):
-        match = _ALERT_LINE.match(line)
-        if match:
-            found.append({"step": int(match[1]), "rule": match[2], "layer": match[3], "message": match[4]})
-        elif line:  # written before actviz had rules: the first NaN/Inf
-            found.append({"step": step, "rule": "nonfinite", "layer": "-", "message": line.removeprefix("actviz: ")})
-    return found
-
-
-def diagnose_runs(root: str | Path) -> list[RunHealth]:
+def diagnose_runs(root: str | Path, problems: list[FileProblem] | None = None) -> list[RunHealth]:
     """Every actviz run under ``root`` (the folder itself or any below it), read back.
+
+    Args:
+        root: A run folder or a folder of runs.
+        problems: If given, gets a :class:`FileProblem` for each damaged event file (``damaged: ...``)
+            and each thing named like one that is not a regular file (``skipped: ...``).
 
     Example:
         >>> import tempfile
         >>> diagnose_runs(tempfile.mkdtemp())
         []
     """
-    return [health for health in (_read(folder) for folder in _runs(Path(root))) if health is not None]
+    damaged: list[FileProblem] = []
+    skipped: list[FileProblem] = []
+    runs = []
+    for folder, files in sorted(_event_files(Path(root), skipped).items()):
+        health = _read(folder, files, damaged)
+        if health is not None:
+            runs.append(health)
+    if problems is not None:
+        problems += [FileProblem(p.path, p.last_step, f"damaged: {p.reason}") for p in damaged]
+        problems += [FileProblem(p.path, p.last_step, f"skipped: {p.reason}") for p in skipped]
+    return runs
+
+
+def _shown(text: object) -> str:
+    """``text`` for a terminal: control characters and undecodable bytes escaped, not sent raw."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in str(text))
+
+
+def _problem_line(problem: FileProblem) -> str:
+    return f"{_shown(problem.path)}: {_shown(problem.reason)}"
 
 
 def _number(value: float | None) -> str:
@@ -172,34 +253,42 @@ def format_run(health: RunHealth) -> str:
     """The report of one run as text: the layer table, then the alerts."""
     rows = [("layer", "grad norm", "trend", "act std", "zero frac", "nan/inf")]
     for layer in health.layers:
-        rows.append((layer.layer, _number(layer.gradient_norm), _trend(layer.gradient_trend),
+        rows.append((_shown(layer.layer), _number(layer.gradient_norm), _trend(layer.gradient_trend),
                      _number(layer.activation_std), _number(layer.zero_fraction), str(layer.nonfinite)))
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = [f"run {health.path} (last step {health.last_step})", ""]
+    lines = [f"run {_shown(health.path)} (last step {health.last_step})", ""]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.append("")
     if health.alerts:
         lines.append(f"{len(health.alerts)} alert(s):")
-        lines += [f"  step {a['step']:>6}  {a['rule']:<20} {a['layer']:<16} {a['message']}" for a in health.alerts]
+        lines += [f"  step {a['step']:>6}  {_shown(a['rule']):<20} {_shown(a['layer'] or '-'):<16} {_shown(a['message'])}"
+                  for a in health.alerts]
     else:
         lines.append("no alerts")
     return "\n".join(lines)
 
 
 def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
-    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run."""
+    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file."""
     root = Path(run_dir)
     if not root.is_dir():
-        return EXIT_NO_RUN, f"actviz doctor: error: {str(root)!r} is not a folder"
-    runs = diagnose_runs(root)
-    if not runs:
-        return EXIT_NO_RUN, (f"actviz doctor: no actviz run in {str(root)!r}: no event file with actviz's tags "
-                             "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.")
-    status = EXIT_ALERTS if any(run.alerts for run in runs) else EXIT_HEALTHY
+        return EXIT_NO_RUN, f"actviz doctor: error: {ascii(str(root))} is not a folder"
+    problems: list[FileProblem] = []
+    runs = diagnose_runs(root, problems)
+    damaged = any(problem.reason.startswith("damaged") for problem in problems)
+    if not runs and not damaged:
+        return EXIT_NO_RUN, "\n".join([
+            f"actviz doctor: no actviz run in {ascii(str(root))}: no event file with actviz's tags "
+            "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.",
+            *(_problem_line(problem) for problem in problems)])
+    status = EXIT_DAMAGED if damaged else EXIT_ALERTS if any(run.alerts for run in runs) else EXIT_HEALTHY
     if as_json:
-        report = {"status": status, "runs": [asdict(run) for run in runs]}
+        report = {"status": status, "runs": [asdict(run) for run in runs], "problems": [asdict(p) for p in problems]}
         return status, json.dumps(_no_nan(report), indent=2)
-    return status, "\n\n".join(format_run(run) for run in runs)
+    text = "\n\n".join(format_run(run) for run in runs)
+    if problems:
+        text += ("\n\n" if text else "") + "\n".join(_problem_line(problem) for problem in problems)
+    return status, text
 
 
 def _no_nan(value: Any) -> Any:

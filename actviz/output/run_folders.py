@@ -11,8 +11,10 @@ for each, with the fix: a folder per run and per model.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,9 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from ..common.safe_warnings import warn_safely
 
-__all__ = ["earlier_runs", "warn_if_reused", "warn_if_shared"]
+__all__ = ["DamagedEventFile", "earlier_runs", "is_event_file", "read_records", "warn_if_reused", "warn_if_shared"]
+
+EVENT_FILE_PREFIX = "events.out.tfevents."
 
 #: Records read per event file: a file with steps has its first summary right after its version header.
 _RECORDS_READ = 4
@@ -47,25 +51,89 @@ def earlier_runs(folder: str | os.PathLike[str]) -> list[Path]:
     path = Path(folder)
     if not path.is_dir():
         return []
-    return sorted(file for file in path.glob("events.out.tfevents.*") if _has_values(file))
+    return sorted(file for file in path.glob(EVENT_FILE_PREFIX + "*") if is_event_file(file) and _has_values(file))
+
+
+def is_event_file(path: str | os.PathLike[str]) -> bool:
+    """True for a regular file named like an event file: a FIFO, a folder or a device so named is not one
+    (opening a FIFO waits for a writer that may never come)."""
+    try:
+        return Path(path).name.startswith(EVENT_FILE_PREFIX) and stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+class DamagedEventFile(Exception):
+    """An event file that stops being a well-formed TFRecord stream at byte ``offset``: ``reason`` says how."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"{reason} at byte {offset}")
+        self.offset, self.reason = offset, reason
+
+
+def read_records(file: str | os.PathLike[str]) -> Iterator[bytes]:
+    """The records of an event file, each checked; raises :class:`DamagedEventFile` where one is not whole.
+
+    A TFRecord is an 8-byte little-endian length, the masked CRC-32C of those 8 bytes, the data and
+    the masked CRC-32C of the data. Both checksums are verified (TensorBoard's reader may stop at a
+    bad record without a word), and a length is believed only up to the bytes the file has left.
+    Only a regular file is opened (:func:`is_event_file`).
+
+    Example:
+        >>> import tempfile
+        >>> from torch.utils.tensorboard import SummaryWriter
+        >>> with SummaryWriter(folder := tempfile.mkdtemp()) as writer:
+        ...     writer.add_scalar("loss", 1.0, 0)
+        >>> len(list(read_records(next(Path(folder).iterdir()))))  # the version header, the scalar
+        2
+    """
+    if not is_event_file(file):
+        raise DamagedEventFile(0, "not a regular file")
+    crc = _masked_crc()
+    with open(file, "rb") as stream:
+        size = os.fstat(stream.fileno()).st_size
+        offset = 0
+        while offset < size:
+            header = stream.read(12)
+            if len(header) < 12:
+                raise DamagedEventFile(offset, f"a record header cut short ({len(header)} of 12 bytes)")
+            length, length_crc = struct.unpack("<QI", header)
+            if crc(header[:8]) != length_crc:
+                raise DamagedEventFile(offset, "a record length whose checksum does not match")
+            if length > size - offset - 16:
+                raise DamagedEventFile(offset, f"a record claiming {length} bytes, more than the "
+                                               f"{max(size - offset - 16, 0)} the file has left")
+            data = stream.read(length)
+            (data_crc,) = struct.unpack("<I", stream.read(4))
+            if crc(data) != data_crc:
+                raise DamagedEventFile(offset, "a record whose data checksum does not match")
+            yield data
+            offset += length + 16
+
+
+def _masked_crc() -> Callable[[bytes], int]:
+    """TFRecord's masked CRC-32C, from C when the ``crc32c`` package is there (as actviz writes), else TensorBoard's."""
+    try:
+        import crc32c
+
+        from .tensorboard import _masked_crc32c
+
+        return _masked_crc32c(crc32c.crc32c)
+    except ImportError:
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+        return masked_crc32c
 
 
 def _has_values(file: Path) -> bool:
     try:
-        with file.open("rb") as stream:
-            for _ in range(_RECORDS_READ):
-                header = stream.read(12)  # length (uint64), its masked CRC (uint32)
-                if len(header) < 12:
-                    return False
-                (length,) = struct.unpack("<Q", header[:8])
-                data = stream.read(length)
-                stream.read(4)  # the data's CRC
-                if len(data) < length:
-                    return False
-                event = Event.FromString(data)
-                if event.HasField("summary") and event.summary.value:
-                    return True
-    except Exception:  # noqa: BLE001 - an unreadable file is not ours to judge
+        for count, data in enumerate(read_records(file)):
+            event = Event.FromString(data)
+            if event.HasField("summary") and event.summary.value:
+                return True
+            if count + 1 >= _RECORDS_READ:
+                return False
+    except Exception:  # noqa: BLE001 - an unreadable or damaged file is not ours to judge here: actviz doctor does
         return False
     return False
 
