@@ -26,9 +26,9 @@ from .common.notices import Notices
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .options import CaptureOptions
-from .output.delivery import Delivery
 from .common.results import StepResults
 from .output.sink import Sink
+from .output.writer_thread import Writer
 from .capture.probe import Probe, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
@@ -60,7 +60,7 @@ class Watcher:
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
         self._spikes = diagnosis and diagnosis.spike_recorder(
             self._layers, self._parameters, lambda: self._last_started_step)
-        self._delivery = None if sink is None else Delivery(sink, strict, on_step, diagnose=diagnosis)
+        self._writer = None if sink is None else Writer(sink, strict, on_step, diagnose=diagnosis)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -68,7 +68,7 @@ class Watcher:
         self.strict = strict
         self._next_step = 0
         self._last_started_step: int | None = None
-        self._open = OpenSteps(None if self._delivery is None else self._delivery.deliver)
+        self._open = OpenSteps(None if self._writer is None else self._writer.deliver)
         self._notices = Notices()
         self._history = LoopHistory()
         self._layers_described = False
@@ -98,7 +98,7 @@ class Watcher:
     @property
     def writer(self) -> Any:
         """The ``SummaryWriter`` written to, or ``None`` on ranks other than 0."""
-        return None if self._delivery is None else self._delivery.writer
+        return None if self._writer is None else self._writer.writer
 
     @property
     def merge_ranks(self) -> bool:
@@ -126,7 +126,7 @@ class Watcher:
         ``viz.latest.statistics()`` gives every tag's count, mean, std, min, max, norm and
         NaN/Inf count. Call :meth:`flush` first to be sure the step just taken is in.
         """
-        return None if self._delivery is None else self._delivery.latest
+        return None if self._writer is None else self._writer.latest
 
     @property
     def layer_table(self) -> str | None:
@@ -134,7 +134,7 @@ class Watcher:
 
         The same table is written as the text summary ``layers`` at the first stats step.
         """
-        return None if self._delivery is None else self._delivery.layer_table
+        return None if self._writer is None else self._writer.layer_table
 
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
@@ -160,8 +160,8 @@ class Watcher:
         if not self._on_writer_thread():  # from on_step: the training thread owns the open steps
             self._open.finish_all()
             self._silences.check(closing=False)  # a run that logs nothing says why (actviz.diagnosis.silences)
-        if self._delivery is not None:
-            self._delivery.flush()
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         """Remove every hook, write what is pending and close the writer if :func:`watch` made it.
@@ -173,7 +173,7 @@ class Watcher:
             return
         self._closed = True
         if self._on_writer_thread():  # from on_step: the hooks go later, on the training thread
-            self._delivery.close()  # type: ignore[union-attr]
+            self._writer.close()  # type: ignore[union-attr]
             return
         try:  # each part idempotent: a second close() finishes what an interrupted one left
             self._remove_root_hook()
@@ -184,15 +184,15 @@ class Watcher:
         finally:
             self._silences.close()
             unregister(self.model, self)
-        if self._delivery is not None:
-            self._delivery.close()
+        if self._writer is not None:
+            self._writer.close()
 
     def _remove_root_hook(self) -> None:
         if (handle := self._root_handle) is not None:
             self._root_handle = handle.remove() or take_eager_ahead().exit()
 
     def _on_writer_thread(self) -> bool:
-        return self._delivery is not None and self._delivery.on_writer_thread()
+        return self._writer is not None and self._writer.on_thread()
 
     def __enter__(self) -> Watcher:
         return self
@@ -206,7 +206,7 @@ class Watcher:
 
     def _logs(self, step: int) -> bool:
         return self._root_handle is not None and (
-            self._stats_schedule(step) or (self._image_schedule(step) and self._delivery is not None))
+            self._stats_schedule(step) or (self._image_schedule(step) and self._writer is not None))
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
         if self._closed:  # by on_step, on the writer thread: finish closing here, on the training thread
@@ -256,7 +256,7 @@ class Watcher:
         if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
             want_stats = want_images = True
         self._silences.saw_step(step, want_stats or want_images)
-        writes = self._delivery is not None  # rank 0, or the only process
+        writes = self._writer is not None  # rank 0, or the only process
         want_images = want_images and writes  # only rank 0 draws: its own sample 0 (stats alone from others)
         if not (want_stats or want_images):
             return

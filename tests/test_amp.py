@@ -143,3 +143,24 @@ def test_huggingface_passes_its_scaler_with_fp16(tmp_path):
     callback.on_train_begin(args, state, None, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert callback.viz.grad_scaler is None  # bf16 or fp32: nothing to unscale
     callback.close()
+
+
+def test_a_pending_steps_loss_scale_divides_only_the_scaled_summaries_and_is_written():
+    from actviz.output.pending_step import PendingStep
+    from actviz.summaries.one_tensor import reduce_tensor
+
+    values = torch.tensor([4.0, -8.0, 2.0])
+    pending = PendingStep(7, bins=4)
+    pending.loss_scale = torch.tensor(4.0)
+    assert not pending.empty  # the scale alone is a step's scalar
+    pending.activations.add("fc", reduce_tensor(values))
+    pending.gradients.add("fc", reduce_tensor(values), scaled=True)
+    pending.weights.add_many({"fc.weight": reduce_tensor(values)})
+    pending.weight_grads.add_many({"fc.weight": reduce_tensor(values), "fc.bias": reduce_tensor(values)}, scaled=True,
+                                  mergeable={"fc.bias"})
+    assert [tag for tag, _ in pending.mergeable] == ["weight_grads/fc.bias"]
+    results = pending.resolve()
+    assert results.scalars == {"amp/grad_scale": 4.0}
+    assert (results.activations["fc"].max, results.weights["fc.weight"].max) == (4.0, 4.0)
+    assert (results.gradients["fc"].max, results.weight_grads["fc.bias"].min) == (1.0, -2.0)
+    assert list(results.weight_grads) == ["fc.weight", "fc.bias"]

@@ -323,7 +323,7 @@ def test_flush_and_close_warn_about_a_write_error_instead_of_raising(tmp_path):
 def test_a_second_close_after_an_interrupted_one_writes_what_was_queued(tmp_path, read_run, monkeypatch):
     model = mlp()
     viz = actviz.watch(model, tmp_path, every=1)
-    background = viz._delivery._background
+    background = viz._writer
     release = threading.Event()
     original = background.sink.write
 

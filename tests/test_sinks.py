@@ -21,6 +21,7 @@ import actviz
 from actviz.output import tensorboard as sinks
 from actviz.common.results import StepResults, Summary
 from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
+from actviz.output.writer_thread import Writer
 from actviz.pictures.rendering import feature_map_grid
 from actviz.summaries.one_tensor import summarize
 
@@ -43,7 +44,7 @@ def test_no_sink_patches_tensorboard_but_watch_does(tmp_path, monkeypatch):
     monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
     with SummaryWriter(tmp_path / "mine") as writer:
         TensorBoardSink(writer, owns_writer=False)
-        sinks.BackgroundSink(TensorBoardSink(writer, owns_writer=False), on_error=print).close()
+        Writer(TensorBoardSink(writer, owns_writer=False)).close()
     assert record_writer.masked_crc32c is pywrap_tensorflow.masked_crc32c  # constructors leave it alone
     actviz.watch(small_cnn(), tmp_path / "watched").close()
     assert record_writer.masked_crc32c is not pywrap_tensorflow.masked_crc32c

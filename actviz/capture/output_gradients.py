@@ -80,7 +80,7 @@ class OutputGradients:
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return
-        self._pending.add("gradients", tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+        self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
     def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
         """A checkpointed layer run again by the backward pass: hook its output's gradient now."""

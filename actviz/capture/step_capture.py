@@ -245,7 +245,7 @@ class StepCapture(OutputGradients, StepEnd):
             self._drawn.add(tensor)
 
     def _add_activation(self, module: nn.Module, tag: str, tensor: torch.Tensor, reduction: Reduction | int) -> None:
-        self._pending.add("activations", tag, reduction, mergeable=True)
+        self._pending.activations.add(tag, reduction, mergeable=True)
         if self.options.unit_counts and isinstance(module, COUNTED_LAYERS):  # for health alerts
             unit_counts(module, tag, tensor, self._pending)
 

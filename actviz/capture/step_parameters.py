@@ -119,7 +119,7 @@ class StepParameters:
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
         found = self._reduce(self.named, [param for _, param in self.named])
-        self._pending.add_many("weights", found, mergeable=self._sharded)
+        self._pending.weights.add_many(found, mergeable=self._sharded)
 
     def attach(
         self,
@@ -153,7 +153,7 @@ class StepParameters:
         scale = loss_scale_of(self._grad_scaler)
         if scale is not None and not self.scale_taken:
             self.scale_taken = True
-            self._pending.set_loss_scale(scale.detach().clone().reshape(()))
+            self._pending.loss_scale = scale.detach().clone().reshape(())
 
     def note_gradients(self) -> None:
         """Remember which tensors the step's backward left in ``.grad``: later passes accumulate into them."""
@@ -191,7 +191,7 @@ class StepParameters:
             for (name, _), ratio in zip(self.trainable, ratios):
                 self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
             self._before = None
-        self._pending.add_many("weight_grads", self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
+        self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
 
     def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:

@@ -1,6 +1,6 @@
 """What actviz adds to each step on the writer thread, before it is written: alerts, flow pictures, spikes.
 
-:class:`Diagnosis` is the one object :class:`~actviz.output.delivery.Delivery` calls with each
+:class:`Diagnosis` is the one object :class:`~actviz.output.writer_thread.Writer` calls with each
 step's results (``diagnose=``): the health rules (:mod:`actviz.diagnosis.alerts`), the flow pictures
 (:mod:`actviz.diagnosis.flow`) and the spike recorder's findings (:mod:`actviz.diagnosis.spikes`). A failure
 here warns once and the step is written all the same.

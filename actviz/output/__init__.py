@@ -3,10 +3,8 @@
 * :mod:`~actviz.output.pending_step`: one step's reductions and picture sources, copied to the host in one
   copy per device;
 * :mod:`~actviz.common.results`: what a step logs, on the host (:class:`Summary`, :class:`StepResults`);
-* :mod:`~actviz.output.delivery`: where a finished step goes: the writer thread, or at once with
-  ``strict=True``;
-* :mod:`~actviz.output.writer_thread`: the writer thread (:class:`BackgroundSink`), never waited on when it
-  cannot answer;
+* :mod:`~actviz.output.writer_thread`: :class:`Writer`, the writer half of a step's path (finish, diagnose,
+  write, ``on_step``) on one thread that is never waited on when it cannot answer, or at once with ``strict=True``;
 * :mod:`~actviz.output.sink`: the ``Sink`` interface (``write``, ``flush``, ``close``) that
   ``watch(sink=...)`` accepts;
 * :mod:`~actviz.output.tensorboard`: :class:`TensorBoardSink`, one sink;

@@ -1,11 +1,14 @@
 """From the device to the writer thread: one step's small results, in one copy per device.
 
 The hooks leave :class:`~actviz.summaries.header.Reduction` objects and picture sources on
-the tensors' devices in a :class:`PendingStep`. When the step ends,
-:meth:`PendingStep.send` packs every tensor of a device into one byte buffer and
-starts a single copy to the host; on a GPU the copy goes to pinned memory without
-blocking, so the training thread never waits. :meth:`PendingStep.resolve`, on the
-writer thread, waits for the copy and finishes the summaries and pictures there.
+the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
+(``pending.activations.add(tag, reduction)``, likewise ``gradients``, ``weights`` and
+``weight_grads``: :class:`TaggedReductions`), the AMP loss scale in :attr:`PendingStep.loss_scale`.
+When the step ends, :meth:`PendingStep.send` packs every tensor of a device into one byte
+buffer and starts a single copy to the host; on a GPU the copy goes to pinned memory without
+blocking, so the training thread never waits. :meth:`PendingStep.resolve`, on the writer
+thread, waits for the copy and finishes the summaries and pictures there, the scaled ones
+divided by the loss scale.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
 from ..summaries.small_tensors import SmallTensors
 from ..tags import GRAD_SCALE
-from ..common.results import StepResults
+from ..common.results import StepResults, Summary
 
-__all__ = ["HostCopy", "PendingStep"]
+__all__ = ["HostCopy", "PendingStep", "TaggedReductions"]
 
 #: Turns a picture's sources, once on the host, into a ``uint8`` image.
 Draw = Callable[..., torch.Tensor]
@@ -105,23 +108,92 @@ def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return flats[0] if len(flats) == 1 else torch.cat(flats)
 
 
+class TaggedReductions:
+    """One kind of a step's summaries, as the hooks leave them: tags and their reductions, in the order added.
+
+    A :class:`PendingStep` has one per field of summaries of :class:`~actviz.common.results.StepResults`
+    (:attr:`PendingStep.activations`, :attr:`~PendingStep.gradients`, :attr:`~PendingStep.weights`,
+    :attr:`~PendingStep.weight_grads`), and :meth:`finish` gives that field on the host. Per summary it
+    keeps one entry in each of three parallel lists and no object of its own.
+
+    Args:
+        name: The field's name, which prefixes the tags that :attr:`PendingStep.mergeable` gives.
+    """
+
+    __slots__ = ("name", "tags", "reductions", "scaled", "mergeable")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tags: list[str] = []
+        self.reductions: list[Reduction | int] = []  # an int: a row of PendingStep.small, made a Reduction when finished
+        self.scaled: list[bool] = []
+        self.mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
+
+    def add(self, tag: str, reduction: Reduction | int, scaled: bool = False, mergeable: bool = False) -> None:
+        """Keep one summary.
+
+        Args:
+            tag: The layer's or parameter's name.
+            reduction: A :class:`~actviz.summaries.header.Reduction`, or a row of :attr:`PendingStep.small`
+                (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_row`).
+            scaled: The tensor is multiplied by the loss scale (:attr:`PendingStep.loss_scale`); the host divides it.
+            mergeable: It differs between ranks, and ``merge_ranks=True`` merges it (:mod:`actviz.summaries.merge_ranks`).
+        """
+        self.tags.append(tag)
+        self.reductions.append(reduction)
+        self.scaled.append(scaled)
+        if mergeable:
+            self.mergeable.append(len(self.tags) - 1)
+
+    def add_many(self, reductions: dict[str, Reduction | int], scaled: bool = False,
+                 mergeable: Collection[str] = ()) -> None:
+        """:meth:`add` each ``tag: reduction`` of ``reductions``; the tags in ``mergeable`` are."""
+        start = len(self.tags)
+        self.tags.extend(reductions)
+        self.reductions.extend(reductions.values())
+        self.scaled.extend([scaled] * len(reductions))
+        if mergeable:
+            self.mergeable.extend(start + index for index, tag in enumerate(reductions) if tag in mergeable)
+
+    def finish(self, small: SmallTensors, host: dict[int, torch.Tensor], bins: int, scale: float) -> dict[str, Summary]:
+        """On the host: each tag's :class:`~actviz.common.results.Summary`, the scaled ones divided by ``scale``."""
+        reductions = [small.reduction(r) if isinstance(r, int) else r for r in self.reductions]
+        for reduction in reductions:
+            reduction.receive(host)
+        found = {}
+        for tag, reduction, scaled in zip(self.tags, reductions, self.scaled):
+            summary = finish(reduction, bins)
+            found[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
+        return found
+
+
 class PendingStep:
     """One step's reductions and picture sources, from the hooks to the writer thread.
 
     Args:
         step: The step number.
         bins: Histogram buckets, for :func:`~actviz.summaries.one_tensor.finish`.
+
+    Example:
+        >>> from actviz.summaries.one_tensor import reduce_tensor
+        >>> pending = PendingStep(3, bins=4)
+        >>> pending.gradients.add("fc", reduce_tensor(torch.tensor([2.0, -6.0])), scaled=True)
+        >>> pending.loss_scale = torch.tensor(2.0)
+        >>> results = pending.resolve()
+        >>> results.gradients["fc"].max, results.scalars
+        (1.0, {'amp/grad_scale': 2.0})
     """
 
     def __init__(self, step: int, bins: int) -> None:
         self.step = step
         self.bins = bins
-        # one entry per summary, in four parallel lists: no tuple per summary
-        self._kinds: list[str] = []
-        self._tags: list[str] = []
-        self._reductions: list[Reduction | int] = []  # an int: a row of self.small, made a Reduction when resolved
-        self._scaled: list[bool] = []
-        self._mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
+        self.activations = TaggedReductions("activations")  # each layer's output
+        self.gradients = TaggedReductions("gradients")  # the gradient of the loss with respect to that output
+        self.weights = TaggedReductions("weights")  # each watched parameter
+        self.weight_grads = TaggedReductions("weight_grads")  # its gradient
+        #: The AMP loss scale of this step's backward pass, a 0-dim tensor on its device: written as
+        #: ``amp/grad_scale``, and the scaled summaries are divided by it on the host, so the GPU never waits to read it.
+        self.loss_scale: torch.Tensor | None = None
         self._pictures: list[tuple[Any, ...]] = []  # (tag, draw, full_tag, *sources): one tuple per picture
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
@@ -133,49 +205,28 @@ class PendingStep:
         self.small = SmallTensors(cpu_shortcuts())
 
     @property
+    def _kinds(self) -> tuple[TaggedReductions, ...]:
+        return self.activations, self.gradients, self.weights, self.weight_grads
+
+    @property
     def empty(self) -> bool:
-        return not (self._reductions or self._pictures or self._scalars or self._host_work)
-
-    def add(self, kind: str, tag: str, reduction: Reduction | int, scaled: bool = False, mergeable: bool = False) -> None:
-        """Keep one summary: ``kind`` is ``activations``, ``gradients``, ``weights`` or ``weight_grads``.
-
-        ``reduction``: a :class:`~actviz.summaries.header.Reduction`, or a row of :attr:`small`
-        (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_row`).
-
-        ``scaled``: the tensor is multiplied by the loss scale (see :meth:`set_loss_scale`).
-        ``mergeable``: it differs between ranks, and ``merge_ranks=True`` merges it (see :mod:`actviz.summaries.merge_ranks`).
-        """
-        self._kinds.append(kind)
-        self._tags.append(tag)
-        self._reductions.append(reduction)
-        self._scaled.append(scaled)
-        if mergeable:
-            self._mergeable.append(len(self._tags) - 1)
-
-    def add_many(self, kind: str, reductions: dict[str, Reduction | int], scaled: bool = False,
-                 mergeable: Collection[str] = ()) -> None:
-        """:meth:`add` each ``tag: reduction`` of ``reductions``, all of one ``kind``; the tags in ``mergeable`` are."""
-        start = len(self._tags)
-        self._kinds.extend([kind] * len(reductions))
-        self._tags.extend(reductions)
-        self._reductions.extend(reductions.values())
-        self._scaled.extend([scaled] * len(reductions))
-        if mergeable:
-            self._mergeable.extend(start + index for index, tag in enumerate(reductions) if tag in mergeable)
+        return not (any(kind.reductions for kind in self._kinds) or self.loss_scale is not None or self._pictures
+                    or self._scalars or self._host_work)
 
     @property
     def mergeable(self) -> list[tuple[str, Reduction]]:
-        """``(kind/tag, reduction)`` of the summaries that differ between ranks, in the order added.
+        """``(kind/tag, reduction)`` of the summaries that differ between ranks, kind by kind in the order added.
 
         The small tensors are reduced on the device first, so that every reduction has its header there to merge.
         """
         self.small.reduce()
         found = []
-        for index in self._mergeable:
-            reduction = self._reductions[index]
-            if isinstance(reduction, int):  # a row: its Reduction now, which the merge changes
-                reduction = self._reductions[index] = self.small.reduction(reduction)
-            found.append((f"{self._kinds[index]}/{self._tags[index]}", reduction))
+        for kind in self._kinds:
+            for index in kind.mergeable:
+                reduction = kind.reductions[index]
+                if isinstance(reduction, int):  # a row: its Reduction now, which the merge changes
+                    reduction = kind.reductions[index] = self.small.reduction(reduction)
+                found.append((f"{kind.name}/{kind.tags[index]}", reduction))
         return found
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
@@ -189,13 +240,6 @@ class PendingStep:
     def add_text(self, tag: str, text: str) -> None:
         """Keep a text summary (markdown), written under ``tag``."""
         self._texts[tag] = text
-
-    def set_loss_scale(self, scale: torch.Tensor) -> None:
-        """The AMP loss scale of this step's backward pass, written as ``amp/grad_scale``.
-
-        Scaled summaries are divided by it on the host, so the GPU never waits to read it.
-        """
-        self.add_scalar(GRAD_SCALE, scale)
 
     def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor | int, full_tag: bool = False) -> None:
         """Keep what ``draw(*sources)`` turns into a picture on the host. A source that is an ``int`` is a row
@@ -216,17 +260,20 @@ class PendingStep:
         """
         self.small.pack()
         unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
-        for reduction in self._reductions:  # many share one header and one sample: look each up once
-            if isinstance(reduction, int):  # a row of self.small: its batch's tensors are in
-                continue
-            header, sample = reduction.header, reduction.sample
-            if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
-                for tensor in reduction.device_tensors():
-                    unique[id(tensor)] = tensor
+        for kind in self._kinds:
+            for reduction in kind.reductions:  # many share one header and one sample: look each up once
+                if isinstance(reduction, int):  # a row of self.small: its batch's tensors are in
+                    continue
+                header, sample = reduction.header, reduction.sample
+                if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
+                    for tensor in reduction.device_tensors():
+                        unique[id(tensor)] = tensor
         for picture in self._pictures:
             for source in picture[3:]:
                 if not isinstance(source, int):  # a row of self.small goes with its batch
                     unique[id(source)] = source
+        if self.loss_scale is not None:
+            unique[id(self.loss_scale)] = self.loss_scale
         for _, value in self._scalars:
             unique[id(value)] = value
         for _, carried in self._host_work:
@@ -241,21 +288,24 @@ class PendingStep:
             self.send()
         assert self._copy is not None
         host = dict(zip(self._ids, self._copy.wait()))
-        results = StepResults(self.step, texts=dict(self._texts))
         self.small.receive(host)
-        reductions = [self.small.reduction(r) if isinstance(r, int) else r for r in self._reductions]
-        for reduction in reductions:
-            reduction.receive(host)
+        scale = 1.0 if self.loss_scale is None else float(host[id(self.loss_scale)])
+        results = StepResults(
+            self.step,
+            activations=self.activations.finish(self.small, host, self.bins, scale),
+            gradients=self.gradients.finish(self.small, host, self.bins, scale),
+            weights=self.weights.finish(self.small, host, self.bins, scale),
+            weight_grads=self.weight_grads.finish(self.small, host, self.bins, scale),
+            texts=dict(self._texts),
+        )
         for tag, draw, full_tag, *sources in self._pictures:
             picture = draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
                              for source in sources])
             (results.pictures if full_tag else results.images)[tag] = picture
+        if self.loss_scale is not None:
+            results.scalars[GRAD_SCALE] = scale
         for tag, value in self._scalars:
             results.scalars[tag] = float(host[id(value)])
         for work, carried in self._host_work:
             work(results, [host[id(tensor)] for tensor in carried])
-        scale = results.scalars.get(GRAD_SCALE, 1.0)
-        for kind, tag, reduction, scaled in zip(self._kinds, self._tags, reductions, self._scaled):
-            summary = finish(reduction, self.bins)
-            getattr(results, kind)[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
         return results

@@ -71,7 +71,7 @@ class FanOutSink:
 
     Every sink gets every call. A sink from index ``guard_from`` on (the user's) that raises is
     warned about once per method and goes on getting steps; an error of one before it is raised
-    once all have been called (the caller, :class:`~actviz.output.writer_thread.BackgroundSink`, reports it).
+    once all have been called (the caller, :class:`~actviz.output.writer_thread.Writer`, reports it).
 
     Args:
         sinks: The sinks.

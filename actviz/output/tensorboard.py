@@ -34,7 +34,7 @@ DASHBOARD_LAYOUT = {
     },
 }
 
-__all__ = ["DASHBOARD_LAYOUT", "Sink", "TensorBoardSink", "BackgroundSink", "use_fast_crc"]
+__all__ = ["DASHBOARD_LAYOUT", "Sink", "TensorBoardSink", "use_fast_crc"]
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,3 @@ class TensorBoardSink:
         if self.owns_writer:
             self.writer.close()
         self._closed = True
-
-
-from .writer_thread import BackgroundSink  # noqa: E402 - re-exported: it was defined here

@@ -1,13 +1,20 @@
-"""The writer thread: finishes and writes steps in order, and is never waited on when it cannot answer.
+"""The writer: the writer half of a step's path, on one thread that is never waited on when it cannot answer.
 
-Training hands a finished step to :meth:`BackgroundSink.write` and goes on. Nothing here
-may hang or stop the training thread: every wait is a loop of short timeouts that checks
-the thread is still alive; a forked child (the pid changed: Hogwild, ``os.fork()``),
-a writer thread that is gone, or a closed sink make writes no-ops with one warning; the
-user's ``on_step`` may call ``flush()`` or ``close()`` from the writer thread itself, or
-raise anything, ``SystemExit`` included; and ``flush()``/``close()`` warn about a write
-error instead of raising it. A ``close()`` interrupted (Ctrl-C) can be called again and
-still writes what was queued.
+:class:`Writer` takes each finished :class:`~actviz.output.pending_step.PendingStep` from the
+training thread (:meth:`Writer.deliver`) and goes on. Its :meth:`Writer.process` is the whole
+writer half, one step at a time and in step order: finish the step on the host, diagnose it
+(alerts, flow pictures, spikes: :class:`~actviz.diagnosis.step_diagnosis.Diagnosis`), write it
+to the sink, keep it as :attr:`Writer.latest` and call the user's ``on_step``. It runs on the
+writer thread, or with ``strict=True`` at once on the training thread, so that an error raises
+there.
+
+Nothing here may hang or stop the training thread. At most two steps wait in the queue; every
+wait is a loop of short timeouts that checks the thread is still alive; a forked child (the pid
+changed: Hogwild, ``os.fork()``), a writer thread that is gone, or a closed writer make
+:meth:`~Writer.deliver` a no-op with one warning; the user's ``on_step`` may call ``flush()`` or
+``close()`` from the writer thread itself, or raise anything, ``SystemExit`` included; a step
+that fails to finish or write, and ``flush()``/``close()`` that fail, warn once instead of raising.
+A ``close()`` interrupted (Ctrl-C) can be called again and still writes what was queued.
 """
 
 from __future__ import annotations
@@ -17,47 +24,40 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from ..common.safe_warnings import warn_safely
 from ..common.results import StepResults
+from ..common.safe_warnings import warn_safely
+from ..tags import LAYERS
+from .pending_step import PendingStep
 from .sink import Sink
 
-__all__ = ["BackgroundSink", "PendingResults"]
+__all__ = ["Writer"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between two checks that the writer thread is still there, while waiting on it.
 POLL_SECONDS = 0.2
 
-#: Queued by :meth:`BackgroundSink.flush`: the writer thread flushes the sink when it comes to it.
+#: Queued by :meth:`Writer.flush`: the writer thread flushes the sink when it comes to it.
 _FLUSH: Any = object()
 
 
-class PendingResults(Protocol):
-    """A step on its way to the host (:class:`actviz.output.pending_step.PendingStep`)."""
+class Writer:
+    """Finishes steps, diagnoses them, writes them through a sink and hands them to ``on_step``, in order.
 
-    step: int
-
-    def resolve(self) -> StepResults: ...
-
-
-class BackgroundSink:
-    """Finishes steps and runs another sink's writes on one worker thread, in order.
-
-    Waiting for a step's copy from the device, counting its buckets, drawing and
-    PNG-encoding its pictures and building protobufs then overlap the next training
-    steps instead of lengthening the logging step. At most ``max_pending`` steps wait;
-    a further :meth:`write` waits until one is written, so memory stays bounded.
+    Waiting for a step's copy from the device, counting its buckets, drawing and PNG-encoding its
+    pictures and building protobufs then overlap the next training steps instead of lengthening
+    the logging step. At most ``max_pending`` steps wait; a further :meth:`deliver` waits until
+    one is written, so memory stays bounded.
 
     Args:
-        sink: The sink doing the writing, e.g. a :class:`~actviz.output.tensorboard.TensorBoardSink`.
-        on_error: Called on the worker thread with the pending step and the exception
-            when finishing or writing it fails. The thread goes on with the next step.
+        sink: The sink (:class:`~actviz.output.tensorboard.TensorBoardSink`, or a fan-out to the user's too).
+        strict: Process each step on the training thread as it is delivered, and let errors raise.
+        on_step: Called with each step's results once written.
+        diagnose: Called with each step's results before they are written
+            (:class:`~actviz.diagnosis.step_diagnosis.Diagnosis`).
         max_pending: Most steps queued at once.
-        resolve: Turns a pending step into its results on the worker thread; by default
-            ``pending.resolve()``.
-        after_write: Called on the worker thread with each step's results once written.
 
     Example:
         >>> class ListSink:  # any object with write, flush and close
@@ -65,29 +65,26 @@ class BackgroundSink:
         ...     def write(self, results): self.steps.append(results.step)
         ...     def flush(self): pass
         ...     def close(self): pass
-        >>> class Ready:  # a step already on the host
-        ...     def __init__(self, step): self.step = step
-        ...     def resolve(self): return StepResults(self.step, scalars={"loss": 1.0})
-        >>> background = BackgroundSink(ListSink(), on_error=print)
+        >>> writer = Writer(ListSink())
         >>> for step in (0, 5, 10):
-        ...     background.write(Ready(step))
-        >>> background.close(); background.close()
-        >>> background.sink.steps
-        [0, 5, 10]
+        ...     pending = PendingStep(step, bins=8)
+        ...     pending.add_text("note", f"step {step}")
+        ...     writer.deliver(pending)
+        >>> writer.close(); writer.close()
+        >>> writer.sink.steps, writer.latest.texts
+        ([0, 5, 10], {'note': 'step 10'})
     """
 
     def __init__(
-        self,
-        sink: Sink,
-        on_error: Callable[[Any, BaseException], None],
-        max_pending: int = 2,
-        resolve: Callable[[Any], StepResults] | None = None,
-        after_write: Callable[[StepResults], None] | None = None,
+        self, sink: Sink, strict: bool = False, on_step: Callable[[StepResults], None] | None = None,
+        diagnose: Callable[[StepResults], None] | None = None, max_pending: int = 2,
     ) -> None:
         self.sink = sink
-        self._on_error = on_error
-        self._resolve = resolve or (lambda pending: pending.resolve())
-        self._after_write = after_write
+        self.strict = strict
+        self.latest: StepResults | None = None
+        self.layer_table: str | None = None
+        self._on_step = on_step
+        self._diagnose = diagnose
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)  # steps, _FLUSH, or None: stop
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -97,33 +94,59 @@ class BackgroundSink:
 
     @property
     def writer(self) -> Any:
+        """The sink's ``SummaryWriter``, or ``None`` for ``watch(sink=...)`` alone."""
         return getattr(self.sink, "writer", None)
+
+    # -- the writer half of the path ------------------------------------------------------------------
+
+    def process(self, pending: PendingStep) -> None:
+        """Finish one step on the host, diagnose it, write it, keep it as :attr:`latest` and call ``on_step``.
+
+        Runs on the writer thread, or on the training thread with ``strict=True``. A step with nothing
+        in it is not written.
+        """
+        results = pending.resolve()
+        if self._diagnose is not None:
+            self._diagnose(results)
+        if results.is_empty():
+            return
+        self.sink.write(results)
+        self.latest = results
+        if LAYERS in results.texts:
+            self.layer_table = results.texts[LAYERS]
+        if self._on_step is not None:
+            try:
+                self._on_step(results)
+            except BaseException as error:
+                if self.strict:  # on the training thread
+                    raise
+                self._warn_once("on_step", f"actviz's on_step callback raised {type(error).__name__}: {error} "
+                                           f"(step {results.step})", error)
 
     # -- the training thread's side ---------------------------------------------------------------
 
-    def write(self, pending: PendingResults) -> None:
-        """Queue one step for finishing and writing; a no-op, with one warning, where no writer can answer."""
-        if self._closed or self._stop_sent:
-            self._warn_once("closed", f"actviz dropped step {pending.step}: the watcher is closed")
+    def deliver(self, pending: PendingStep) -> None:
+        """Hand a finished step on: queued for the writer thread, or processed now if strict.
+
+        Not strict, it never raises a write error, and it is a no-op, with one warning, where no writer
+        thread can answer.
+        """
+        if self.strict:
+            self.process(pending)
             return
-        if not self._usable():
-            return
-        if self.on_thread():  # on_step ran the model: queue it if there is room, never wait on this thread
-            try:
-                self._queue.put_nowait(pending)
-            except queue.Full:
-                self._warn_once("full", f"actviz dropped step {pending.step}, logged from inside on_step")
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="actviz-writer", daemon=True)
-            self._thread.start()
-        self._put(pending)
+        try:
+            self._queue_step(pending)
+        except Exception as error:  # noqa: BLE001 - no thread at interpreter shutdown must not stop training
+            self._failed(pending, error)
 
     def flush(self) -> None:
-        """Wait until every queued step is written and the writer flushed. Never raises a write error.
+        """Wait until every queued step is written and the sink flushed. Not strict, it never raises a write error.
 
         The writer thread flushes, after the steps queued before: the training thread does no file I/O.
         """
+        if self.strict:
+            self.sink.flush()
+            return
         if not self._usable() or self.on_thread():
             return  # on the writer thread, the steps before this one are written already
         if self._thread is None:  # nothing was ever queued
@@ -133,9 +156,15 @@ class BackgroundSink:
         self._wait_until_written()
 
     def close(self) -> None:
-        """Write what is queued, stop the thread and close the sink. Safe to call more than once, and again
-        after an interrupted close."""
+        """Write what is queued, stop the thread and close the sink (and the writer, if actviz made it).
+
+        Safe to call more than once, and again after an interrupted close.
+        """
         if self._closed:
+            return
+        if self.strict:
+            self.sink.close()
+            self._closed = True
             return
         if os.getpid() != self._pid:  # a forked child: the thread and the writer's file belong to the parent
             self._closed = True
@@ -152,6 +181,27 @@ class BackgroundSink:
         self._closed = True
         self._guarded("close", self.sink.close)
 
+    def on_thread(self) -> bool:
+        """Whether the caller runs on the writer thread (in ``on_step``)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def _queue_step(self, pending: PendingStep) -> None:
+        if self._closed or self._stop_sent:
+            self._warn_once("closed", f"actviz dropped step {pending.step}: the watcher is closed")
+            return
+        if not self._usable():
+            return
+        if self.on_thread():  # on_step ran the model: queue it if there is room, never wait on this thread
+            try:
+                self._queue.put_nowait(pending)
+            except queue.Full:
+                self._warn_once("full", f"actviz dropped step {pending.step}, logged from inside on_step")
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="actviz-writer", daemon=True)
+            self._thread.start()
+        self._put(pending)
+
     def _usable(self) -> bool:
         if os.getpid() != self._pid:
             self._warn_once("fork", "actviz writes nothing in this process: it was forked from the one that called "
@@ -164,11 +214,7 @@ class BackgroundSink:
             return False
         return True
 
-    def on_thread(self) -> bool:
-        """Whether the caller runs on the writer thread (in ``on_step``)."""
-        return self._thread is not None and threading.current_thread() is self._thread
-
-    def _put(self, item: PendingResults | None) -> None:
+    def _put(self, item: PendingStep | None) -> None:
         while True:
             try:
                 self._queue.put(item, timeout=POLL_SECONDS)
@@ -184,17 +230,6 @@ class BackgroundSink:
                 if self._thread is None or not self._thread.is_alive():
                     return
                 done.wait(POLL_SECONDS)
-
-    def _guarded(self, what: str, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001 - a full disk must not end the with-block with an error
-            self._warn_once(what, f"actviz could not {what} its writer: {type(error).__name__}: {error}")
-
-    def _warn_once(self, kind: str, message: str) -> None:
-        if kind not in self._warned:
-            self._warned.add(kind)
-            warn_safely(message + ". Training goes on.", RuntimeWarning)
 
     # -- the writer thread ---------------------------------------------------------------------------
 
@@ -214,19 +249,33 @@ class BackgroundSink:
                 if pending is _FLUSH:
                     self._guarded("flush", self.sink.flush)
                 else:
-                    self._process(pending)
+                    try:
+                        self.process(pending)
+                    except BaseException as error:  # noqa: BLE001 - SystemExit would end the thread, hanging the next put
+                        self._failed(pending, error)
             finally:
                 self._queue.task_done()
 
-    def _process(self, pending: PendingResults) -> None:
+    # -- warnings: once each, and training goes on -------------------------------------------------------
+
+    def _failed(self, pending: PendingStep, error: BaseException) -> None:
         try:
-            results = self._resolve(pending)
-            if not results.is_empty():
-                self.sink.write(results)
-                if self._after_write is not None:
-                    self._after_write(results)
-        except BaseException as error:  # noqa: BLE001 - SystemExit would end the thread, hanging the next put
-            try:
-                self._on_error(pending, error)
-            except BaseException:
-                logger.debug("reporting a failed write failed", exc_info=True)
+            self._warn_once("write", f"actviz could not write step {pending.step}: {type(error).__name__}: {error}",
+                            error)
+        except BaseException:  # a warning filter that raises must not end the thread
+            logger.debug("reporting a failed write failed", exc_info=True)
+
+    def _guarded(self, what: str, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - a full disk must not end the with-block with an error
+            self._warn_once(what, f"actviz could not {what} its writer: {type(error).__name__}: {error}")
+
+    def _warn_once(self, kind: str, message: str, error: BaseException | None = None) -> None:
+        """Warn once per ``kind``; with ``error``, each failure is logged at DEBUG level too."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            later = "; later failures are logged at DEBUG level" if error is not None else ""
+            warn_safely(f"{message}. Training goes on{later}.", RuntimeWarning)
+        if error is not None:
+            logger.debug("%s failed", kind, exc_info=error)
