@@ -291,7 +291,7 @@ class Watcher:
         self._layers_described = self._layers_described or (want_stats and writes)
 
     def _warn_no_backward(self, capture: StepCapture) -> None:
-        self._notices.once("dropped" if capture.dropped_gradients else "no_backward", step=capture.step)
+        self._notices.once("dropped" if capture.end.dropped_gradients else "no_backward", step=capture.step)
 
     def _step_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """The parameters a logging step watches: the same list while none is skipped or lazy (no new tuples).

@@ -4,9 +4,9 @@
 * :mod:`~actviz.capture.compiled_model`: the user's model under ``torch.compile``: logging steps run eagerly;
 * :mod:`~actviz.capture.step_capture`: :class:`StepCapture`, the hooks of one logging step;
 * :mod:`~actviz.capture.layer_outputs`: what a layer's output becomes: its summaries and pictures;
-* :mod:`~actviz.capture.output_gradients`: the gradient of each layer's output, from the op that made it;
+* :mod:`~actviz.capture.output_gradients`: the hooks on each layer's output's gradient, on the op that made it;
 * :mod:`~actviz.capture.step_parameters`: the watched parameters: values, and gradients as applied;
-* :mod:`~actviz.capture.step_end`: when a logging step ends (backward, optimizer step, next forward);
+* :mod:`~actviz.capture.step_end`: a logging step's stage, and when it ends (backward, optimizer step, next forward);
 * :mod:`~actviz.capture.open_steps`: the logging steps still open, and the order they leave in;
 * :mod:`~actviz.capture.layer_slots`: where each watched layer sits, to follow a layer replaced after watch();
 * :mod:`~actviz.capture.transformer_step`: a step's attention calls and transformer statistics;

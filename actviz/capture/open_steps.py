@@ -20,9 +20,10 @@ Example (a siamese step: its first half waits for the backward pass through both
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from ..output.pending_step import PendingStep
 from .step_capture import StepCapture
+from .step_end import Stage
 
 __all__ = ["MAX_WAITING", "OpenSteps"]
 
@@ -37,13 +38,13 @@ class OpenSteps:
         deliver: Where finished steps go, in step order.
     """
 
-    def __init__(self, deliver: Callable[[Any], None] | None) -> None:
+    def __init__(self, deliver: Callable[[PendingStep], None] | None) -> None:
         self.captures: list[StepCapture] = []
         self._deliver = deliver
-        self._ready: list[Any] = []  # finished steps held back for an earlier one
+        self._ready: list[PendingStep] = []  # finished steps held back for an earlier one
 
     def in_forward(self) -> bool:
-        return any(capture.in_forward for capture in self.captures)
+        return any(capture.end.stage is Stage.FORWARD for capture in self.captures)
 
     def add(self, capture: StepCapture) -> None:
         self.captures.append(capture)
@@ -51,36 +52,36 @@ class OpenSteps:
     def next_forward(self) -> None:
         """A training forward starts: end the steps that wait for nothing, give up the oldest beyond the limit."""
         for capture in self.captures:
-            capture.next_forward()
-        waiting = [capture for capture in self.captures if not capture.done]
+            capture.end.next_forward()
+        waiting = [capture for capture in self.captures if capture.end.stage is not Stage.DONE]
         for capture in waiting[:-MAX_WAITING]:
-            capture.give_up()
+            capture.end.give_up()
         self.captures = waiting[-MAX_WAITING:]
         self._release()
 
     def finish_all(self) -> None:
         captures, self.captures = self.captures, []
         for capture in captures:
-            capture.finish()
+            capture.end.close()
         self._release()
 
     def release_stances(self) -> None:
         """Outside a compiled call: the steps past their forward need not keep later forwards eager."""
         for capture in self.captures:
-            if not capture.in_forward:
+            if capture.end.stage is not Stage.FORWARD:
                 capture.release_stance()
 
     def forget(self) -> None:
         """Drop every open step without ending it (a forked child: they are the parent's)."""
         self.captures, self._ready = [], []
 
-    def deliver_in_order(self, pending: Any) -> None:
+    def deliver_in_order(self, pending: PendingStep) -> None:
         """A capture's ``deliver``: hand ``pending`` on once every earlier open step has ended."""
         self._ready.append(pending)
         self._release()
 
     def _release(self) -> None:
-        first_open = min((capture.step for capture in self.captures if not capture.done), default=None)
+        first_open = min((capture.step for capture in self.captures if capture.end.stage is not Stage.DONE), default=None)
         ready = sorted(self._ready, key=lambda pending: pending.step)
         self._ready = [pending for pending in ready if first_open is not None and pending.step >= first_open]
         if self._deliver is not None:

@@ -1,17 +1,21 @@
 """The output gradients of a logging step: a pre-hook on the op that made each watched output, and its reduction.
 
-:class:`OutputGradients` is the backward half of :class:`~actviz.capture.step_capture.StepCapture`. The
-gradient flowing into a layer is the gradient with respect to its output: a pre-hook on the
+:class:`OutputGradients` holds the backward hooks of one :class:`~actviz.capture.step_capture.StepCapture`.
+The gradient flowing into a layer is the gradient with respect to its output: a pre-hook on the
 output's ``grad_fn`` receives it (the op's ``grad_outputs[output_nr]``), as a tensor hook
 (``output.register_hook``) would, without a hook dict on every output (half the host time). It
 is the gradient with respect to the output as the layer made it, also when a later op changes
 the output in place (an in-place ReLU). A leaf output gets a tensor hook. Module backward hooks
 are never used: they raise on in-place ReLUs (pytorch#61519). A layer run without grad inside a
 training forward (``checkpoint``) is hooked when the backward pass runs it again.
+
+The first gradient of a backward pass queues a callback on the autograd engine (as DDP does), which
+tells the step's :class:`~actviz.capture.step_end.StepEnd` when that pass is over.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -19,14 +23,34 @@ from typing import Any
 import torch
 from torch import nn
 
-from .layer_outputs import output_tensors
+from ..common._internals import queue_end_of_backward
+from ..common.owned_hooks import OwnedHook, Removable
+from ..options import CaptureOptions
+from ..output.pending_step import PendingStep
 from ..summaries.one_tensor import reduce_tensor
+from .layer_outputs import output_tensors
+from .step_end import Stage, StepEnd
+from .step_parameters import StepParameters
 
 __all__ = ["OutputGradients"]
 
+logger = logging.getLogger(__name__)
+
+
 
 class OutputGradients:
-    """Mixed into :class:`~actviz.capture.step_capture.StepCapture`: hooking and reducing the gradients of the layers' outputs.
+    """The hooks on a logging step's layer outputs' gradients, and their reductions.
+
+    Args:
+        end: The step's end: told when a backward pass that reached a watched output is over.
+        pending: Where the reduced gradients go (``gradients/{layer}``).
+        parameters: The step's parameters: the loss scale is taken from them when a pass starts.
+        options: The histogram sample size and which outputs of a layer count.
+        on_error: Called with the layer's name when a hook fails.
+        handles: The list the hooks' handles go into, removed with the step's other hooks.
+
+    Attributes:
+        seen: The tags whose gradient was logged: a second call (a layer run twice) logs nothing.
 
     Example:
         >>> import tempfile, actviz
@@ -38,58 +62,80 @@ class OutputGradients:
         ['0', '2']
     """
 
-    done: bool
-    expects_backward: bool
-    options: Any
-    _hooks: Any
-    _pending: Any
-    _parameters: Any
-    _seen_grads: set[str]
-    _pass_reached: bool
-    _grad_hook: Any
-    _node_hook: Any
-    _backward_handles: list[Any]
-    _guarded: Callable[..., Any]
-    _on_error: Callable[[str, BaseException], None]
-    _queue_backward_callback: Callable[[], None]
-    _callback_queued: bool
+    def __init__(self, end: StepEnd, pending: PendingStep, parameters: StepParameters, options: CaptureOptions,
+                 on_error: Callable[[str, BaseException], None], handles: list[Removable]) -> None:
+        self.seen: set[str] = set()
+        self._end = end
+        self._pending = pending
+        self._parameters = parameters
+        self._options = options
+        self._on_error = on_error
+        self._handles = handles
+        # One hook object for all output gradients, partials of it per output: few objects per step (issue 22).
+        self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
+        self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
 
-    def _hook_gradient(self, name: str, tag: str, tensor: torch.Tensor) -> None:
+    @property
+    def hooked(self) -> bool:
+        """Whether a watched output's gradient is hooked: the step waits for a backward pass."""
+        return bool(self._handles)
+
+    def hook(self, name: str, tag: str, tensor: torch.Tensor) -> None:
         """Hook the gradient with respect to ``tensor``, a watched layer's output (reported as ``tag``)."""
         if tensor.requires_grad:  # a pre-hook on the op that made it: no hook dict on the tensor (half the cost)
             node = tensor.grad_fn
             if node is not None:  # a partial of the one shared hook: a C object, no weak reference per output
-                self._backward_handles.append(node.register_prehook(partial(self._node_hook, name, tag, tensor.output_nr)))
+                self._handles.append(node.register_prehook(partial(self._node_hook, name, tag, tensor.output_nr)))
             else:  # a leaf
-                self._backward_handles.append(tensor.register_hook(partial(self._grad_hook, name, tag)))
-            self.expects_backward = True
+                self._handles.append(tensor.register_hook(partial(self._grad_hook, name, tag)))
+
+    def hook_recomputed(self, layers: dict[str, nn.Module], names: set[str]) -> None:
+        """Hook the layers of ``names``, run without grad in the forward (checkpointed), when the backward pass runs them again."""
+        for name in names:
+            hook = OwnedHook(self._on_recomputed, layers[name], name)
+            self._handles.append(layers[name].register_forward_hook(hook))
 
     def _on_node_grad(self, name: str, tag: str, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         """The gradient with respect to a layer's output, ``grads[index]``, as a tensor hook gets it: summarized once."""
         grad = grads[index]
-        if grad is None or self.done or tag in self._seen_grads:
+        if grad is None or self._end.stage is Stage.DONE or tag in self.seen:
             return
-        self._seen_grads.add(tag)
-        self._pass_reached = True
+        self.seen.add(tag)
         if not self._callback_queued:
             self._queue_backward_callback()
         small = self._pending.small
         try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
-            copy = small.whole_copy(grad, self.options.histogram_sample_size)
-            reduction = small.add_copy(copy) if copy is not None else reduce_tensor(grad, self.options.histogram_sample_size, False)
+            copy = small.whole_copy(grad, self._options.histogram_sample_size)
+            reduction = small.add_copy(copy) if copy is not None else reduce_tensor(grad, self._options.histogram_sample_size, False)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return
         self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
 
-    def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
-        """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
-        if self.done or not torch.is_grad_enabled():
-            return
-        for suffix, tensor in output_tensors(output, self.options.outputs):
-            if name + suffix not in self._seen_grads:
-                self._guarded(name, self._hook_gradient, name, name + suffix, tensor)
-
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         """A leaf output's gradient, from its tensor hook."""
         self._on_node_grad(name, tag, 0, (grad,))
+
+    def _on_recomputed(self, name: str, module: nn.Module, inputs: Any, output: Any) -> None:
+        """A checkpointed layer run again by the backward pass: hook its output's gradient now."""
+        if self._end.stage is Stage.DONE or not torch.is_grad_enabled():
+            return
+        for suffix, tensor in output_tensors(output, self._options.outputs):
+            if name + suffix not in self.seen:
+                try:
+                    self.hook(name, name + suffix, tensor)
+                except Exception as error:  # noqa: BLE001 - a hook must never stop training
+                    self._on_error(name, error)
+
+    def _queue_backward_callback(self) -> None:
+        """Ask autograd to tell the step's end when this backward pass ends (as DDP does)."""
+        self._callback_queued = True
+        self._parameters.take_loss_scale()
+        try:
+            queue_end_of_backward(self._on_backward_end)
+        except Exception:
+            logger.debug("could not queue an end-of-backward callback", exc_info=True)
+
+    def _on_backward_end(self) -> None:
+        self._callback_queued = False
+        self._end.backward_done()

@@ -1,27 +1,35 @@
 """The hooks of one logging step, and the small results they leave: a step's life, stage by stage.
 
 A :class:`StepCapture` exists only for a step that logs; every tensor is reduced in its hook, on its
-device, into a :class:`~actviz.output.pending_step.PendingStep`. The stages, in order:
+device, into a :class:`~actviz.output.pending_step.PendingStep`. It is composed of the objects it
+uses: the step's :class:`~actviz.capture.step_parameters.StepParameters`, an
+:class:`~actviz.capture.output_gradients.OutputGradients` that holds the hooks on the outputs'
+gradients, and a :class:`~actviz.capture.step_end.StepEnd` that holds the step's
+:class:`~actviz.capture.step_end.Stage` and decides, event by event, when the step is over. The events, in order:
 
 1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, the optimizer hook;
-2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient;
-3. end of forward (``_on_forward_done``): forward hooks off; over now if nothing waits for a backward;
+2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient
+   (:meth:`OutputGradients.hook <actviz.capture.output_gradients.OutputGradients.hook>`);
+3. end of forward (``_on_forward_done``): forward hooks off, then :meth:`StepEnd.forward_done
+   <actviz.capture.step_end.StepEnd.forward_done>`: over now if nothing waits for a backward;
 4. output gradient (:class:`~actviz.capture.output_gradients.OutputGradients`): the gradient flowing into each layer, reduced;
-5. end of backward (:class:`~actviz.capture.step_end.StepEnd`): the gradients kept as left, unless an optimizer applies them;
-6. optimizer step (``_on_optimizer_step``): the gradients it applies, however many backwards came
-   between (a GAN discriminator's real and fake batches; :mod:`actviz.capture.step_parameters`);
-7. end (``finish``, also at the next training forward of a loop without optimizer, and at ``flush()``):
-   hooks off, one copy to the host started, ``deliver`` called once.
+5. end of backward (:meth:`StepEnd.backward_done <actviz.capture.step_end.StepEnd.backward_done>`): the gradients
+   kept as left, unless an optimizer applies them;
+6. optimizer step (:meth:`StepEnd.optimizer_step <actviz.capture.step_end.StepEnd.optimizer_step>`): the gradients
+   it applies, however many backwards came between (a GAN discriminator's real and fake batches;
+   :mod:`actviz.capture.step_parameters`);
+7. end (:meth:`StepEnd.close <actviz.capture.step_end.StepEnd.close>`, also at the next training forward of a
+   loop without optimizer, and at ``flush()``): :meth:`hand_over <StepCapture.hand_over>` takes the hooks off,
+   starts one copy to the host and calls ``deliver`` once.
 
 A step whose outputs require grad waits for its backward even if other forwards come first (a siamese
 pair, an RL episode; :mod:`actviz.capture.open_steps`). No hook holds a batch: a later in-place op cannot change
-what was logged. Output gradients come from ``output.register_hook`` (module backward hooks raise on
+what was logged. Output gradients come from the op that made each output (module backward hooks raise on
 in-place ReLUs, pytorch#61519); layers run without grad (``checkpoint``) get it when backward recomputes them.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -37,7 +45,8 @@ from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
 from ..common.owned_hooks import ForwardHooks, HookHandles, OwnedHook
 from .output_gradients import OutputGradients
-from .step_end import StepEnd
+from .probe import Picture
+from .step_end import Stage, StepEnd
 from .step_parameters import LoopHistory, StepParameters
 from ..summaries.header import Reduction
 from ..summaries.merge_ranks import merge_across_ranks
@@ -48,15 +57,13 @@ from ..summaries.unit_counts import COUNTED_LAYERS, unit_counts
 
 __all__ = ["StepCapture"]
 
-logger = logging.getLogger(__name__)
-
 _UNWATCHED = (None,)  # what the layer lookup gives a module it does not hold
 
 #: Called with (what failed, the exception) when a hook raises.
 ErrorHandler = Callable[[str, BaseException], None]
 
 
-class StepCapture(OutputGradients, StepEnd):
+class StepCapture:
     """Hooks and results for one logging step.
 
     Args:
@@ -71,7 +78,7 @@ class StepCapture(OutputGradients, StepEnd):
             ends and logged something.
         on_error: Called with the failing layer or parameter name; it may re-raise.
         on_no_backward: Called with this capture when it ends without the backward pass
-            its outputs waited for.
+            its outputs waited for, or without the gradients it made (``end.dropped_gradients``).
         grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
         describe_layers: Also write the text ``layers`` (see :func:`~actviz.capture.layer_outputs.layer_table`).
         pictures: Pictures made before the step (the probe's): ``(tag, draw, sources, full_tag)``.
@@ -81,13 +88,19 @@ class StepCapture(OutputGradients, StepEnd):
     update is done. ``stance`` holds ``force_eager`` until the step ends; ``history`` is what
     the watcher knows of its loop (:class:`~actviz.capture.step_parameters.LoopHistory`).
 
+    Attributes:
+        gradients: The hooks on the layer outputs' gradients (:class:`~actviz.capture.output_gradients.OutputGradients`).
+        end: The step's stage, moved on by each event (:class:`~actviz.capture.step_end.StepEnd`).
+
     Example:
         >>> from actviz.options import CaptureOptions
         >>> model, delivered = torch.nn.Sequential(torch.nn.Linear(3, 2)), []
         >>> capture = StepCapture(0, model, [("0", model[0])], list(model.named_parameters()), want_stats=True,
         ...                       want_images=False, options=CaptureOptions(), deliver=delivered.append, on_error=print)
         >>> model(torch.randn(4, 3)).sum().backward()
-        >>> capture.finish()  # at an optimizer step, the next forward of a loop without one, or flush()
+        >>> capture.end.stage
+        <Stage.WAITING_FOR_OPTIMIZER: 'waiting for the optimizer'>
+        >>> capture.end.close()  # at an optimizer step, the next forward of a loop without one, or flush()
         >>> results = delivered[0].resolve()
         >>> sorted(results.gradients), sorted(results.weight_grads)
         (['0'], ['0.bias', '0.weight'])
@@ -106,9 +119,9 @@ class StepCapture(OutputGradients, StepEnd):
         deliver: Callable[[PendingStep], None] | None,
         on_error: ErrorHandler,
         on_no_backward: Callable[[StepCapture], None] | None = None,
-        grad_scaler: Any = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
         describe_layers: bool = False,
-        pictures: Sequence[tuple[str, Any, tuple[torch.Tensor, ...], bool]] = (),
+        pictures: Sequence[Picture] = (),
         stance: EagerStance | None = None,
         history: LoopHistory | None = None,
         hold_stance: bool = True,
@@ -117,16 +130,7 @@ class StepCapture(OutputGradients, StepEnd):
         self.want_stats = want_stats
         self.want_images = want_images
         self.options = options
-        self.done = False
-        self.in_forward = True
-        self.expects_backward = False  # some watched output requires grad
-        self.backward_seen = False  # a backward pass has reached a watched output
-        self.awaiting_optimizer = False  # forward and backward done; the parameter gradients wait for a step
-        self.dropped_gradients = False  # zeroed before an optimizer applied them
-        self._stepped = False
         self._hold_stance = hold_stance  # a model compiled after watch(): until the step ends (fullgraph checks it)
-        self._in_closure = False  # its backward ran inside an optimizer step's closure (LBFGS, Lightning)
-        self._forwards_since = 0  # training forwards since this step started waiting for an optimizer step
         self._history = history or LoopHistory()
         self._deliver = deliver
         self._on_error = on_error
@@ -138,13 +142,14 @@ class StepCapture(OutputGradients, StepEnd):
         self._layer_pairs = list(layers)  # the watcher's own pairs: its steps reuse their lookup (LoopHistory)
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
-        self._seen, self._seen_grads = set[str](), set[str]()  # layers, output gradients logged: a 2nd call logs nothing
+        self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
+        self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
+                                         self._hooks.group("gradients"))
+        self._seen: set[str] = set()  # layers logged: a module called twice logs its first call
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
         self._drawn = DrawnTensors()
-        self._callback_queued = False
-        self._pass_reached = False  # the backward pass under way has reached a watched output
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
         self._eager.enter()
         try:
@@ -162,9 +167,7 @@ class StepCapture(OutputGradients, StepEnd):
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
-        # One hook object for all layers, one for all output gradients: few objects per step (issue 22).
-        self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
-        self._backward_handles = self._hooks.group("backward")
+        # One hook object for all layers: few objects per step (issue 22).
         self._by_module, hook_dicts = self._history.lookup(self._layer_pairs)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
@@ -173,20 +176,12 @@ class StepCapture(OutputGradients, StepEnd):
         self._hooks.add("forward", model.register_forward_hook(done, always_call=True))
         if self.want_stats:
             self._parameters.reduce_values()
-            self._parameters.attach(partial(self._hooks.add, "backward"), self._on_optimizer_step, self._on_optimizer_done)
+            self._parameters.attach(partial(self._hooks.add, "optimizer"), self.end.optimizer_step, self.end.optimizer_done)
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
-
-    def _guarded(self, name: str, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)``, or ``None`` if it raised: reported by name, never stopping training."""
-        try:
-            return function(*args)
-        except Exception as error:  # noqa: BLE001 - a hook must never stop training
-            self._on_error(name, error)
-            return None
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
         entry = self._by_module.get(id(module), _UNWATCHED)
-        if entry[0] is not module or self.done:  # a copy's module (it shares the hook dict), or the step is over
+        if entry[0] is not module or self.end.stage is Stage.DONE:  # a copy's module (it shares the hook dict), or over
             return
         for at in range(1, len(entry), 2):
             self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
@@ -239,7 +234,7 @@ class StepCapture(OutputGradients, StepEnd):
             reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim)
         if reduction is not None:
             self._add_activation(module, tag, tensor, reduction)
-            self._hook_gradient(name, tag, tensor)
+            self.gradients.hook(name, tag, tensor)
         if picture is not None:
             self._pending.add_picture(tag, *picture)
             self._drawn.add(tensor)
@@ -251,45 +246,37 @@ class StepCapture(OutputGradients, StepEnd):
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
-        self.in_forward = False
         if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
             self._end_eager()
         if output is None:  # the forward raised
-            self.finish()
+            self.end.close()
             return
-        for name in self._recompute:
-            hook = OwnedHook(self._on_recomputed, self._layers[name], name)
-            self._hooks.add("backward", self._layers[name].register_forward_hook(hook))
-        if self._recompute and self._parameters.trainable:
-            self.expects_backward = True
-        if not self.expects_backward:
-            self.finish()
+        # Checkpointed layers get their gradients' hooks when the backward pass runs them again.
+        expects_backward = self.gradients.hooked or bool(self._recompute and self._parameters.trainable)
+        self.gradients.hook_recomputed(self._layers, self._recompute)
+        self.end.forward_done(expects_backward, backward_seen=bool(self.gradients.seen))
 
-    def finish(self, missed_backward: bool = False) -> None:
-        """Remove every hook, start the copy to the host and deliver the step; once, however often called.
+    def hand_over(self, missed_backward: bool) -> None:
+        """The step is over (:meth:`StepEnd.close <actviz.capture.step_end.StepEnd.close>` calls this once):
+        remove every hook, start the copy to the host and deliver the step.
 
-        ``missed_backward`` says the backward pass the outputs waited for never came.
+        ``missed_backward`` says the gradients the step waited for never came, or were dropped.
         """
-        if self.done:
-            return
-        if self.backward_seen and self.want_stats and not self._parameters.taken_at_step:
-            # A closure's step (LBFGS, Lightning) and a loop that updates by hand (word_language_model) used them as
-            # its backward left them; a loop whose optimizer steps them did not (zeroed first, or no step came).
-            if not self._in_closure and self._history.optimizer_steps:
-                self._parameters.discard_gradients()
-                self.dropped_gradients = True
-        self.done = True
-        self.in_forward = False
         self._end_eager()
         self._hooks.remove()
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._shapes is not None:
             self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
-        if (missed_backward or self.dropped_gradients) and self._on_no_backward is not None:
+        if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
-        if self._merge and not self._guarded("(merge_ranks)", merge_across_ranks, self._pending.mergeable, self.options.bins):
-            return
+        if self._merge:
+            mergeable = self._pending.mergeable
+            try:
+                merge_across_ranks(mergeable, self.options.bins)
+            except Exception as error:  # noqa: BLE001 - a failed merge loses this step, not the run
+                self._on_error("(merge_ranks)", error)
+                return
         if self._pending.empty or self._deliver is None:
             return
         try:
