@@ -71,7 +71,7 @@ class OutputGradients:
         self._options = options
         self._on_error = on_error
         self._handles = handles
-        # One hook object for all output gradients, partials of it per output: few objects per step (issue 22).
+        # One hook object for all output gradients, partials of it per output: few Python objects per logging step.
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
 

@@ -167,7 +167,7 @@ class StepCapture:
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
-        # One hook object for all layers: few objects per step (issue 22).
+        # One hook object for all layers: few Python objects per logging step.
         self._by_module, hook_dicts = self._history.lookup(self._layer_pairs)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
