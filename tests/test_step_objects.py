@@ -1,4 +1,4 @@
-"""The Python objects a logging step creates (issue 22): counted, never timed.
+"""The Python objects a logging step creates: counted, never timed.
 
 A logging step of a GPU model is host-bound when it allocates thousands of Python objects:
 each costs time, and together they trigger the process's garbage collections. The hooks of a
