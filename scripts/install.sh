@@ -3,8 +3,8 @@
 # It says what it installs and about how long each part takes, then how long it took.
 # PyTorch comes first, pinned to the release the tests run on. On x86_64 Linux, PyPI's torch is
 # the CUDA build: about 3 GB of wheels and 5.5 GB on disk (its NVIDIA libraries are 3.2 GB of
-# it). Installing it from wheels already on disk took 8.5 minutes on a busy 2-core machine;
-# downloading them comes on top.
+# it). Installing it from wheels already on disk took 49 s on an idle 2-core machine and 8.5
+# minutes on a busy one; downloading them comes on top.
 # ACTVIZ_INSTALL_DRY_RUN=1 prints the plan and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +46,7 @@ else
                        size="several GB; several minutes" ;;
         *)             torch_pins=(torch==2.14.1 torchvision==0.29.1)
                        size="about 3 GB to download and 5.5 GB on disk with its CUDA libraries;"
-                       size+=" 8 to 9 minutes on a busy 2-core machine, plus the download" ;;
+                       size+=" 1 to 9 minutes on a 2-core machine, idle to busy, plus the download" ;;
     esac
     echo "== 1/2 PyTorch: ${torch_pins[*]}, the largest part ($size)"
     run python -m pip install --quiet "${torch_pins[@]}"
