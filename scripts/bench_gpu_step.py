@@ -26,7 +26,7 @@ Usage, on a machine with a CUDA GPU::
 
     python scripts/bench_gpu_step.py                          # ResNet-50, batch 64, 224x224, bf16
     ACTVIZ_FUSED=1 python scripts/bench_gpu_step.py --rounds 30   # the compiled summaries
-    python scripts/bench_gpu_step.py --model micro            # host_time.py's micro ResNet-50: host-bound steps
+    python scripts/bench_gpu_step.py --model micro            # bench_host_time.py's micro ResNet-50: host-bound steps
     python scripts/bench_gpu_step.py --model gpt2             # GPT-2 small at 1 x 1,024 tokens (needs transformers)
     python scripts/bench_gpu_step.py --profile prof.txt       # also: a logging step's syncs and kernel launches
 
@@ -53,7 +53,7 @@ from torch import nn
 
 import actviz
 from actviz.summaries.fused import use_fused
-from count_host_instructions import micro_resnet50  # its sibling here: host_time.py's model
+from count_host_instructions import micro_resnet50  # its sibling here: bench_host_time.py's model
 
 
 def build(name: str, batch: int, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor]]:

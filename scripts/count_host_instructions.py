@@ -1,12 +1,12 @@
-"""Instructions the training thread runs per step, bare and watched: a deterministic twin of ``host_time.py``.
+"""Instructions the training thread runs per step, bare and watched: a deterministic twin of ``scripts/bench_host_time.py``.
 
-``host_time.py`` (in the shared bench folder) measures a logging step's host time on the accelerator path
+``scripts/bench_host_time.py`` measures a logging step's host time on the accelerator path
 (``ACTVIZ_CPU_SHORTCUTS=0``) with thread CPU time, which moves by 20-30 % from one minute to the next on a
 shared machine: too much to see a change of a few percent. This script counts instead, with valgrind's
 callgrind: the same micro ResNet-50 (ResNet-50's 107 layers and 161 parameters at tiny widths), the same
 training step (cross-entropy, backward, SGD ``foreach``, ``flush()``), and only the training thread's
 instructions inside the measured steps (the writer thread and the imports are left out). Page faults, cache
-misses and garbage-collection pauses are not counted; time them with ``host_time.py``.
+misses and garbage-collection pauses are not counted; time them with ``scripts/bench_host_time.py``.
 
 Needs valgrind (``apt install valgrind``); about two minutes. Compare two trees with ``--tree``::
 
@@ -114,7 +114,7 @@ def main() -> None:
         child(args.child, args.steps)
         return
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
-        raise SystemExit("valgrind is not installed: apt install valgrind (or time the step with host_time.py)")
+        raise SystemExit("valgrind is not installed: apt install valgrind (or time the step with scripts/bench_host_time.py)")
     for mode in args.modes.split(","):
         if mode not in ("bare", "watched"):
             raise SystemExit(f"--modes takes bare and watched, got {mode!r}")
