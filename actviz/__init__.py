@@ -25,12 +25,14 @@ from .report import ReportResult, report
 from .report.images import load_images
 from .schedule import Schedule
 from .selection import select_layers
+from .statistics import LayerStatistic
 from .summaries.one_tensor import summarize
 from .watcher import Watcher
 
 __all__ = [
     "watch",
     "Alert",
+    "LayerStatistic",
     "grad_cam",
     "load_images",
     "report",

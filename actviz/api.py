@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from .capture.probe import Probe, check_probe, gradcam_layers, try_probe
 from .output.run_folders import warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
+from .statistics import LayerStatistic, check_statistics
 from .watcher import Watcher
 
 __all__ = ["watch"]
@@ -107,6 +108,7 @@ def watch(
     grad_scaler: Any = None,
     merge_ranks: bool = False,
     transformer_stats: bool | None = None,
+    statistics: Sequence[str | LayerStatistic] | None = None,
     on_step: Callable[[StepResults], None] | None = None,
     probe: Any = None,
     gradcam: bool | str | list[str] | None = None,
@@ -174,6 +176,10 @@ def watch(
             last one.
         transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
             (the default) for models with an attention module, ``True`` always, ``False`` never.
+        statistics: The per-layer statistics (:mod:`actviz.statistics`): ``None`` (the default) runs each
+            built-in one where it is on by default; a list of built-in names (``"unit_counts"``, ``"outliers"``,
+            ``"logits"``) and :class:`~actviz.statistics.layer_statistic.LayerStatistic` objects of your own runs
+            exactly those, on every watched layer they apply to (kurtosis of a CNN: ``["unit_counts", "outliers"]``).
         probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample
@@ -224,7 +230,7 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
-        transformer_stats=transformer_stats,
+        transformer_stats=transformer_stats, statistics=check_statistics(statistics),
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge

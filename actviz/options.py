@@ -62,6 +62,9 @@ class CaptureOptions:
         unit_counts: Count dead ReLU channels and saturated Tanh/Sigmoid outputs (:mod:`actviz.summaries.unit_counts`).
         transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.capture.transformer_step`):
             ``None`` for models with an attention module, ``True`` always, ``False`` never.
+        statistics: The per-layer statistics to run (:mod:`actviz.statistics`): ``None`` for each built-in
+            one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
+            objects, checked by :func:`actviz.statistics.registry.check_statistics`.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -84,6 +87,7 @@ class CaptureOptions:
     merge_ranks: bool = False
     unit_counts: bool = False  # set by watch(alerts=...): the device counts of actviz.summaries.unit_counts
     transformer_stats: bool | None = None
+    statistics: tuple[Any, ...] | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS, MAX_BINS)
@@ -97,6 +101,8 @@ class CaptureOptions:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):
             raise TypeError(f"transformer_stats must be None (auto), True or False, got {self.transformer_stats!r}")
+        if self.statistics is not None and not isinstance(self.statistics, tuple):
+            raise TypeError(f"statistics must be None or a tuple of LayerStatistic objects, got {self.statistics!r}")
 
     @classmethod
     def names(cls) -> list[str]:

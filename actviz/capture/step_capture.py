@@ -52,6 +52,9 @@ from ..summaries.header import Reduction
 from ..summaries.merge_ranks import merge_across_ranks
 from ..summaries.one_tensor import reduce_tensor
 from ..tags import LAYERS
+from .probe import unwrap_for_probe
+from ..selection import ROOT_NAME
+from ..statistics.layer_statistic import LayerStatistic, warn_statistic_failed
 from .transformer_step import TransformerStep
 from ..summaries.unit_counts import COUNTED_LAYERS, unit_counts
 
@@ -150,6 +153,8 @@ class StepCapture:
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
         self._drawn = DrawnTensors()
+        self._layer_statistics: dict[int, tuple[LayerStatistic, ...]] = {}  # id(module) -> its statistics (want_stats)
+        self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
         self._eager.enter()
         try:
@@ -177,6 +182,8 @@ class StepCapture:
         if self.want_stats:
             self._parameters.reduce_values()
             self._parameters.attach(partial(self._hooks.add, "optimizer"), self.end.optimizer_step, self.end.optimizer_done)
+            chosen = self._history.statistics(unwrap_for_probe(model), self._layer_pairs, self.options)
+            self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -243,6 +250,20 @@ class StepCapture:
         self._pending.activations.add(tag, reduction, mergeable=True)
         if self.options.unit_counts and isinstance(module, COUNTED_LAYERS):  # for health alerts
             unit_counts(module, tag, tensor, self._pending)
+        statistics = self._layer_statistics.get(id(module))  # most layers of most models: none, no call
+        if statistics is not None:
+            self._run_statistics(statistics, tag, tensor)
+
+    def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, tensor: torch.Tensor) -> None:
+        """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`)."""
+        for statistic in statistics:
+            try:
+                numbers = statistic.device(tensor, self.options)
+            except Exception as error:  # noqa: BLE001 - a statistic must never stop training
+                warn_statistic_failed(statistic, error)
+                continue
+            if numbers is not None:
+                self._pending.layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")
@@ -251,10 +272,22 @@ class StepCapture:
         if output is None:  # the forward raised
             self.end.close()
             return
+        if self._output_statistics:  # the logits' statistics
+            self._output_values(unwrap_for_probe(model), output)
         # Checkpointed layers get their gradients' hooks when the backward pass runs them again.
         expects_backward = self.gradients.hooked or bool(self._recompute and self._parameters.trainable)
         self.gradients.hook_recomputed(self._layers, self._recompute)
         self.end.forward_done(expects_backward, backward_seen=bool(self.gradients.seen))
+
+    def _output_values(self, model: nn.Module, output: Any) -> None:
+        for statistic in self._output_statistics:
+            try:
+                tensor = statistic.select(model, output)
+            except Exception as error:  # noqa: BLE001 - a statistic must never stop training
+                warn_statistic_failed(statistic, error)
+                continue
+            if tensor is not None:
+                self._run_statistics((statistic,), ROOT_NAME, tensor)
 
     def hand_over(self, missed_backward: bool) -> None:
         """The step is over (:meth:`StepEnd.close <actviz.capture.step_end.StepEnd.close>` calls this once):

@@ -31,6 +31,7 @@ from ..summaries.header import Reduction
 from ..summaries.many_tensors import reduce_tensors
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard, reduce_tensor
+from ..statistics.registry import Chosen
 from ..tags import UPDATE_RATIO
 
 __all__ = ["LoopHistory", "StepParameters"]
@@ -45,11 +46,13 @@ class LoopHistory:
     ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
     logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
     ``layer_lookup``: the last step's ``(layers, layers_by_module(layers), the modules' forward hook dicts)``,
-    reused while its steps watch the same ``(name, module)`` pairs (:meth:`lookup`).
+    reused while its steps watch the same ``(name, module)`` pairs (:meth:`lookup`); ``statistic_lookup`` likewise
+    the statistics each layer runs (:meth:`statistics`).
     """
 
     optimizer_steps: bool | None = None
     layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
+    statistic_lookup: tuple[list[tuple[str, nn.Module]], Chosen] | None = None
 
     def lookup(self, layers: list[tuple[str, nn.Module]]) -> tuple[dict[int, tuple[Any, ...]], list[dict[int, Any]]]:
         """``layers_by_module(layers)`` and each of its modules' forward hook dicts (what
@@ -59,6 +62,14 @@ class LoopHistory:
             by_module = layers_by_module(layers)
             kept = self.layer_lookup = (list(layers), by_module, [forward_hooks(entry[0]) for entry in by_module.values()])
         return kept[1], kept[2]
+
+    def statistics(self, model: nn.Module, layers: list[tuple[str, nn.Module]], options: CaptureOptions) -> Chosen:
+        """The per-layer statistics of ``model``'s steps (:class:`~actviz.statistics.registry.Chosen`), asked of each
+        statistic and layer only when the pairs changed."""
+        kept = self.statistic_lookup
+        if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
+            kept = self.statistic_lookup = (list(layers), Chosen.of(model, layers, options))
+        return kept[1]
 
 
 class StepParameters:

@@ -130,6 +130,9 @@ class StepResults:
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
     histograms: dict[str, Summary] = field(default_factory=dict)  # full tags: attention/{layer}/head_max_logit
+    # Per-layer statistics' values (actviz.statistics): statistic name -> layer -> value name -> value. What the alerts
+    # read; the values a statistic writes are in scalars too, under their tags
+    layer_values: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # Alerts found while the step was finished on the host (the transformer rules): actviz.diagnosis.alerts.Alert objects,
     # which the health monitor reports with its own (written as the "alerts" text, never as a tag of their own)
     alerts: list[Any] = field(default_factory=list)

@@ -27,6 +27,7 @@ from ..api import watch
 from ..options import CaptureOptions
 from ..schedule import Schedule
 from ..common.suggestions import did_you_mean
+from ..statistics import check_statistics
 
 __all__: list[str] = []  # the adapters live in their submodules
 
@@ -60,5 +61,7 @@ def _check_watch_kwargs(
     for name in ("every", "image_every"):
         if watch_kwargs.get(name) is not None:
             Schedule.parse(watch_kwargs[name], name)
-    CaptureOptions(**{name: value for name, value in watch_kwargs.items() if name in CaptureOptions.names()})
+    check_statistics(watch_kwargs.get("statistics"))
+    CaptureOptions(**{name: value for name, value in watch_kwargs.items()
+                      if name in CaptureOptions.names() and name != "statistics"})
     return dict(watch_kwargs)

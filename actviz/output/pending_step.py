@@ -13,11 +13,13 @@ divided by the loss scale.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 
+from ..common.safe_warnings import warn_safely
 from ..options import cpu_shortcuts
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
@@ -25,7 +27,9 @@ from ..summaries.small_tensors import SmallTensors
 from ..tags import GRAD_SCALE
 from ..common.results import StepResults, Summary
 
-__all__ = ["HostCopy", "PendingStep", "TaggedReductions"]
+__all__ = ["HostCopy", "LayerValues", "PendingStep", "TaggedReductions"]
+
+logger = logging.getLogger(__name__)
 
 #: Turns a picture's sources, once on the host, into a ``uint8`` image.
 Draw = Callable[..., torch.Tensor]
@@ -167,6 +171,60 @@ class TaggedReductions:
         return found
 
 
+class LayerValues:
+    """A step's per-layer statistics (:mod:`actviz.statistics`) as the hooks leave them: each statistic's device
+    half, a few numbers per tensor, kept in parallel lists (no object per entry but its tensor).
+
+    :meth:`finish`, on the writer thread, gives each statistic's host half its numbers: the named values go into
+    ``results.layer_values[statistic.name][layer]``, and those it writes into ``results.scalars`` under their tags.
+    A host half that raises loses its own values, warned once per statistic; the step keeps the rest.
+    """
+
+    __slots__ = ("statistics", "layers", "tensors", "numels", "dtypes")
+
+    def __init__(self) -> None:
+        self.statistics: list[Any] = []  # LayerStatistic objects
+        self.layers: list[str] = []
+        self.tensors: list[torch.Tensor] = []
+        self.numels: list[int] = []
+        self.dtypes: list[torch.dtype] = []
+
+    def add(self, statistic: Any, layer: str, numbers: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
+        """Keep ``numbers``, ``statistic``'s device half of a tensor of ``layer`` (``numel`` elements of ``dtype``)."""
+        self.statistics.append(statistic)
+        self.layers.append(layer)
+        self.tensors.append(numbers)
+        self.numels.append(numel)
+        self.dtypes.append(dtype)
+
+    def finish(self, host: dict[int, torch.Tensor], results: StepResults) -> None:
+        """On the host: every entry's named values into ``results`` (see the class docstring)."""
+        for statistic, layer, tensor, numel, dtype in zip(self.statistics, self.layers, self.tensors, self.numels,
+                                                          self.dtypes):
+            try:
+                numbers = host[id(tensor)].reshape(-1).tolist()
+                values = statistic.host(numbers, numel, dtype)
+            except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
+                _warn_once(statistic, error)
+                continue
+            results.layer_values.setdefault(statistic.name, {})[layer] = values
+            written = statistic.names if statistic.written is None else statistic.written
+            for name in written:
+                if name in values:
+                    results.scalars[statistic.tag(layer, name)] = values[name]
+
+
+_warned: set[str] = set()  # statistics whose host half failed, warned about once per process
+
+
+def _warn_once(statistic: Any, error: Exception) -> None:
+    if statistic.name not in _warned:
+        _warned.add(statistic.name)
+        warn_safely(f"actviz: the statistic {statistic.name!r} failed on the host, {type(error).__name__}: {error} "
+                    "(training goes on; warned once)", RuntimeWarning)
+    logger.debug("statistic %s failed", statistic.name, exc_info=error)
+
+
 class PendingStep:
     """One step's reductions and picture sources, from the hooks to the writer thread.
 
@@ -197,6 +255,8 @@ class PendingStep:
         self._pictures: list[tuple[Any, ...]] = []  # (tag, draw, full_tag, *sources): one tuple per picture
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
+        #: Each per-layer statistic's device half (:mod:`actviz.statistics`), finished on the host after the summaries.
+        self.layer_values = LayerValues()
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
         self._ids: list[int] = []
@@ -211,7 +271,7 @@ class PendingStep:
     @property
     def empty(self) -> bool:
         return not (any(kind.reductions for kind in self._kinds) or self.loss_scale is not None or self._pictures
-                    or self._scalars or self._host_work)
+                    or self._scalars or self._host_work or self.layer_values.tensors)
 
     @property
     def mergeable(self) -> list[tuple[str, Reduction]]:
@@ -279,6 +339,8 @@ class PendingStep:
         for _, carried in self._host_work:
             for tensor in carried:
                 unique[id(tensor)] = tensor
+        for tensor in self.layer_values.tensors:
+            unique[id(tensor)] = tensor
         self._ids = list(unique)
         self._copy = HostCopy(list(unique.values()))
 
@@ -308,4 +370,5 @@ class PendingStep:
             results.scalars[tag] = float(host[id(value)])
         for work, carried in self._host_work:
             work(results, [host[id(tensor)] for tensor in carried])
+        self.layer_values.finish(host, results)
         return results

@@ -1,0 +1,113 @@
+"""The per-layer statistic interface: one object, a device half and a host half.
+
+A :class:`LayerStatistic` is the one route by which a statistic of a layer's output reaches
+the event file (besides the summary header's moments, :mod:`actviz.summaries.header`):
+
+* :meth:`~LayerStatistic.applies_to` picks the watched layers it runs on, once per watcher;
+* :meth:`~LayerStatistic.device` runs inside the step's one layer hook, on the output's device:
+  a few numbers per tensor as one small tensor, never read on the host (no sync). The step keeps it
+  with its other small results and copies it to the host in the step's one copy
+  (:class:`~actviz.output.pending_step.LayerValues`);
+* :meth:`~LayerStatistic.host` runs on the writer thread: those numbers, as floats, become named
+  values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
+  alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
+  ``activation_stats/{layer}/{name}`` (:meth:`~LayerStatistic.tag`).
+
+A statistic with ``scope = "model"`` runs once per step on the model's output instead
+(:meth:`~LayerStatistic.select` picks the tensor), as the logit statistics do.
+
+Example:
+    A made-up statistic, the fraction of positive elements, in a few lines:
+
+    >>> import tempfile, actviz
+    >>> class Positive(LayerStatistic):
+    ...     name, names = "positive", ("positive_fraction",)
+    ...     def device(self, tensor, options):
+    ...         return torch.mean(tensor.detach() > 0, dtype=torch.float32)
+    ...     def host(self, numbers, numel, dtype):
+    ...         return {"positive_fraction": numbers[0]}
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4))
+    >>> with actviz.watch(model, tempfile.mkdtemp(), statistics=[Positive()]) as viz:
+    ...     model(torch.ones(2, 3)).sum().backward()
+    ...     viz.flush()
+    >>> sorted(viz.latest.layer_values["positive"])
+    ['0']
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from ..common.safe_warnings import warn_safely
+from ..tags import ACTIVATION_STAT
+
+__all__ = ["LayerStatistic", "warn_statistic_failed"]
+
+logger = logging.getLogger(__name__)
+
+
+class LayerStatistic:
+    """One per-layer statistic. Subclass it, set :attr:`name` and :attr:`names`, and write :meth:`device`
+    and :meth:`host`; the rest has defaults.
+
+    Attributes:
+        name: The statistic's name: ``watch(statistics=[...])`` picks it by it, and its values are
+            ``results.layer_values[name]``.
+        names: The values :meth:`host` gives.
+        written: Those of :attr:`names` written as scalars (:meth:`tag`); ``None`` for all of them.
+        scope: ``"layer"``: every tensor of each watched layer it applies to; ``"model"``: the model's
+            output, once per step (:meth:`select`).
+        cost: What :meth:`device` costs per tensor, as measured (kernels, no sync); said in the docs.
+    """
+
+    name: str = ""
+    names: tuple[str, ...] = ()
+    written: tuple[str, ...] | None = None
+    scope: Literal["layer", "model"] = "layer"
+    cost: str = ""
+
+    def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        """Whether ``watch(statistics=None)`` (the default) runs it on ``model``. Asked once per watcher."""
+        return True
+
+    def applies_to(self, module: nn.Module) -> bool:
+        """Whether it runs on this watched layer's outputs. Asked once per watcher and layer."""
+        return True
+
+    def select(self, model: nn.Module, output: Any) -> torch.Tensor | None:
+        """``scope = "model"``: the tensor of the model's ``output`` it is taken of, or ``None`` for none."""
+        return output if isinstance(output, torch.Tensor) else None
+
+    def device(self, tensor: torch.Tensor, options: Any) -> torch.Tensor | None:
+        """The device half: a few numbers of ``tensor`` (detach it first), one small tensor on its device,
+        never read on the host; ``None`` for a tensor it does not take (an integer one, say).
+        ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
+        raise NotImplementedError
+
+    def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
+        """The host half, on the writer thread: :meth:`device`'s numbers as floats (with the tensor's
+        ``numel`` and ``dtype``) → ``{value name: value}``."""
+        raise NotImplementedError
+
+    def tag(self, layer: str, name: str) -> str:
+        """The scalar tag of value ``name`` of ``layer``: ``activation_stats/{layer}/{name}``."""
+        return ACTIVATION_STAT.format(layer=layer, statistic=name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+_warned: set[str] = set()  # statistics whose device half failed, warned about once per process
+
+
+def warn_statistic_failed(statistic: LayerStatistic, error: BaseException) -> None:
+    """Warn once per statistic that its device half raised (training goes on); log each failure at DEBUG level."""
+    if statistic.name not in _warned:
+        _warned.add(statistic.name)
+        warn_safely(f"actviz: the statistic {statistic.name!r} failed, {type(error).__name__}: {error} "
+                    "(training goes on; warned once)", RuntimeWarning, stacklevel=3)
+    logger.debug("statistic %s failed", statistic.name, exc_info=error)

@@ -1,0 +1,59 @@
+"""Per-layer statistics through their one interface: a made-up one added in a few lines and read back from the
+event file, the registry's checks, and each built-in statistic's device cost (kernels, no sync)."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import actviz
+from actviz.statistics import LayerStatistic, check_statistics
+
+
+class Skewness(LayerStatistic):
+    """The third standardised moment of each output: the whole statistic, in one class."""
+
+    name, names = "skewness", ("skewness",)
+
+    def applies_to(self, module):
+        return isinstance(module, nn.Linear)
+
+    def device(self, tensor, options):
+        values = tensor.detach().reshape(-1).double()
+        centred = values - values.mean()
+        return torch.stack([centred.square().sum(), centred.pow(3).sum()])
+
+    def host(self, numbers, numel, dtype):
+        squares, cubes = numbers
+        return {"skewness": (cubes / numel) / (squares / numel) ** 1.5}
+
+
+def test_a_made_up_statistic_is_written_and_read_back(read_run):
+    torch.manual_seed(0)
+    model, log_dir = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), tempfile.mkdtemp()
+    outputs = {}
+    model[2].register_forward_hook(lambda m, a, out: outputs.update(last=out.detach().double().numpy()))
+    with actviz.watch(model, log_dir, every=1, layers="all", statistics=[Skewness()], strict=True) as viz:
+        model(torch.randn(16, 4).exp()).sum().backward()
+    x = outputs["last"].reshape(-1)
+    expected = np.mean((x - x.mean()) ** 3) / np.mean((x - x.mean()) ** 2) ** 1.5
+    run = read_run(log_dir)
+    assert run.scalar("activation_stats/2/skewness", 0) == pytest.approx(expected, rel=1e-5)
+    assert "activation_stats/1/skewness" not in run.scalar_tags  # the ReLU: it does not apply there
+    assert viz.latest.layer_values["skewness"]["2"]["skewness"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_statistics_argument_is_checked():
+    assert check_statistics(None) is None
+    with pytest.raises(TypeError, match=r"statistics=\[Skewness\(\)\]"):
+        check_statistics([Skewness])
+    with pytest.raises(TypeError, match="list of names"):
+        check_statistics("outliers")
+    with pytest.raises(ValueError, match="given twice"):
+        check_statistics([Skewness(), Skewness()])
+    with pytest.raises(ValueError, match="unknown statistic"):
+        actviz.watch(nn.Linear(2, 2), tempfile.mkdtemp(), statistics=["nope"])
