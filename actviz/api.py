@@ -177,9 +177,10 @@ def watch(
         transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
             (the default) for models with an attention module, ``True`` always, ``False`` never.
         statistics: The per-layer statistics (:mod:`actviz.statistics`): ``None`` (the default) runs each
-            built-in one where it is on by default; a list of built-in names (``"unit_counts"``, ``"outliers"``,
-            ``"logits"``) and :class:`~actviz.statistics.layer_statistic.LayerStatistic` objects of your own runs
-            exactly those, on every watched layer they apply to (kurtosis of a CNN: ``["unit_counts", "outliers"]``).
+            built-in one where it is on by default; a list of built-in names (``"dead_channels"``,
+            ``"saturation"``, ``"outliers"``, ``"logits"``) and :class:`~actviz.statistics.layer_statistic.LayerStatistic`
+            objects of your own runs exactly those, on every watched layer they apply to (kurtosis of a CNN:
+            ``["dead_channels", "saturation", "outliers"]``).
         probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample

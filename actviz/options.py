@@ -59,7 +59,8 @@ class CaptureOptions:
             layer's name; ``"all"`` logs each with its position as a suffix.
         update_ratio: Log each parameter's relative change across the update after a stats step.
         merge_ranks: Merge every rank's summaries into rank 0's (see :mod:`actviz.summaries.merge_ranks`).
-        unit_counts: Count dead ReLU channels and saturated Tanh/Sigmoid outputs (:mod:`actviz.summaries.unit_counts`).
+        unit_counts: Count dead ReLU channels and saturated Tanh/Sigmoid outputs (:mod:`actviz.statistics.unit_counts`)
+            where ``statistics`` is ``None``: their default, set by ``watch(alerts=...)``.
         transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.capture.transformer_step`):
             ``None`` for models with an attention module, ``True`` always, ``False`` never.
         statistics: The per-layer statistics to run (:mod:`actviz.statistics`): ``None`` for each built-in
@@ -85,7 +86,7 @@ class CaptureOptions:
     outputs: Literal["first", "all"] = "first"
     update_ratio: bool = False
     merge_ranks: bool = False
-    unit_counts: bool = False  # set by watch(alerts=...): the device counts of actviz.summaries.unit_counts
+    unit_counts: bool = False  # set by watch(alerts=...): the default of actviz.statistics.unit_counts
     transformer_stats: bool | None = None
     statistics: tuple[Any, ...] | None = None
 

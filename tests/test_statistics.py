@@ -22,7 +22,7 @@ class Skewness(LayerStatistic):
     def applies_to(self, module):
         return isinstance(module, nn.Linear)
 
-    def device(self, tensor, options):
+    def device(self, tensor, module, options):
         values = tensor.detach().reshape(-1).double()
         centred = values - values.mean()
         return torch.stack([centred.square().sum(), centred.pow(3).sum()])
@@ -57,3 +57,19 @@ def test_the_statistics_argument_is_checked():
         check_statistics([Skewness(), Skewness()])
     with pytest.raises(ValueError, match="unknown statistic"):
         actviz.watch(nn.Linear(2, 2), tempfile.mkdtemp(), statistics=["nope"])
+
+
+@pytest.mark.parametrize("module, shape, kernels", [
+    (nn.ReLU(), (4, 8, 5, 5), 3), (nn.Tanh(), (4, 8), 3), (nn.Sigmoid(), (4, 8), 4),
+])
+def test_the_unit_counts_cost_three_or_four_kernels_and_no_sync(module, shape, kernels):
+    from conftest import CountOps
+
+    from actviz.statistics.unit_counts import DeadChannels, Saturation
+
+    statistic = DeadChannels() if isinstance(module, nn.ReLU) else Saturation()
+    assert statistic.applies_to(module)
+    tensor = torch.randn(shape)
+    with CountOps() as count:
+        statistic.device(tensor, module, None)
+    assert len(count.kernels) == kernels and count.syncs == [], count.kernels

@@ -56,7 +56,6 @@ from .probe import unwrap_for_probe
 from ..selection import ROOT_NAME
 from ..statistics.layer_statistic import LayerStatistic, warn_statistic_failed
 from .transformer_step import TransformerStep
-from ..summaries.unit_counts import COUNTED_LAYERS, unit_counts
 
 __all__ = ["StepCapture"]
 
@@ -248,17 +247,16 @@ class StepCapture:
 
     def _add_activation(self, module: nn.Module, tag: str, tensor: torch.Tensor, reduction: Reduction | int) -> None:
         self._pending.activations.add(tag, reduction, mergeable=True)
-        if self.options.unit_counts and isinstance(module, COUNTED_LAYERS):  # for health alerts
-            unit_counts(module, tag, tensor, self._pending)
         statistics = self._layer_statistics.get(id(module))  # most layers of most models: none, no call
         if statistics is not None:
-            self._run_statistics(statistics, tag, tensor)
+            self._run_statistics(statistics, tag, module, tensor)
 
-    def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, tensor: torch.Tensor) -> None:
+    def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module,
+                        tensor: torch.Tensor) -> None:
         """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`)."""
         for statistic in statistics:
             try:
-                numbers = statistic.device(tensor, self.options)
+                numbers = statistic.device(tensor, module, self.options)
             except Exception as error:  # noqa: BLE001 - a statistic must never stop training
                 warn_statistic_failed(statistic, error)
                 continue
@@ -287,7 +285,7 @@ class StepCapture:
                 warn_statistic_failed(statistic, error)
                 continue
             if tensor is not None:
-                self._run_statistics((statistic,), ROOT_NAME, tensor)
+                self._run_statistics((statistic,), ROOT_NAME, model, tensor)
 
     def hand_over(self, missed_backward: bool) -> None:
         """The step is over (:meth:`StepEnd.close <actviz.capture.step_end.StepEnd.close>` calls this once):

@@ -6,7 +6,8 @@ the training thread nothing and never wait for a device. Each rule fires once pe
 and run: an :class:`Alert` kept in ``viz.alerts``, passed to ``on_alert``, a line of the
 ``alerts`` text at its step, and a ``RuntimeWarning``. ``watch(alerts={...})`` overrides
 the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says where its comes
-from. Two counts come from the device, made in the layer's hook (:mod:`actviz.summaries.unit_counts`):
+from. Two counts come from the device, made in the layer's hook (:mod:`actviz.statistics.unit_counts`) and read
+here as typed values (``results.layer_values``):
 the fraction of a ReLU's channels that are zero for the whole batch, and of a Tanh's or
 Sigmoid's outputs near its bounds.
 """
@@ -25,7 +26,6 @@ from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from ..common.suggestions import did_you_mean
 from ..tags import ALERTS, UPDATE_RATIO
-from ..summaries.unit_counts import DEAD_CHANNELS, SATURATED
 
 __all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts", "escape", "parse_alert_lines", "unescape"]
 
@@ -240,8 +240,7 @@ class HealthMonitor:
         query and key projections get about 1e-4 of the median gradient at initialisation, and Adam's
         first updates are as large as the learning rate whatever the gradient.
         """
-        counts = {tag: results.scalars.pop(tag) for tag in [t for t in results.scalars if t.startswith("health/")]}
-        found = [*self._nonfinite(results), *self._dead_units(results, counts), *self._saturation(results, counts),
+        found = [*self._nonfinite(results), *self._dead_units(results), *self._saturation(results),
                  *results.alerts]  # found while the step was finished (actviz.diagnosis.transformer_alerts)
         results.alerts = []
         trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
@@ -340,12 +339,13 @@ class HealthMonitor:
             history.append(norm)
         return found
 
-    def _dead_units(self, results: StepResults, counts: dict[str, float]) -> list[Alert]:
+    def _dead_units(self, results: StepResults) -> list[Alert]:
         """Dead units: a ReLU-family output with ``dead_zero_fraction`` (0.99) of its elements zero, or
         with ``dead_channel_fraction`` (0.9) of its channels zero for the whole batch. A healthy ReLU
         zeroes about half its inputs; a unit whose input is negative for every sample gets no gradient
         and never recovers (the "dying ReLU" of Lu et al. 2019)."""
         found = []
+        counted = results.layer_values.get("dead_channels", {})
         for layer in self.relu_layers & results.activations.keys():
             fraction = results.activations[layer].zero_fraction
             if fraction >= self.thresholds["dead_zero_fraction"]:
@@ -354,7 +354,7 @@ class HealthMonitor:
                                    f"dead units at step {results.step} in {layer!r}: {fraction:.1%} of its outputs "
                                    "are zero, so almost no gradient flows back through it"))
                 continue
-            channels = counts.get(f"{DEAD_CHANNELS}/{layer}", math.nan)
+            channels = counted.get(layer, {}).get("dead_channel_fraction", math.nan)
             if channels >= self.thresholds["dead_channel_fraction"] - 1e-6:  # counted in float32 on the device
                 found.append(Alert(results.step, "dead_units", layer, "dead_channel_fraction", channels,
                                    self.thresholds["dead_channel_fraction"],
@@ -362,15 +362,14 @@ class HealthMonitor:
                                    "are zero for the whole batch"))
         return found
 
-    def _saturation(self, results: StepResults, counts: dict[str, float]) -> list[Alert]:
+    def _saturation(self, results: StepResults) -> list[Alert]:
         """Saturation: more than ``saturation_fraction`` (5 %) of a Tanh's or Sigmoid's outputs within 0.03
         of its bounds, where its slope is below 0.06 (Tanh) or 0.03 (Sigmoid) and gradients die. Glorot &
         Bengio (2010) trace the stalled training of deep sigmoid nets to exactly this."""
         found = []
-        prefix = SATURATED + "/"
-        for tag, fraction in counts.items():
-            if tag.startswith(prefix) and fraction > self.thresholds["saturation_fraction"]:
-                layer = tag[len(prefix):]
+        for layer, values in results.layer_values.get("saturation", {}).items():
+            fraction = values.get("saturated_fraction", math.nan)
+            if fraction > self.thresholds["saturation_fraction"]:
                 found.append(Alert(results.step, "saturation", layer, "saturated_fraction", fraction,
                                    self.thresholds["saturation_fraction"],
                                    f"saturation at step {results.step} in {layer!r}: {fraction:.1%} of its outputs "

@@ -22,7 +22,7 @@ from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
 from ..tags import ALERTS
-from ..summaries.unit_counts import is_relu_family
+from ..statistics.unit_counts import is_relu_family
 
 __all__ = ["Alert", "Diagnosis", "make_diagnosis"]
 

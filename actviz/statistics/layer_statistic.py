@@ -22,7 +22,7 @@ Example:
     >>> import tempfile, actviz
     >>> class Positive(LayerStatistic):
     ...     name, names = "positive", ("positive_fraction",)
-    ...     def device(self, tensor, options):
+    ...     def device(self, tensor, module, options):
     ...         return torch.mean(tensor.detach() > 0, dtype=torch.float32)
     ...     def host(self, numbers, numel, dtype):
     ...         return {"positive_fraction": numbers[0]}
@@ -82,10 +82,10 @@ class LayerStatistic:
         """``scope = "model"``: the tensor of the model's ``output`` it is taken of, or ``None`` for none."""
         return output if isinstance(output, torch.Tensor) else None
 
-    def device(self, tensor: torch.Tensor, options: Any) -> torch.Tensor | None:
-        """The device half: a few numbers of ``tensor`` (detach it first), one small tensor on its device,
-        never read on the host; ``None`` for a tensor it does not take (an integer one, say).
-        ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
+    def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
+        """The device half: a few numbers of ``tensor`` (detach it first), an output of ``module`` (the model, for
+        ``scope = "model"``), as one small tensor on its device, never read on the host; ``None`` for a tensor it
+        does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
         raise NotImplementedError
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:

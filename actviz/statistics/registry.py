@@ -16,11 +16,12 @@ from torch import nn
 
 from ..common.suggestions import did_you_mean
 from .layer_statistic import LayerStatistic
+from .unit_counts import DeadChannels, Saturation
 
 __all__ = ["BUILT_IN", "Chosen", "check_statistics", "choose"]
 
 #: Every built-in statistic, in the order their values are written.
-BUILT_IN: tuple[LayerStatistic, ...] = ()
+BUILT_IN: tuple[LayerStatistic, ...] = (DeadChannels(), Saturation())
 
 
 def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
@@ -34,16 +35,16 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
     Example:
         >>> check_statistics(None) is None
         True
-        >>> check_statistics(["kurtosis"])
+        >>> check_statistics(["saturated"])
         Traceback (most recent call last):
         ...
-        ValueError: unknown statistic 'kurtosis'; known: 
+        ValueError: unknown statistic 'saturated'; did you mean 'saturation'?
     """
     if value is None:
         return None
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         raise TypeError(f"statistics must be None or a list of names and LayerStatistic objects, got "
-                        f"{type(value).__name__}: {value!r}; for example statistics=['unit_counts', 'outliers']")
+                        f"{type(value).__name__}: {value!r}; for example statistics=['dead_channels', 'outliers']")
     known = {statistic.name: statistic for statistic in BUILT_IN}
     found: list[LayerStatistic] = []
     for item in value:

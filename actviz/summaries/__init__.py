@@ -11,7 +11,6 @@
 * :mod:`~actviz.summaries.many_tensors`: parameters and gradients reduced together in a fixed number of ops;
 * :mod:`~actviz.summaries.piecewise`: huge tensors and integers, a slice at a time;
 * :mod:`~actviz.summaries.merge_ranks`: ``merge_ranks=True``: one step's summaries merged over every rank;
-* :mod:`~actviz.summaries.unit_counts`: dead ReLU channels and saturated Tanh/Sigmoid outputs;
 * :mod:`~actviz.summaries.outliers`: outliers and low-precision headroom of a layer's output;
 * :mod:`~actviz.summaries.logits`: output-logit health.
 

@@ -1,0 +1,113 @@
+"""Two counts the health rules need, made on the device in the layer's hook: dead channels and saturation.
+
+* :class:`DeadChannels`, on ReLU-family outputs with channels (3-D and up): the fraction of channels
+  that are zero for the whole batch (three kernels: ``amax`` over every dim but the channels', ``eq``, ``mean``);
+* :class:`Saturation`, on Tanh and Sigmoid outputs: the fraction within :data:`SATURATION_MARGIN` of a
+  bound (three kernels for a Tanh, four for a Sigmoid).
+
+Both are on by default wherever alerts are (``watch(alerts=False)`` turns them off), and write no tag:
+their values, ``results.layer_values["dead_channels"][layer]["dead_channel_fraction"]`` and
+``["saturation"][layer]["saturated_fraction"]``, are what :class:`~actviz.diagnosis.alerts.HealthMonitor` reads.
+Every other layer costs nothing on a step: which layers they apply to is found once per watcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..common.distributed_types import is_dtensor
+from .layer_statistic import LayerStatistic
+
+__all__ = ["COUNTED_LAYERS", "SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
+
+#: Distance from a Tanh's (±1) or Sigmoid's (0, 1) bound counted as saturated: the slope there is
+#: below 0.06 (Tanh) or 0.03 (Sigmoid), under a sixteenth of its slope at 0.
+SATURATION_MARGIN = 0.03
+
+
+def is_relu_family(module: nn.Module) -> bool:
+    """ReLU, ReLU6, or LeakyReLU with slope 0: outputs exactly zero for every negative input.
+
+    Example:
+        >>> is_relu_family(nn.ReLU()), is_relu_family(nn.LeakyReLU(0.0)), is_relu_family(nn.LeakyReLU())
+        (True, True, False)
+    """
+    if isinstance(module, nn.LeakyReLU):
+        return module.negative_slope == 0
+    return isinstance(module, (nn.ReLU, nn.ReLU6))
+
+
+#: The layer types counted here.
+COUNTED_LAYERS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Tanh, nn.Sigmoid)
+
+
+def _values(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor detached (a DTensor's local shard: no collective on one rank), or ``None`` if not counted."""
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    values = tensor.detach()
+    return values.to_local() if is_dtensor(values) else values
+
+
+class DeadChannels(LayerStatistic):
+    """``dead_channel_fraction``: the fraction of a ReLU's channels that are zero for the whole batch.
+
+    Example:
+        >>> batch = torch.zeros(2, 4, 3); batch[:, 0] = 1.0   # channel 0 alive, three dead
+        >>> DeadChannels().device(batch, nn.ReLU(), None).item()
+        0.75
+    """
+
+    name, names = "dead_channels", ("dead_channel_fraction",)
+    written = ()  # for the dead-units alert alone: no card
+    cost = "3 kernels per ReLU-family output of 3 or more dimensions; no sync"
+
+    def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        return bool(getattr(options, "unit_counts", True))  # with the alerts
+
+    def applies_to(self, module: nn.Module) -> bool:
+        return is_relu_family(module)
+
+    def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
+        values = _values(tensor)
+        if values is None or values.dim() < 3:
+            return None
+        dims = [dim for dim in range(values.dim()) if dim != 1]
+        return torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32)
+
+    def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
+        return {"dead_channel_fraction": numbers[0]}
+
+
+class Saturation(LayerStatistic):
+    """``saturated_fraction``: the fraction of a Tanh's or Sigmoid's outputs within :data:`SATURATION_MARGIN` of a bound.
+
+    Example:
+        >>> Saturation().device(torch.tensor([0.999, -0.999, 0.0, 0.5]), nn.Tanh(), None).item()
+        0.5
+    """
+
+    name, names = "saturation", ("saturated_fraction",)
+    written = ()  # for the saturation alert alone: no card
+    cost = "3 kernels per Tanh output, 4 per Sigmoid output; no sync"
+
+    def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        return bool(getattr(options, "unit_counts", True))  # with the alerts
+
+    def applies_to(self, module: nn.Module) -> bool:
+        return isinstance(module, (nn.Tanh, nn.Sigmoid))
+
+    def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
+        values = _values(tensor)
+        if values is None:
+            return None
+        if isinstance(module, nn.Tanh):
+            return torch.mean(values.abs().gt(1 - SATURATION_MARGIN), dtype=torch.float32)
+        distance = (values - 0.5).abs()
+        return torch.mean(distance.gt(0.5 - SATURATION_MARGIN), dtype=torch.float32)
+
+    def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
+        return {"saturated_fraction": numbers[0]}
