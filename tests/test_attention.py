@@ -394,19 +394,19 @@ def test_a_multihead_attention_call_adds_at_most_eleven_kernels():
 
 
 def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read_run, monkeypatch):
-    import actviz.capture.transformer_step as transformer_step
+    import actviz.statistics.outliers as outliers
 
     def broken(*args, **kwargs):
         raise RuntimeError("broken on purpose")
 
-    monkeypatch.setattr(transformer_step, "outlier_vector", broken)
+    monkeypatch.setattr(outliers, "outlier_vector", broken)
     model, log_dir = tiny_encoder(), tempfile.mkdtemp()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with actviz.watch(model, log_dir, every=1):
             for _ in range(2):
                 run_model("encoder", model).backward()
-    messages = [str(w.message) for w in caught if "transformer statistics failed" in str(w.message)]
+    messages = [str(w.message) for w in caught if "statistic 'outliers' failed" in str(w.message)]
     assert len(messages) == 1 and "broken on purpose" in messages[0]
     run = read_run(log_dir)
     assert [e.step for e in run.scalar_events("attention/0.layers.0.self_attn/max_logit")] == [0, 1]

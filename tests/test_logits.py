@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.summaries.logits import find_logits, last_linear_width, logit_vector
+from actviz.statistics.logits import find_logits, last_linear_width, logit_vector
 
 
 @pytest.mark.parametrize("shape", [(4, 10), (2, 5, 7)])
@@ -82,7 +82,7 @@ def test_transformer_stats_false_logs_none_of_them(read_run):
 
 
 def test_vocabulary_sized_logits_are_reduced_rows_at_a_time_with_the_same_numbers(monkeypatch):
-    import actviz.summaries.logits as logits
+    import actviz.statistics.logits as logits
 
     torch.manual_seed(0)
     values = torch.randn(2, 50, 300) * 4

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import actviz
-from actviz.summaries.outliers import outlier_numbers, outlier_vector
+from actviz.statistics.outliers import outlier_numbers, outlier_vector
 from actviz.diagnosis.transformer_alerts import headroom_alerts, massive_activation_alerts
 
 
@@ -130,7 +130,7 @@ def test_the_nan_alert_and_the_transformer_alerts_share_the_alerts_text(read_run
 
 
 def test_a_vocabulary_sized_output_is_reduced_a_piece_at_a_time_with_the_same_numbers(monkeypatch):
-    import actviz.summaries.outliers as outliers
+    import actviz.statistics.outliers as outliers
 
     torch.manual_seed(0)
     tensor = torch.randn(3, 1000, 70) * 3

@@ -73,3 +73,32 @@ def test_the_unit_counts_cost_three_or_four_kernels_and_no_sync(module, shape, k
     with CountOps() as count:
         statistic.device(tensor, module, None)
     assert len(count.kernels) == kernels and count.syncs == [], count.kernels
+
+
+def test_a_cnn_gets_kurtosis_and_logits_by_naming_them(read_run):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+    default_dir, chosen_dir = tempfile.mkdtemp(), tempfile.mkdtemp()
+    inputs = torch.randn(2, 3, 8, 8)
+    with actviz.watch(model, default_dir, every=1):
+        model(inputs).sum().backward()
+    assert not [tag for tag in read_run(default_dir).scalar_tags if "kurtosis" in tag or tag.startswith("logits/")]
+    with actviz.watch(model, chosen_dir, every=1, statistics=["outliers", "logits"]):
+        logits = model(inputs)
+        logits.sum().backward()
+    run = read_run(chosen_dir)
+    assert {"activation_stats/0/kurtosis", "activation_stats/2/max_abs", "logits/entropy"} <= run.scalar_tags
+    assert run.scalar("logits/max", 0) == pytest.approx(logits.max().item(), rel=1e-6)
+    with pytest.raises(ValueError, match="did you mean 'outliers'"):
+        check_statistics(["outlier"])
+
+
+def test_the_logits_cost_eleven_kernels_and_no_sync():
+    from conftest import CountOps
+
+    from actviz.statistics.logits import Logits
+
+    model, output = nn.Linear(3, 10), torch.randn(4, 10)
+    with CountOps() as count:
+        Logits().device(Logits().select(model, output), model, None)
+    assert len(count.kernels) == 11 and count.syncs == [], count.kernels

@@ -183,6 +183,7 @@ class StepCapture:
             self._parameters.attach(partial(self._hooks.add, "optimizer"), self.end.optimizer_step, self.end.optimizer_done)
             chosen = self._history.statistics(unwrap_for_probe(model), self._layer_pairs, self.options)
             self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
+            self._pending.layer_values.warned = chosen.warned
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -258,7 +259,7 @@ class StepCapture:
             try:
                 numbers = statistic.device(tensor, module, self.options)
             except Exception as error:  # noqa: BLE001 - a statistic must never stop training
-                warn_statistic_failed(statistic, error)
+                warn_statistic_failed(statistic, error, self._pending.layer_values.warned)
                 continue
             if numbers is not None:
                 self._pending.layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
@@ -282,7 +283,7 @@ class StepCapture:
             try:
                 tensor = statistic.select(model, output)
             except Exception as error:  # noqa: BLE001 - a statistic must never stop training
-                warn_statistic_failed(statistic, error)
+                warn_statistic_failed(statistic, error, self._pending.layer_values.warned)
                 continue
             if tensor is not None:
                 self._run_statistics((statistic,), ROOT_NAME, model, tensor)

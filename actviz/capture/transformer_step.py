@@ -1,13 +1,11 @@
-"""A logging step's transformer statistics: attention, output logits, outliers, and their alerts.
+"""A logging step's attention statistics and their alerts.
 
 The :class:`~actviz.capture.step_capture.StepCapture` of a stats step calls :meth:`TransformerStep.start`
 when it attaches; the step's hooks go into the capture's own hook handles. Until the model's
 forward ends, an :class:`~actviz.transformers.attention.AttentionMode` sees its attention calls; forward
 pre-hooks and hooks on the attention modules (and the watched modules with children) name
-each call after the innermost one enclosing it. Each watched layer's output is reduced for
-:mod:`actviz.summaries.outliers`, and the model's output for :mod:`actviz.summaries.logits`. Everything stays on
-the device and goes to the host in the step's one copy; :func:`finish_on_host` writes the
-tags on the writer thread:
+each call after the innermost one enclosing it. Everything stays on the device and goes to
+the host in the step's one copy; :func:`finish_on_host` writes the tags on the writer thread:
 
 ==========================================  =================================================
 ``attention/{layer}/max_logit``             largest ``q·k·scale + mask`` of the sampled rows
@@ -15,14 +13,14 @@ tags on the writer thread:
 ``attention/{layer}/entropy_mean``          mean softmax entropy of the sampled rows, all heads
 ``attention/{layer}/sink_fraction``         fraction of heads with > 0.3 of their weight on key 0
 ``attention/{layer}/head_max_logit``        histogram: each head's max logit
-``logits/max``, ``/logsumexp``, ``/entropy``   the model output's logits (:mod:`actviz.summaries.logits`)
-``activation_stats/{layer}/max_abs``        also ``/kurtosis``, ``/outlier_fraction``, ``/headroom_bits``
 ==========================================  =================================================
 
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
 get them on every stats step (``watch(transformer_stats=None)``, the default);
 ``transformer_stats=True`` forces them on (hand-written attention elsewhere), ``False`` off.
-Steps that do not log run nothing of this: no mode, no hook.
+Steps that do not log run nothing of this: no mode, no hook. The output logits and the layers'
+outliers are per-layer statistics like any other (:mod:`actviz.statistics.logits`,
+:mod:`actviz.statistics.outliers`), taken in the step's one layer hook.
 
 Example:
     >>> import tempfile, actviz
@@ -49,16 +47,13 @@ from torch import nn
 from ..transformers.attention import AttentionMode, attention_modules
 from ..transformers.attention_stats import head_numbers
 from .compiled_model import outside_graphs
-from .layer_outputs import output_tensors
-from ..summaries.logits import LOGIT_TAGS, find_logits, last_linear_width, logit_vector
-from ..summaries.outliers import outlier_numbers, outlier_vector
 from ..output.pending_step import PendingStep
 from ..common.results import StepResults
 from ..common.owned_hooks import HookHandles
 from .probe import unwrap_for_probe
 from ..common.safe_warnings import warn_safely
 from ..summaries.one_tensor import finish, reduce_tensor
-from ..tags import ACTIVATION_STAT, ATTENTION
+from ..tags import ATTENTION
 from ..diagnosis.transformer_alerts import TransformerAlerts
 
 __all__ = ["SINK_WEIGHT", "TransformerStep", "finish_on_host"]
@@ -70,11 +65,10 @@ SINK_WEIGHT = 0.3
 
 
 class _ModelInfo:
-    """What a model's steps share, found once: its attention modules, its head's width, its alert history."""
+    """What a model's steps share, found once: its attention modules, its alert history."""
 
     def __init__(self, model: nn.Module) -> None:
         self.attention = attention_modules(model)
-        self.head_width = last_linear_width(model)
         self.alerts = TransformerAlerts()
         self.warned: set[str] = set()  # kinds of failure warned about
 
@@ -100,8 +94,7 @@ def _leave(mode: AttentionMode, name: str, module: nn.Module, args: Any, output:
 class TransformerStep:
     """The transformer statistics of one stats step, from :meth:`start` to the end of its forward.
 
-    Its hooks (the module stack, each watched layer's output, the model's output) and the
-    mode itself go into the capture's ``forward`` hook group, so the capture removes them
+    Its hooks (the module stack, the model's output) and the mode itself go into the capture's ``forward`` hook group, so the capture removes them
     with its own when the forward ends or the step finishes.
     """
 
@@ -110,8 +103,6 @@ class TransformerStep:
         self._info = info
         self._pending = pending
         self._options = options
-        self._outliers: list[tuple[str, int, torch.dtype, torch.Tensor]] = []
-        self._seen: set[str] = set()
         self._mode = AttentionMode()
         self._entered = False
         names = {id(module): name for name, module in layers.items()}
@@ -121,10 +112,6 @@ class TransformerStep:
         for name, module in stacked.values():
             hooks.add("forward", module.register_forward_pre_hook(partial(_enter, self._mode, name)))
             hooks.add("forward", module.register_forward_hook(partial(_leave, self._mode, name), always_call=True))
-        root = unwrap_for_probe(model)
-        self._root_layer = next((name for name, module in layers.items() if module is model or module is root), None)
-        for name, module in layers.items():
-            hooks.add("forward", module.register_forward_hook(partial(self._guard, self._layer_output, name)))
         done = outside_graphs(partial(self._guard, self._forward_done, ""))
         hooks.add("forward", model.register_forward_hook(done, prepend=True, always_call=True))
         hooks.add("forward", self)  # remove() leaves the mode
@@ -149,30 +136,13 @@ class TransformerStep:
         except Exception as error:  # noqa: BLE001 - statistics must never stop training
             _warn_once(error, self._info.warned)
 
-    def _layer_output(self, name: str, output: Any) -> None:
-        """Reduce a watched layer's output for ``activation_stats/{tag}/max_abs`` and the rest (first call only)."""
-        if name in self._seen:
-            return
-        self._seen.add(name)
-        for suffix, tensor in output_tensors(output, self._options.outputs):
-            if tensor.is_floating_point() and tensor.numel() > 0:
-                vector = outlier_vector(tensor, self._options.histogram_sample_size)
-                self._outliers.append((name + suffix, tensor.numel(), tensor.dtype, vector))
-
     def _forward_done(self, name: str, output: Any) -> None:
         """The forward ended (``output`` is ``None`` if it raised): leave the mode and hand the step its work."""
         self.remove()
-        if self._root_layer is not None and output is not None:  # its own hook runs after this one
-            self._layer_output(self._root_layer, output)
-        logits = None if output is None else find_logits(output, self._info.head_width)
-        carried = [stats for _, stats in self._mode.calls] + [vector for *_, vector in self._outliers]
-        if logits is not None:
-            carried.append(logit_vector(logits))
+        carried = [stats for _, stats in self._mode.calls]
         if not carried:
             return
-        work = partial(finish_on_host, [name for name, _ in self._mode.calls],
-                       [(tag, numel, dtype) for tag, numel, dtype, _ in self._outliers], logits is not None,
-                       self._info, self._pending.bins)
+        work = partial(finish_on_host, [name for name, _ in self._mode.calls], self._info, self._pending.bins)
         self._pending.add_host_work(work, *carried)
         if self._mode.failed is not None:
             _warn_once(self._mode.failed, self._info.warned)
@@ -203,20 +173,19 @@ def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
     return float(reduce(kept)) if kept.numel() else math.nan
 
 
-def finish_on_host(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,
-                   info: _ModelInfo, bins: int, results: StepResults, host: list[torch.Tensor]) -> None:
+def finish_on_host(calls: list[str], info: _ModelInfo, bins: int, results: StepResults,
+                   host: list[torch.Tensor]) -> None:
     """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``.
 
     If it fails, the step keeps everything else and the failure is warned once.
     """
     try:
-        _finish(calls, outliers, has_logits, info.alerts, bins, results, iter(host))
+        _finish(calls, info.alerts, bins, results, iter(host))
     except Exception as error:  # noqa: BLE001 - the rest of the step must still be written
         _warn_once(error, info.warned)
 
 
-def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_logits: bool,
-            alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:
+def _finish(calls: list[str], alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:
     attention = {}
     for name in calls:
         max_logit, _, entropy, sink = head_numbers(next(found))  # per head: max, min and mean over rows, sink
@@ -228,12 +197,5 @@ def _finish(calls: list[str], outliers: list[tuple[str, int, torch.dtype]], has_
         attention[name] = numbers
         results.scalars.update({ATTENTION.format(layer=name, statistic=key): value for key, value in numbers.items()})
         results.histograms[ATTENTION.format(layer=name, statistic="head_max_logit")] = _histogram(max_logit, bins)
-    layers = {}
-    for tag, numel, dtype in outliers:
-        numbers = outlier_numbers(next(found).tolist(), numel, dtype)
-        layers[tag] = numbers
-        results.scalars.update({ACTIVATION_STAT.format(layer=tag, statistic=key): value for key, value in numbers.items()
-                                if key != "median_abs"})
-    if has_logits:
-        results.scalars.update(zip(LOGIT_TAGS, next(found).tolist()))
-    results.alerts.extend(alerts.check(results.step, attention, layers))  # reported by the health monitor
+    # The outliers' alerts come from their typed values (actviz.diagnosis.step_diagnosis).
+    results.alerts.extend(alerts.check(results.step, attention, {}))  # reported by the health monitor

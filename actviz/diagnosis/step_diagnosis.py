@@ -21,6 +21,7 @@ from .flow import FlowHistory
 from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
+from .transformer_alerts import outlier_alerts
 from ..tags import ALERTS
 from ..statistics.unit_counts import is_relu_family
 
@@ -80,6 +81,9 @@ class Diagnosis:
         if self.spikes is not None:
             self._guarded("spikes", self._write_spikes)
         if self.monitor is not None:
+            outliers = results.layer_values.get("outliers")
+            if outliers:  # after the attention rules' findings, which the step brought
+                self._guarded("alerts", lambda: results.alerts.extend(outlier_alerts(results.step, outliers)))
             self._guarded("alerts", self.monitor.check, results)
         results.alerts = []  # with alerts=False, the transformer rules' findings are dropped with the rest
         if self.flow is not None:

@@ -21,7 +21,7 @@ from .alerts import Alert
 
 __all__ = [
     "ENTROPY_WINDOW", "HEADROOM_MIN_BITS", "MASSIVE_RATIO", "MAX_LOGIT_LIMIT", "TransformerAlerts",
-    "entropy_collapse_alerts", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts",
+    "entropy_collapse_alerts", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts", "outlier_alerts",
 ]
 
 #: Attention logits above this (Kimi K2's QK-clip threshold; Gemma 2 soft-caps at 50).
@@ -95,6 +95,17 @@ def massive_activation_alerts(step: int, outliers: Numbers, ratio: float = MASSI
                                f"massive activation in {layer!r} at step {step}: max |x| {high:.3g} is "
                                f"{high / median:.3g} times the median |x| {median:.3g}"))
     return found
+
+
+def outlier_alerts(step: int, outliers: Numbers) -> list[Alert]:
+    """The rules over the outlier statistic's typed values (``results.layer_values["outliers"]``):
+    :func:`headroom_alerts`, then :func:`massive_activation_alerts`.
+
+    Example:
+        >>> [alert.rule for alert in outlier_alerts(2, {"mlp": {"headroom_bits": 0.5, "max_abs": 45000.0, "median_abs": 1.0}})]
+        ['low_headroom', 'massive_activation']
+    """
+    return [*headroom_alerts(step, outliers), *massive_activation_alerts(step, outliers)]
 
 
 class TransformerAlerts:

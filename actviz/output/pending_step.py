@@ -180,7 +180,7 @@ class LayerValues:
     A host half that raises loses its own values, warned once per statistic; the step keeps the rest.
     """
 
-    __slots__ = ("statistics", "layers", "tensors", "numels", "dtypes")
+    __slots__ = ("statistics", "layers", "tensors", "numels", "dtypes", "warned")
 
     def __init__(self) -> None:
         self.statistics: list[Any] = []  # LayerStatistic objects
@@ -188,6 +188,7 @@ class LayerValues:
         self.tensors: list[torch.Tensor] = []
         self.numels: list[int] = []
         self.dtypes: list[torch.dtype] = []
+        self.warned: set[str] = set()  # statistics that failed, warned about once: the watcher's, set by its steps
 
     def add(self, statistic: Any, layer: str, numbers: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
         """Keep ``numbers``, ``statistic``'s device half of a tensor of ``layer`` (``numel`` elements of ``dtype``)."""
@@ -205,7 +206,7 @@ class LayerValues:
                 numbers = host[id(tensor)].reshape(-1).tolist()
                 values = statistic.host(numbers, numel, dtype)
             except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
-                _warn_once(statistic, error)
+                _warn_once(statistic, error, self.warned)
                 continue
             results.layer_values.setdefault(statistic.name, {})[layer] = values
             written = statistic.names if statistic.written is None else statistic.written
@@ -214,12 +215,9 @@ class LayerValues:
                     results.scalars[statistic.tag(layer, name)] = values[name]
 
 
-_warned: set[str] = set()  # statistics whose host half failed, warned about once per process
-
-
-def _warn_once(statistic: Any, error: Exception) -> None:
-    if statistic.name not in _warned:
-        _warned.add(statistic.name)
+def _warn_once(statistic: Any, error: Exception, warned: set[str]) -> None:
+    if statistic.name not in warned:
+        warned.add(statistic.name)
         warn_safely(f"actviz: the statistic {statistic.name!r} failed on the host, {type(error).__name__}: {error} "
                     "(training goes on; warned once)", RuntimeWarning)
     logger.debug("statistic %s failed", statistic.name, exc_info=error)

@@ -101,13 +101,11 @@ class LayerStatistic:
         return f"{type(self).__name__}()"
 
 
-_warned: set[str] = set()  # statistics whose device half failed, warned about once per process
-
-
-def warn_statistic_failed(statistic: LayerStatistic, error: BaseException) -> None:
-    """Warn once per statistic that its device half raised (training goes on); log each failure at DEBUG level."""
-    if statistic.name not in _warned:
-        _warned.add(statistic.name)
+def warn_statistic_failed(statistic: LayerStatistic, error: BaseException, warned: set[str]) -> None:
+    """Warn that a statistic raised (training goes on), once per statistic in ``warned`` (a watcher's); log each
+    failure at DEBUG level."""
+    if statistic.name not in warned:
+        warned.add(statistic.name)
         warn_safely(f"actviz: the statistic {statistic.name!r} failed, {type(error).__name__}: {error} "
                     "(training goes on; warned once)", RuntimeWarning, stacklevel=3)
     logger.debug("statistic %s failed", statistic.name, exc_info=error)

@@ -16,12 +16,14 @@ from torch import nn
 
 from ..common.suggestions import did_you_mean
 from .layer_statistic import LayerStatistic
+from .logits import Logits
+from .outliers import Outliers
 from .unit_counts import DeadChannels, Saturation
 
 __all__ = ["BUILT_IN", "Chosen", "check_statistics", "choose"]
 
 #: Every built-in statistic, in the order their values are written.
-BUILT_IN: tuple[LayerStatistic, ...] = (DeadChannels(), Saturation())
+BUILT_IN: tuple[LayerStatistic, ...] = (DeadChannels(), Saturation(), Outliers(), Logits())
 
 
 def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
@@ -79,11 +81,12 @@ class Chosen:
         ([1, 1], ())
     """
 
-    __slots__ = ("by_module", "on_output")
+    __slots__ = ("by_module", "on_output", "warned")
 
     def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...]) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
         self.on_output = on_output  # scope "model": taken of the model's output
+        self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:

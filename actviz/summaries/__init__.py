@@ -10,9 +10,9 @@
 * :mod:`~actviz.summaries.segments`: many consecutive segments of one tensor reduced together;
 * :mod:`~actviz.summaries.many_tensors`: parameters and gradients reduced together in a fixed number of ops;
 * :mod:`~actviz.summaries.piecewise`: huge tensors and integers, a slice at a time;
-* :mod:`~actviz.summaries.merge_ranks`: ``merge_ranks=True``: one step's summaries merged over every rank;
-* :mod:`~actviz.summaries.outliers`: outliers and low-precision headroom of a layer's output;
-* :mod:`~actviz.summaries.logits`: output-logit health.
+* :mod:`~actviz.summaries.merge_ranks`: ``merge_ranks=True``: one step's summaries merged over every rank.
+
+Statistics beyond the header (outliers, logits, unit counts) are :mod:`actviz.statistics`.
 
 Example:
     >>> import torch

@@ -1,4 +1,4 @@
-"""Output-logit health: how large and how sure the model's output logits are.
+"""Output-logit health, the statistic :class:`Logits`: how large and how sure the model's output logits are.
 
 For a classifier or language-model head, a floating tensor whose last dimension holds the
 classes (every other dimension a row: each position of each sample):
@@ -10,22 +10,30 @@ classes (every other dimension a row: each position of each sample):
   for a uniform guess, near 0 for a confident (or collapsed) one.
 
 Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the device half
-(about eight kernels, no host sync).
+(eleven kernels for one block of rows, no host sync).
+
+:class:`Logits` takes them of the model's output once per logging step (``scope = "model"``). It is on by
+default for models with an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any
+model, ``False`` off), or wherever ``watch(statistics=[..., "logits"])`` names it: a CNN classifier's logits, say.
+Cost: 11 kernels a step (one row block), no sync.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from .one_tensor import local_shard
-from .piecewise import PIECE
+from ..summaries.one_tensor import local_shard
+from ..summaries.piecewise import PIECE
 from ..tags import LOGITS
+from .layer_statistic import LayerStatistic
+from .outliers import on_for_transformers
 
-__all__ = ["LOGIT_TAGS", "find_logits", "last_linear_width", "logit_vector"]
+__all__ = ["LOGIT_TAGS", "Logits", "find_logits", "last_linear_width", "logit_vector"]
 
 #: Tags of :func:`logit_vector`'s entries, in order.
 LOGIT_TAGS = LOGITS
@@ -89,3 +97,38 @@ def _row_numbers(rows: torch.Tensor) -> torch.Tensor:
     probabilities = torch.softmax(rows, dim=-1)
     entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
     return torch.stack([rows.amax(dim=-1), log_z, entropy])
+
+
+class Logits(LayerStatistic):
+    """``logits/max``, ``logits/logsumexp`` and ``logits/entropy`` of the model's output (see the module docstring).
+
+    Example:
+        >>> model = nn.Linear(3, 4)
+        >>> numbers = Logits().device(Logits().select(model, torch.zeros(2, 4)), model, None).tolist()
+        >>> [round(value, 4) for value in Logits().host(numbers, 8, torch.float32).values()]
+        [0.0, 1.3863, 1.3863]
+    """
+
+    name, names, scope = "logits", ("max", "logsumexp", "entropy"), "model"
+    cost = "11 kernels a logging step (the model's output, one block of rows); no sync"
+
+    def __init__(self) -> None:
+        self._head_widths: weakref.WeakKeyDictionary[nn.Module, int | None] = weakref.WeakKeyDictionary()
+
+    def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        return on_for_transformers(model, options)
+
+    def select(self, model: nn.Module, output: Any) -> torch.Tensor | None:
+        if model not in self._head_widths:  # found once per model
+            self._head_widths[model] = last_linear_width(model)
+        return find_logits(output, self._head_widths[model])
+
+    def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
+        return logit_vector(tensor)
+
+    def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
+        return dict(zip(self.names, numbers))
+
+    def tag(self, layer: str, name: str) -> str:
+        """``logits/{name}``: one model output, no layer in the tag."""
+        return f"logits/{name}"

@@ -1,4 +1,4 @@
-"""Outliers and low-precision headroom of a layer's output, reduced on its device.
+"""Outliers and low-precision headroom of a layer's output: the per-layer statistic :class:`Outliers`.
 
 Per watched layer, from every element of its output ``x`` (``n`` elements):
 
@@ -14,18 +14,27 @@ Per watched layer, from every element of its output ``x`` (``n`` elements):
 also takes the median ``|x|`` of the histogram's strided sample, for the
 massive-activation alert (:mod:`actviz.diagnosis.transformer_alerts`). :func:`outlier_numbers`
 finishes it on the host.
+
+:class:`Outliers` runs them on every watched layer's floating outputs. It is on by default for models with
+an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any model, ``False`` off),
+or wherever ``watch(statistics=[..., "outliers"])`` names it: kurtosis of a CNN's activations, say. Cost:
+10 kernels per tensor (11 for 16-bit outputs), no sync.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+from torch import nn
 
-from .one_tensor import flat_view, local_shard, sample_stride, wide_dtype
-from .piecewise import PIECE
+from ..summaries.one_tensor import flat_view, local_shard, sample_stride, wide_dtype
+from ..summaries.piecewise import PIECE
+from ..transformers.attention import attention_modules
+from .layer_statistic import LayerStatistic
 
-__all__ = ["LOW_PRECISION", "OUTLIER_THRESHOLD", "outlier_numbers", "outlier_vector"]
+__all__ = ["LOW_PRECISION", "OUTLIER_THRESHOLD", "Outliers", "on_for_transformers", "outlier_numbers", "outlier_vector"]
 
 #: ``|x|`` at or above this counts as an outlier (Dettmers et al. 2022, LLM.int8()).
 OUTLIER_THRESHOLD = 6.0
@@ -97,3 +106,37 @@ def outlier_numbers(vector: list[float], numel: int, dtype: torch.dtype) -> dict
     if dtype in LOW_PRECISION and max_abs > 0:
         numbers["headroom_bits"] = math.log2(torch.finfo(dtype).max / max_abs) if math.isfinite(max_abs) else -math.inf
     return numbers
+
+
+def on_for_transformers(model: nn.Module, options: Any) -> bool:
+    """The default of the outlier and logit statistics: ``watch(transformer_stats=...)`` if given, else whether
+    ``model`` has an attention module (:func:`~actviz.transformers.attention.attention_modules`)."""
+    wanted = getattr(options, "transformer_stats", None)
+    return bool(attention_modules(model)) if wanted is None else bool(wanted)
+
+
+class Outliers(LayerStatistic):
+    """``activation_stats/{layer}/max_abs``, ``/kurtosis``, ``/outlier_fraction`` and ``/headroom_bits`` (see the
+    module docstring); ``median_abs`` is kept for the massive-activation alert, not written.
+
+    Example:
+        >>> numbers = Outliers().device(torch.tensor([1.0, -7.0, 2.0, 0.0]), nn.Identity(), None).tolist()
+        >>> sorted(Outliers().host(numbers, 4, torch.float32))
+        ['kurtosis', 'max_abs', 'median_abs', 'outlier_fraction']
+    """
+
+    name = "outliers"
+    names = ("max_abs", "kurtosis", "outlier_fraction", "headroom_bits", "median_abs")
+    written = ("max_abs", "kurtosis", "outlier_fraction", "headroom_bits")
+    cost = "10 kernels per floating output (11 for 16-bit ones); no sync"
+
+    def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        return on_for_transformers(model, options)
+
+    def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
+        if not tensor.is_floating_point() or tensor.numel() == 0:
+            return None
+        return outlier_vector(tensor, getattr(options, "histogram_sample_size", None))
+
+    def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
+        return outlier_numbers(numbers, numel, dtype)
