@@ -6,6 +6,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,16 @@ class FullDisk(SummaryWriter):
         return FullDiskFileWriter()
 
 
+class FullDiskEverywhere(FullDiskFileWriter):
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+
+class FullDiskWriter(SummaryWriter):
+    def _get_file_writer(self):
+        return FullDiskEverywhere()
+
+
 def test_a_failing_write_warns_once_and_training_goes_on(tmp_path):
     model = small_cnn()
     writer = FullDisk(tmp_path)
@@ -115,6 +126,53 @@ def test_a_failing_write_warns_once_and_training_goes_on(tmp_path):
                 train_step(model)
     assert sum("could not write" in str(w.message) for w in caught) == 1
     writer.close()
+
+
+def test_a_full_disk_under_tensorboard_is_one_warning_for_its_writes_and_flushes(tmp_path):
+    model = small_cnn()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, writer=FullDiskWriter(tmp_path), every=1) as viz:
+            for _ in range(3):
+                train_step(model)
+            viz.flush()
+    found = [str(w.message) for w in caught if str(w.message).startswith("actviz could not")]
+    assert len(found) == 1 and "could not write step 0: OSError" in found[0]
+
+
+class FullDiskSink:
+    """A sink on a full disk: the write, the flush and the close all fail the same way."""
+
+    def __init__(self, write_error: Exception | None = None) -> None:
+        self.write_error = write_error
+
+    def write(self, results):
+        raise self.write_error or OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+    def close(self):
+        raise OSError(28, "No space left on device")
+
+
+def _actviz_warnings(sink) -> list[str]:
+    model = small_cnn()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, sink=sink, every=1) as viz:
+            for _ in range(3):
+                train_step(model)
+            viz.flush()
+    return [str(w.message) for w in caught if str(w.message).startswith("actviz's sink FullDiskSink")]
+
+
+def test_a_full_disk_is_one_warning_for_its_writes_flushes_and_close():
+    found = _actviz_warnings(FullDiskSink())
+    assert len(found) == 1 and "FullDiskSink.write() raised OSError" in found[0] and "No space left" in found[0]
+    # two causes, two warnings: a write that fails on its own, and the full disk at the flush
+    found = _actviz_warnings(FullDiskSink(write_error=ValueError("a bad value")))
+    assert len(found) == 2 and "ValueError: a bad value" in found[0] and ".flush() raised OSError" in found[1]
 
 
 def test_strict_raises_a_failing_write_in_the_training_thread(tmp_path):

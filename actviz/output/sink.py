@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..common.safe_warnings import warn_safely
 from ..common.results import StepResults
 
-__all__ = ["FanOutSink", "Sink", "check_sink"]
+__all__ = ["FanOutSink", "Sink", "check_sink", "failure_cause"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class FanOutSink:
     """Writes each step to every sink in order: actviz's own first, then ``watch(sink=...)``'s.
 
     Every sink gets every call. A sink from index ``guard_from`` on (the user's) that raises is
-    warned about once per method and goes on getting steps; an error of one before it is raised
+    warned about once per method and cause (one full disk is one warning) and goes on getting steps; an error of one before it is raised
     once all have been called (the caller, :class:`~actviz.output.writer_thread.Writer`, reports it).
 
     Args:
@@ -106,10 +106,24 @@ class FanOutSink:
                 if index < self.guard_from:
                     failed = failed or error  # raised once every sink had the step
                     continue
-                if (index, method) not in self._warned:
-                    self._warned.add((index, method))
+                if (index, failure_cause(error, method)) not in self._warned:
+                    self._warned.add((index, failure_cause(error, method)))
                     warn_safely(f"actviz's sink {type(sink).__name__}.{method}() raised {type(error).__name__}: "
                                 f"{error}. Training goes on; actviz keeps calling it", RuntimeWarning)
                 logger.debug("sink %s.%s() failed", type(sink).__name__, method, exc_info=True)
         if failed is not None:
             raise failed
+
+
+def failure_cause(error: BaseException, what: str) -> str:
+    """What a failure is warned once for: its OS error (a full disk fails the write, the flush and the
+    close alike, and is one cause), else what failed.
+
+    Example:
+        >>> import errno
+        >>> full = OSError(errno.ENOSPC, "No space left on device")
+        >>> failure_cause(full, "write") == failure_cause(full, "flush"), failure_cause(ValueError("bad"), "write")
+        (True, 'write')
+    """
+    number = getattr(error, "errno", None)
+    return f"errno {number}" if isinstance(error, OSError) and number is not None else what

@@ -30,7 +30,7 @@ from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from ..tags import LAYERS
 from .pending_step import PendingStep
-from .sink import Sink
+from .sink import Sink, failure_cause
 
 __all__ = ["Writer"]
 
@@ -260,8 +260,8 @@ class Writer:
 
     def _failed(self, pending: PendingStep, error: BaseException) -> None:
         try:
-            self._warn_once("write", f"actviz could not write step {pending.step}: {type(error).__name__}: {error}",
-                            error)
+            self._warn_once(failure_cause(error, "write"),
+                            f"actviz could not write step {pending.step}: {type(error).__name__}: {error}", error)
         except BaseException:  # a warning filter that raises must not end the thread
             logger.debug("reporting a failed write failed", exc_info=True)
 
@@ -269,7 +269,8 @@ class Writer:
         try:
             call()
         except Exception as error:  # noqa: BLE001 - a full disk must not end the with-block with an error
-            self._warn_once(what, f"actviz could not {what} its writer: {type(error).__name__}: {error}")
+            self._warn_once(failure_cause(error, what), f"actviz could not {what} its writer: {type(error).__name__}: {error}",
+                            error)
 
     def _warn_once(self, kind: str, message: str, error: BaseException | None = None) -> None:
         """Warn once per ``kind``; with ``error``, each failure is logged at DEBUG level too."""
