@@ -58,7 +58,7 @@ class LoopHistory:
         """``layers_by_module(layers)`` and each of its modules' forward hook dicts (what
         :meth:`~actviz.common.owned_hooks.ForwardHooks.add_to` fills), made again only when the pairs changed."""
         kept = self.layer_lookup
-        if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
+        if _changed(kept, layers):
             by_module = layers_by_module(layers)
             kept = self.layer_lookup = (list(layers), by_module, [forward_hooks(entry[0]) for entry in by_module.values()])
         return kept[1], kept[2]
@@ -67,9 +67,14 @@ class LoopHistory:
         """The per-layer statistics of ``model``'s steps (:class:`~actviz.statistics.registry.Chosen`), asked of each
         statistic and layer only when the pairs changed."""
         kept = self.statistic_lookup
-        if kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers)):
+        if _changed(kept, layers):
             kept = self.statistic_lookup = (list(layers), Chosen.of(model, layers, options))
         return kept[1]
+
+
+def _changed(kept: tuple[Any, ...] | None, layers: list[tuple[str, nn.Module]]) -> bool:
+    """Whether ``layers`` are not the very pairs a lookup was ``kept`` for (its first item)."""
+    return kept is None or len(kept[0]) != len(layers) or not all(map(operator.is_, kept[0], layers))
 
 
 class StepParameters:

@@ -21,7 +21,7 @@ from torch import nn
 from ..common.distributed_types import is_dtensor
 from .layer_statistic import LayerStatistic
 
-__all__ = ["COUNTED_LAYERS", "SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
+__all__ = ["SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
 
 #: Distance from a Tanh's (±1) or Sigmoid's (0, 1) bound counted as saturated: the slope there is
 #: below 0.06 (Tanh) or 0.03 (Sigmoid), under a sixteenth of its slope at 0.
@@ -38,10 +38,6 @@ def is_relu_family(module: nn.Module) -> bool:
     if isinstance(module, nn.LeakyReLU):
         return module.negative_slope == 0
     return isinstance(module, (nn.ReLU, nn.ReLU6))
-
-
-#: The layer types counted here.
-COUNTED_LAYERS = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.Tanh, nn.Sigmoid)
 
 
 def _values(tensor: torch.Tensor) -> torch.Tensor | None:
