@@ -42,7 +42,8 @@ class Watcher:
     """Logs what happens inside a model while it trains. Make one with :func:`actviz.watch`.
 
     Use it as a context manager or call :meth:`close` when done. Attributes worth
-    reading: :attr:`layer_names`, :attr:`parameter_names`, :attr:`step`, :attr:`writer`.
+    reading: :attr:`layer_names`, :attr:`parameter_names`, :attr:`step`, :attr:`writer`,
+    :attr:`dropped_steps`.
     """
 
     def __init__(
@@ -118,6 +119,16 @@ class Watcher:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def dropped_steps(self) -> int:
+        """Logging steps that reached no sink: the writer did not answer in time, or they came after :meth:`close`.
+
+        A sink that has not returned within ``actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS`` is warned
+        about once and no longer waited for; the steps it cannot take are counted here. Call :meth:`close`
+        (or :meth:`flush`) first to count the last ones.
+        """
+        return 0 if self._writer is None else self._writer.dropped_steps
 
     @property
     def latest(self) -> StepResults | None:

@@ -9,7 +9,10 @@ in step order:
 * ``close()``: the watcher is closed; nothing is written after.
 
 :class:`~actviz.output.tensorboard.TensorBoardSink` is one. A sink of yours that raises is warned about once
-and skipped: it never stops training nor the other sinks.
+and skipped: it never stops training nor the other sinks. One that does not answer is waited for a bounded
+time (:data:`~actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS` for a step,
+:data:`~actviz.output.writer_thread.CLOSE_TIMEOUT_SECONDS` for its close), then warned about once: the steps
+it cannot take are dropped and counted (``viz.dropped_steps``), and training goes on.
 
 Example:
     >>> from actviz.common.results import StepResults
@@ -37,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..common.safe_warnings import warn_safely
 from ..common.results import StepResults
 
-__all__ = ["FanOutSink", "Sink", "check_sink", "failure_cause"]
+__all__ = ["FanOutSink", "Sink", "check_sink", "failure_cause", "sink_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ class FanOutSink:
     def __init__(self, sinks: Sequence[Sink], guard_from: int = 0) -> None:
         self.sinks = list(sinks)
         self.guard_from = guard_from
+        self.calling: Sink | None = None  # the sink whose method runs now, for a message about one that hangs
         self._warned: set[tuple[int, str]] = set()
 
     @property
@@ -100,6 +104,7 @@ class FanOutSink:
     def _each(self, method: str, *args: Any) -> None:
         failed: Exception | None = None
         for index, sink in enumerate(self.sinks):
+            self.calling = sink
             try:
                 getattr(sink, method)(*args)
             except Exception as error:  # the user's sink must not stop training
@@ -111,6 +116,7 @@ class FanOutSink:
                     warn_safely(f"actviz's sink {type(sink).__name__}.{method}() raised {type(error).__name__}: "
                                 f"{error}. Training goes on; actviz keeps calling it", RuntimeWarning)
                 logger.debug("sink %s.%s() failed", type(sink).__name__, method, exc_info=True)
+        self.calling = None
         if failed is not None:
             raise failed
 
@@ -127,3 +133,22 @@ def failure_cause(error: BaseException, what: str) -> str:
     """
     number = getattr(error, "errno", None)
     return f"errno {number}" if isinstance(error, OSError) and number is not None else what
+
+
+def sink_name(sink: Any) -> str:
+    """The class name a message gives ``sink``: for a :class:`FanOutSink`, that of the sink it is calling now.
+
+    Example:
+        >>> class ListSink:
+        ...     def write(self, results): pass
+        ...     def flush(self): pass
+        ...     def close(self): pass
+        >>> both = FanOutSink([ListSink()])
+        >>> sink_name(both), sink_name(ListSink())
+        ('FanOutSink', 'ListSink')
+        >>> both.calling = both.sinks[0]  # while its write, flush or close runs
+        >>> sink_name(both)
+        'ListSink'
+    """
+    inner = getattr(sink, "calling", None)
+    return type(sink if inner is None else inner).__name__
