@@ -165,14 +165,14 @@ def test_layout_fits_every_size(rows, columns):
     assert layout.bar_left + layout.bar_width < layout.width
 
 
-def test_history_keeps_at_most_max_columns_evenly_and_the_last():
-    from actviz.diagnosis.flow import MAX_COLUMNS
+def test_history_keeps_the_latest_window_of_logging_steps():
+    from actviz.diagnosis.flow import WINDOW
 
     flow = FlowHistory()
-    for step in range(MAX_COLUMNS + 1):
+    for step in range(3 * WINDOW):
         summary = Summary(4, 0, 0, -1.0, 1.0, 0.0, float(step + 1), [4.0])
         flow.add(StepResults(step, activations={"fc": summary}, gradients={"fc": summary}))
-    assert flow.steps == list(range(0, MAX_COLUMNS, 2)) + [MAX_COLUMNS]  # every other old column, and the newest
+    assert list(flow.steps) == list(range(2 * WINDOW, 3 * WINDOW))
     assert flow.values("gradient_norm")[0].tolist() == [math.sqrt(s + 1) for s in flow.steps]
     assert flow.last_pictures == {}  # no image step: nothing drawn
 

@@ -1,15 +1,13 @@
 """Health alerts: rules over the statistics a logging step already has, checked on the writer thread.
 
-:class:`HealthMonitor` looks at each step's :class:`~actviz.common.results.StepResults` once
-it is on the host and keeps a short history per layer (a few floats), so the rules cost
-the training thread nothing and never wait for a device. Each rule fires once per layer
-and run: an :class:`Alert` kept in ``viz.alerts``, passed to ``on_alert``, a line of the
-``alerts`` text at its step, and a ``RuntimeWarning``. ``watch(alerts={...})`` overrides
-the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says where its comes
-from. Two counts come from the device, made in the layer's hook (:mod:`actviz.statistics.unit_counts`) and read
-here as typed values (``results.layer_values``):
-the fraction of a ReLU's channels that are zero for the whole batch, and of a Tanh's or
-Sigmoid's outputs near its bounds.
+:class:`HealthMonitor` looks at each step's :class:`~actviz.common.results.StepResults` once it is on the host
+and keeps a short history per layer (a few floats), so the rules cost the training thread nothing and never
+wait for a device. Each rule fires once per layer and run: an :class:`Alert` kept in ``viz.alerts`` (the latest
+:data:`KEPT_ALERTS`), passed to ``on_alert``, a line of the ``alerts`` text at its step, and a ``RuntimeWarning``.
+``watch(alerts={...})`` overrides the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says
+where its comes from. Two counts come from the device, made in the layer's hook
+(:mod:`actviz.statistics.unit_counts`) and read here as typed values (``results.layer_values``): the fraction
+of a ReLU's channels that are zero for the whole batch, and of a Tanh's or Sigmoid's outputs near its bounds.
 """
 
 from __future__ import annotations
@@ -27,7 +25,8 @@ from ..common.safe_warnings import warn_safely
 from ..common.suggestions import did_you_mean
 from ..tags import ALERTS, UPDATE_RATIO
 
-__all__ = ["DEFAULT_THRESHOLDS", "Alert", "HealthMonitor", "check_alerts", "escape", "parse_alert_lines", "unescape"]
+__all__ = ["DEFAULT_THRESHOLDS", "KEPT_ALERTS", "Alert", "HealthMonitor", "check_alerts", "escape",
+           "parse_alert_lines", "unescape"]
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
 DEFAULT_THRESHOLDS: dict[str, float] = {
@@ -47,6 +46,8 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
 
 #: Logging steps of gradient norms kept per layer for the exploding-gradient rule.
 HISTORY = 32
+#: The latest alerts kept in memory (``viz.alerts``); every alert is also in the ``alerts`` text and ``on_alert``.
+KEPT_ALERTS = 1000
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class HealthMonitor:
         self.relu_layers = set(relu_layers)
         self.matrices = matrices
         self.on_alert = on_alert
-        self.alerts: list[Alert] = []
+        self.alerts: deque[Alert] = deque(maxlen=KEPT_ALERTS)
         self._fired: set[tuple[str, str | None]] = set()
         self._norms: dict[str, deque[float]] = {}
         self._streaks: dict[tuple[str, str], int] = {}

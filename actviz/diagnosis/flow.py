@@ -1,17 +1,17 @@
 """Flow pictures: every watched layer over time, one image per statistic.
 
 Each picture is a grid: one row per watched layer in forward order (top: the first to
-run), one column per logging step so far (left: the first), each cell coloured by the
-log10 of the value on a viridis scale (dark: small) with a labelled colour bar of whole
-decades on the right. NaN cells are magenta, cells without a value (a layer that did not
+run), one column per logging step of the latest :data:`WINDOW` (left: the oldest), each
+cell coloured by the log10 of the value on a viridis scale (dark: small) with a labelled
+colour bar of whole decades on the right. NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
 ``flow/activation_std``, ``flow/zero_fraction`` and, with ``update_ratio=True``,
 ``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every
 value the same, e.g. the zero fraction of layers with no exact zeros, and no NaN) is not
-drawn until it has. Each write carries the whole history, so TensorBoard's sampling of 10
-images per tag hides nothing; beyond :data:`MAX_COLUMNS` logging steps, every other old
-column is dropped. :class:`FlowHistory` keeps the numbers and draws on the writer thread,
-on image steps.
+drawn until it has. A picture shows a window of the latest :data:`WINDOW` logging steps, so
+from then on every picture has the same size in pixels and about the same in bytes however
+long the run (docs/diagnosis.md gives the measured bytes); the scalars keep every step.
+:class:`FlowHistory` keeps the numbers of the window and draws on the writer thread, on image steps.
 
 The text is sized for TensorBoard's Time Series, which fits a picture into its card's
 :data:`CARD_IMAGE_BOX`: digits are at least :data:`MIN_TEXT_PX` tall there, so a picture
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,8 +34,8 @@ from ..common.results import StepResults
 from ..tags import FLOW, UPDATE_RATIO
 
 __all__ = [
-    "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "FlowHistory", "FlowLayout", "colour_bar_range", "draw_flow",
-    "flow_layout", "has_something_to_show",
+    "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "WINDOW", "FlowHistory", "FlowLayout", "colour_bar_range",
+    "draw_flow", "flow_layout", "has_something_to_show",
 ]
 
 #: Statistic name -> how it is read from one step's results: (kind, attribute).
@@ -43,7 +44,9 @@ FLOW_STATISTICS = {
     "activation_std": ("activations", "std"),
     "zero_fraction": ("activations", "zero_fraction"),
 }
-MAX_COLUMNS = 1024
+#: Logging steps a flow picture shows: the latest 64, five pixels a column in the grid. A picture then costs
+#: the same bytes at every image step however long the run, and 64 columns still show a trend and a spike.
+WINDOW = 64
 NAN_COLOUR = (255, 0, 255)
 MISSING_COLOUR = (210, 210, 210)
 _VIRIDIS = [(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
@@ -317,7 +320,8 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
 
 
 class FlowHistory:
-    """The flow statistics of every logging step so far; draws them into a step's pictures on image steps.
+    """The flow statistics of the latest :data:`WINDOW` logging steps; draws them into a step's pictures on
+    image steps.
 
     Args:
         update_ratio: Also ``flow/update_ratio``, one row per parameter.
@@ -336,10 +340,10 @@ class FlowHistory:
     def __init__(self, update_ratio: bool = False, image_steps: Callable[[int], bool] | None = None) -> None:
         self.update_ratio = update_ratio
         self.image_steps = image_steps
-        self.steps: list[int] = []
+        self.steps: deque[int] = deque(maxlen=WINDOW)
         # Per statistic: one array per step, indexed by row (rows in order of first appearance). A picture
-        # stacks them in a few numpy ops: drawing at step 1,000 costs no Python loop over every value kept.
-        self.columns: dict[str, list[np.ndarray]] = {name: [] for name in self._statistics()}
+        # stacks them in a few numpy ops, with no Python loop over every value kept.
+        self.columns: dict[str, deque[np.ndarray]] = {name: deque(maxlen=WINDOW) for name in self._statistics()}
         self.rows: dict[str, list[str]] = {name: [] for name in self._statistics()}
         self._row_index: dict[str, dict[str, int]] = {name: {} for name in self._statistics()}
         self.last_pictures: dict[str, torch.Tensor] = {}
@@ -360,21 +364,18 @@ class FlowHistory:
                 column = np.full(len(rows), -np.inf)
                 column[[index[row] for row in found]] = list(found.values())
                 self.columns[name].append(column)
-            if len(self.steps) > MAX_COLUMNS:  # keep every other old column: the picture stays small
-                keep = list(range(0, len(self.steps) - 1, 2)) + [len(self.steps) - 1]
-                self.steps = [self.steps[i] for i in keep]
-                self.columns = {name: [column[i] for i in keep] for name, column in self.columns.items()}
         image_step = bool(results.images) or any(not tag.startswith("flow/") for tag in results.pictures)
         image_step = image_step or (self.image_steps is not None and self.image_steps(results.step))
         if image_step and self.steps:
-            self.last_pictures = {FLOW.format(statistic=name): draw_flow(name, self.rows[name], self.steps, values)
+            steps = list(self.steps)
+            self.last_pictures = {FLOW.format(statistic=name): draw_flow(name, self.rows[name], steps, values)
                                   for name in self._statistics() if self.rows[name]
                                   for values in [self.values(name)] if has_something_to_show(values)}
             results.pictures.update(self.last_pictures)
 
     def picture(self, name: str) -> torch.Tensor:
-        """The flow picture of statistic ``name`` over every step recorded."""
-        return draw_flow(name, self.rows[name], self.steps, self.values(name))
+        """The flow picture of statistic ``name`` over the steps of the window."""
+        return draw_flow(name, self.rows[name], list(self.steps), self.values(name))
 
     def values(self, name: str) -> np.ndarray:
         """Statistic ``name`` as a ``(rows, steps)`` array; ``-inf`` where a row was not logged at a step."""

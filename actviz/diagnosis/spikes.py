@@ -5,9 +5,18 @@ pre-hook of :mod:`actviz.common.optimizer_steps`), :class:`SpikeRecorder` takes 
 gradient's norm with one ``torch._foreach_norm``, stacks them into a row of a small device
 ring buffer (the last :data:`RING` steps), takes the global norm of that row and starts its
 copy to the host without waiting. At the start of a later step, once that copy is done
-(the next step on a CPU, usually the next on a GPU), it is checked: a global norm that is
-not finite or above the mean + :data:`SIGMA` standard deviations of the last
-:data:`WINDOW` steps is a spike. Then:
+(the next step on a CPU, usually the next on a GPU), it is checked against a baseline: the
+logs of the global norms of the last :data:`WINDOW` steps that were not spikes (at least
+:data:`MIN_HISTORY`), their median ``m`` and ``s``, 1.4826 x their median absolute deviation.
+A norm that is not finite, or whose log is above ``m + max(log(FLOOR), SIGMA * s)``, is a spike.
+A gradient norm's batch-to-batch noise is multiplicative, so the median and deviation of its
+logs follow a small batch's wander (a 2x wander is no spike); :data:`FLOOR` keeps a very
+smooth run from calling a small jump one.
+
+Spikes no more than :data:`QUIET` steps apart are one episode, and only its first spike is
+reported. Once an episode has :data:`ADAPT` spikes the change lasts: the last :data:`ADAPT`
+steps become the new baseline. A lasting change of scale is one alert. The first spike of an
+episode gives:
 
 * an :class:`~actviz.diagnosis.alerts.Alert` (rule ``gradient_spike``) names the step and the layers
   ranked by their own z-scores over the ring buffer;
@@ -53,13 +62,24 @@ from ..common.safe_warnings import warn_safely
 from ..summaries.one_tensor import local_shard
 from ..tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
 
-__all__ = ["FOLLOW", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
+__all__ = ["ADAPT", "FLOOR", "FOLLOW", "QUIET", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder"]
 
 logger = logging.getLogger(__name__)
 
+#: Steps of the baseline, robust deviations above its median (the loss-spike rule of OLMo's and LLM-Foundry's
+#: trainers), steps in the ring buffer, steps logged in full after a spike.
 WINDOW, SIGMA, RING, FOLLOW = 128, 6.0, 16, 3
-#: Steps of history before a spike can be called (a standard deviation of fewer is noise).
+#: Steps of history before a spike can be called (a deviation of fewer is noise).
 MIN_HISTORY = 16
+#: A spike is at least this x the baseline's median. Six robust deviations alone are a factor of 1.3 on the
+#: smoothest healthy run measured (a tiny transformer at batch 2); healthy small-batch runs stay below six
+#: robust deviations (docs/diagnosis.md), and a lasting 5x change is still caught.
+FLOOR = 4.0
+#: Steps without a spike that end an episode (the ring buffer's length: a spike in the last one's ring is
+#: part of it).
+QUIET = 16
+#: Spikes of one episode after which the change is taken to last: the last ADAPT steps are the new baseline.
+ADAPT = 16
 
 
 @dataclass
@@ -68,7 +88,7 @@ class SpikeRecord:
 
     step: int
     norm: float
-    mean: float
+    median: float
     limit: float
     ring: HostCopy
     ring_steps: list[int]
@@ -91,9 +111,10 @@ class SpikeRecord:
                         key=lambda item: -item[0] if not math.isnan(item[0]) else math.inf)
         named = ", ".join(f"{name} (z={z:.3g})" for z, name in ranked[:5])
         what = "is not finite" if not math.isfinite(self.norm) else f"{self.norm:.3g} is above {self.limit:.3g}"
-        message = (f"gradient spike at step {self.step}: the global gradient norm {what} (mean {self.mean:.3g} + "
-                   f"{SIGMA:g} std over the last {WINDOW} steps); layers by z-score over the last {len(rows)} steps: "
-                   f"{named}. The next {FOLLOW} steps are logged in full")
+        message = (f"gradient spike at step {self.step}: the global gradient norm {what} (the median {self.median:.3g} "
+                   f"of the last {WINDOW} steps without a spike, times the larger of {FLOOR:g} and {SIGMA:g} robust "
+                   f"deviations of the log norm); layers by z-score over the last {len(rows)} steps: {named}. The next "
+                   f"{FOLLOW} steps are logged in full")
         top = ranked[0][1] if ranked else None
         return Alert(self.step, "gradient_spike", top, "global_gradient_norm", self.norm, self.limit, message), values
 
@@ -139,7 +160,10 @@ class SpikeRecorder:
         self._slot = 0
         self._last_step: int | None = None
         self._waiting: deque[tuple[int, int, Any]] = deque()  # (step, slot, event) whose copy is under way
-        self._history: deque[float] = deque(maxlen=WINDOW)
+        self._history: deque[float] = deque(maxlen=WINDOW)  # log norms of the steps without a spike
+        self._recent: deque[float] = deque(maxlen=ADAPT)  # log norms of the last steps, spikes included
+        self._quiet = QUIET  # steps since the last spike: an episode is under way while below QUIET
+        self._episode_spikes = 0
         self._force_until = -1
         self._records: deque[SpikeRecord] = deque()
         self._lock = threading.Lock()
@@ -214,19 +238,56 @@ class SpikeRecorder:
                 return  # the device is not there yet: check at a later step
             self._waiting.popleft()
             norm = float(value.detach().numpy()) if value is not None else float(self._host.numpy()[slot])
-            history = self._history
-            mean = statistics.fmean(history) if history else math.nan
-            limit = mean + SIGMA * statistics.pstdev(history) if len(history) >= MIN_HISTORY else math.inf
-            if math.isfinite(norm) and norm <= limit:
-                history.append(norm)
-            elif math.isfinite(norm) or not self._nonfinite_seen:  # NaN from here on: one alert is enough
-                self._nonfinite_seen = self._nonfinite_seen or not math.isfinite(norm)
-                self._spike(step, norm, mean, limit, now)
+            self._judge(step, norm, now)
 
-    def _spike(self, step: int, norm: float, mean: float, limit: float, now: int) -> None:
+    def _judge(self, step: int, norm: float, now: int) -> None:
+        """Add one step's global norm to the baseline, or call it a spike (see the module's docstring)."""
+        median, limit = self.baseline()
+        if not math.isfinite(norm):
+            if not self._nonfinite_seen:  # NaN from here on: one alert is enough
+                self._nonfinite_seen = True
+                self._spike(step, norm, median, limit, now)
+            return
+        if norm <= 0:
+            return  # no gradient reached the watched parameters: nothing to compare
+        log_norm = math.log(norm)
+        self._recent.append(log_norm)
+        if norm <= limit:
+            self._history.append(log_norm)
+            self._quiet += 1
+            return
+        if self._quiet >= QUIET:  # the first spike of an episode
+            self._episode_spikes = 0
+            self._spike(step, norm, median, limit, now)
+        self._quiet = 0
+        self._episode_spikes += 1
+        if self._episode_spikes >= ADAPT:  # a lasting change: the last ADAPT steps are the new baseline
+            self._history.clear()
+            self._history.extend(self._recent)
+            self._episode_spikes = 0
+
+    def baseline(self) -> tuple[float, float]:
+        """``(median, limit)`` of the global norm now: the median of the baseline and the norm above which a
+        step is a spike (``inf`` before :data:`MIN_HISTORY` steps).
+
+        Example:
+            >>> recorder = SpikeRecorder([], [], lambda: None)
+            >>> for step in range(20):
+            ...     recorder._judge(step, 1.0 if step % 2 else 2.0, step)
+            >>> [round(value, 2) for value in recorder.baseline()]  # a 2x wander: the limit is 22x the median
+            [1.41, 30.86]
+        """
+        history = self._history
+        if len(history) < MIN_HISTORY:
+            return (math.exp(statistics.median(history)) if history else math.nan), math.inf
+        middle = statistics.median(history)
+        spread = 1.4826 * statistics.median([abs(value - middle) for value in history])
+        return math.exp(middle), math.exp(middle + max(math.log(FLOOR), SIGMA * spread))
+
+    def _spike(self, step: int, norm: float, median: float, limit: float, now: int) -> None:
         assert self._ring is not None
         self._force_until = now + FOLLOW - 1  # this step and the next FOLLOW - 1
-        record = SpikeRecord(step, norm, mean, limit, HostCopy([self._ring.clone()]), list(self._ring_steps),
+        record = SpikeRecord(step, norm, median, limit, HostCopy([self._ring.clone()]), list(self._ring_steps),
                              self._layer_of, self._layer_names)
         with self._lock:
             self._records.append(record)

@@ -73,8 +73,8 @@ class Diagnosis:
 
     @property
     def alerts(self) -> list[Alert]:
-        """Every alert so far, in the order raised."""
-        return self._reporter.alerts
+        """The alerts so far (the latest :data:`~actviz.diagnosis.alerts.KEPT_ALERTS`), in the order raised."""
+        return list(self._reporter.alerts)
 
     def __call__(self, results: StepResults) -> None:
         """Add this step's alerts and flow pictures to ``results``; write spike records found since the last step."""
