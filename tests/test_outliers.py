@@ -104,14 +104,22 @@ def test_tags_and_alerts_read_back(read_run):
     assert "massive activation in 'up'" in alerts
 
 
-@pytest.mark.parametrize("dtype, budget", [(torch.float32, 10), (torch.bfloat16, 11)])
-def test_a_layer_takes_ten_kernels_and_no_sync(dtype, budget):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_large_output_gives_its_outlier_numbers_from_its_one_summary_op(dtype, monkeypatch):
+    # The one-pass op adds the outlier numbers to the row it reads anyway; the median comes from the sample.
     from conftest import CountOps
 
-    tensor = torch.randn(4, 100, 64).to(dtype)
+    from actviz.statistics.outliers import Outliers
+    from actviz.summaries.one_tensor import reduce_tensor
+
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    tensor = (torch.randn(4, 100, 64) * 3).to(dtype)  # 25,600 elements: larger than the sample of 4,096
     with CountOps() as count:
-        outlier_vector(tensor, 1 << 14)
-    assert len(count.kernels) == budget and count.syncs == [], count.kernels
+        reduction = reduce_tensor(tensor, 1 << 12, outliers=True)
+        numbers = Outliers().from_summary(reduction.extra_fields(), reduction.sample_values())
+    assert count.kernels == ["actviz.summarize.default", "aten.abs.default", "aten.median.default", "aten.cat.default"]
+    assert count.syncs == []
+    assert numbers.tolist() == pytest.approx(outlier_vector(tensor, 1 << 12).tolist(), rel=1e-6)
 
 
 def test_the_nan_alert_and_the_transformer_alerts_share_the_alerts_text(read_run):
@@ -130,13 +138,13 @@ def test_the_nan_alert_and_the_transformer_alerts_share_the_alerts_text(read_run
 
 
 def test_a_vocabulary_sized_output_is_reduced_a_piece_at_a_time_with_the_same_numbers(monkeypatch):
-    import actviz.statistics.outliers as outliers
+    import actviz.summaries.outlier_moments as outlier_moments
 
     torch.manual_seed(0)
     tensor = torch.randn(3, 1000, 70) * 3
     tensor[0, 0, 0] = 40.0  # an outlier in the first piece
     whole = outlier_vector(tensor, 4096)
-    monkeypatch.setattr(outliers, "PIECE", 10_000)  # 21 pieces
+    monkeypatch.setattr(outlier_moments, "PIECE", 10_000)  # 21 pieces
     pieces = outlier_vector(tensor, 4096)
     assert torch.allclose(whole, pieces, rtol=1e-9)
     expected = by_numpy(tensor.numpy(), None)

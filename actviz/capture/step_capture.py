@@ -238,7 +238,10 @@ class StepCapture:
             row = small.add_copy(copy)
             reduction, picture = row, copied_picture(copy, row, self.options.max_channels, batch_dim) if draw else None
         else:
-            reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim)
+            statistics = self._layer_statistics.get(id(module))
+            outliers = statistics is not None and any(statistic.summary_fields for statistic in statistics)
+            reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim,
+                                               outliers=outliers)
         if reduction is not None:
             self._add_activation(module, tag, tensor, reduction)
             self.gradients.hook(name, tag, tensor)
@@ -250,14 +253,19 @@ class StepCapture:
         self._pending.activations.add(tag, reduction, mergeable=True)
         statistics = self._layer_statistics.get(id(module))  # most layers of most models: none, no call
         if statistics is not None:
-            self._run_statistics(statistics, tag, module, tensor)
+            self._run_statistics(statistics, tag, module, tensor, reduction)
 
     def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module,
-                        tensor: torch.Tensor) -> None:
-        """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`)."""
+                        tensor: torch.Tensor, reduction: Reduction | int | None = None) -> None:
+        """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`):
+        from the numbers the summary's row holds where it has them, else by its own ops."""
+        fields = reduction.extra_fields() if isinstance(reduction, Reduction) else None
         for statistic in statistics:
             try:
-                numbers = statistic.device(tensor, module, self.options)
+                if fields is not None and statistic.summary_fields:
+                    numbers = statistic.from_summary(fields, reduction.sample_values())  # type: ignore[union-attr]
+                else:
+                    numbers = statistic.device(tensor, module, self.options)
             except Exception as error:  # noqa: BLE001 - a statistic must never stop training
                 warn_statistic_failed(statistic, error, self._pending.layer_values.warned)
                 continue

@@ -62,6 +62,11 @@ class LayerStatistic:
         scope: ``"layer"``: every tensor of each watched layer it applies to; ``"model"``: the model's
             output, once per step (:meth:`select`).
         cost: What :meth:`device` costs per tensor, as measured (kernels, no sync); said in the docs.
+        summary_fields: Numbers of the layer's one-pass summary it is made from
+            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`), or ``()``. Where the one-pass op
+            summarizes the output, it adds them to the row it reads anyway, and :meth:`from_summary`
+            takes them from there: no second read of the tensor. Elsewhere (a small output batched with
+            the step's others, the CPU shortcut) :meth:`device` runs.
     """
 
     name: str = ""
@@ -69,6 +74,7 @@ class LayerStatistic:
     written: tuple[str, ...] | None = None
     scope: Literal["layer", "model"] = "layer"
     cost: str = ""
+    summary_fields: tuple[str, ...] = ()
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         """Whether ``watch(statistics=None)`` (the default) runs it on ``model``. Asked once per watcher."""
@@ -86,6 +92,12 @@ class LayerStatistic:
         """The device half: a few numbers of ``tensor`` (detach it first), an output of ``module`` (the model, for
         ``scope = "model"``), as one small tensor on its device, never read on the host; ``None`` for a tensor it
         does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
+        raise NotImplementedError
+
+    def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        """The device half from the summary instead (``summary_fields`` set): ``fields``, those numbers of the
+        row, and ``sample``, the histogram's strided sample of the output, both on its device -> what
+        :meth:`device` would give."""
         raise NotImplementedError
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:

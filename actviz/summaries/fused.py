@@ -1,7 +1,7 @@
 """Compiled summaries: a pure tensor function run through ``torch.compile`` (Inductor), safely.
 
 :func:`run` compiles a function of one 1-D tensor, such as
-:func:`actviz.summaries.one_tensor.header_sums`, once per (function, device, dtype, size class) and
+:func:`actviz.summaries.one_pass.header_sums`, once per (function, device, dtype, size class) and
 calls it. Every tensor of one device and dtype shares the compiled code: its length is an
 unbacked dynamic size (so not even length 1 is specialized), it is given stride 1
 and no view base, and the global state Dynamo guards on is the same on every call.
@@ -88,7 +88,7 @@ def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) 
     """``function(values)`` compiled, for a 1-D tensor; ``None`` where it cannot be (then run it eagerly).
 
     Example:
-        >>> from actviz.summaries.one_tensor import header_sums
+        >>> from actviz.summaries.one_pass import header_sums
         >>> run(header_sums, torch.arange(4.0)).tolist()  # compiles on first use (seconds); see actviz.summaries.header
         [3.0, 3.0, 1.5, 1.25, 0.0, 3.0]
     """

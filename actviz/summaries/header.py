@@ -52,6 +52,8 @@ class Reduction:
         sample: The tensor holding the sample, flat, at ``[start, stop)``.
         zeroed: The sample is ``z`` (NaN and ±Inf replaced by 0), the whole tensor.
         pieces: If not 0, ``header`` holds a shift and this many pieces' :data:`PIECE_FIELDS` (:func:`merge_pieces`).
+        extra: Numbers after the header in a 1-D row: the one-pass op's outlier fields
+            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`), read by :meth:`extra_fields`.
 
     Example:
         >>> row = torch.tensor([3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], dtype=torch.float64)
@@ -60,11 +62,11 @@ class Reduction:
         (1, 1, -1.0, 2.0)
     """
 
-    __slots__ = ("counts", "header", "index", "numel", "pieces", "sample", "start", "stop", "stride", "zeroed")
+    __slots__ = ("counts", "extra", "header", "index", "numel", "pieces", "sample", "start", "stop", "stride", "zeroed")
 
     def __init__(
         self, numel: int, stride: int, header: Any, index: int, sample: Any, start: int, stop: int,
-        zeroed: bool = False, pieces: int = 0,
+        zeroed: bool = False, pieces: int = 0, extra: int = 0,
     ) -> None:
         self.numel = numel
         self.stride = stride
@@ -75,6 +77,7 @@ class Reduction:
         self.stop = stop
         self.zeroed = zeroed
         self.pieces = pieces
+        self.extra = extra
         self.counts: Any = None  # bucket counts merged across ranks (actviz.summaries.merge_ranks), else counted from the sample
 
     def row(self) -> list[float]:
@@ -87,6 +90,10 @@ class Reduction:
         if self.pieces:
             return merge_pieces(flat[: 1 + len(PIECE_FIELDS) * self.pieces], self.numel)
         return flat[self.index * HEADER : self.index * HEADER + HEADER]
+
+    def extra_fields(self) -> torch.Tensor | None:
+        """The numbers after the header (``extra`` of them), on the device; ``None`` where there are none."""
+        return self.header[HEADER : HEADER + self.extra] if self.extra else None
 
     def sample_values(self) -> torch.Tensor:
         """The sample, a 1-D view of the tensor that holds it."""

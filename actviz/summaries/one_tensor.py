@@ -1,19 +1,19 @@
 """Tensor summaries, made in two halves so that a GPU never waits for the host.
 
 * :func:`reduce_tensor` runs inside the hook, on the tensor's device, and leaves one
-  header row (layout: :mod:`actviz.summaries.header`) and a strided sample: for a float32
-  tensor eight kernel ops (:func:`reduce_values`), nothing read on the host; a tensor its
-  sample covers whole, one copy (:mod:`actviz.summaries.small_tensors`) in the watcher's hooks. The step's
-  rows go to the host in one copy (:mod:`actviz.output.pending_step`);
-  :func:`actviz.summaries.many_tensors.reduce_tensors` reduces many parameters together.
+  header row (layout: :mod:`actviz.summaries.header`) and a strided sample: one op,
+  ``torch.ops.actviz.summarize`` (:mod:`actviz.summaries.one_pass`), which reads the tensor once
+  on a GPU; nothing read on the host. In the watcher's hooks a tensor its sample covers whole
+  takes one copy instead (:mod:`actviz.summaries.small_tensors`). The step's rows go to the host
+  in one copy (:mod:`actviz.output.pending_step`); :func:`actviz.summaries.many_tensors.reduce_tensors`
+  reduces many parameters together.
 * :func:`finish` runs on the host, on the writer thread: it decodes the row
   (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
-(:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. In a watcher's step a
-tensor its sample covers whole is batched with the step's other small tensors; any other takes the eager
-ops, or, only where ``ACTVIZ_FUSED=1`` asks, :func:`header_sums` compiled (:mod:`actviz.summaries.fused`,
-off by default on every device: :func:`~actviz.summaries.fused.use_fused` says why).
+(:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. Only where
+``ACTVIZ_FUSED=1`` asks is :func:`~actviz.summaries.one_pass.header_sums` compiled instead
+(:mod:`actviz.summaries.fused`, off by default on every device: :func:`~actviz.summaries.fused.use_fused` says why).
 """
 
 from __future__ import annotations
@@ -26,22 +26,22 @@ import torch
 from ..common import distributed_types
 from ..options import DEFAULT_BINS, DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from ..common.results import HEADER_SIZE, Summary
-from . import fused
-from . import piecewise
+from . import fused, one_pass, piecewise
+from .one_pass import SUMMARIZE
+from .one_pass import header_sums
 from .cpu_shortcut import reduce_on_cpu
 from .header import HEADER, Reduction, finite_bounds, wide_dtype
 from .small_tensors import SmallTensors
 
 __all__ = [
-    "HEADER_SIZE", "Reduction", "finish", "finite_bounds", "flat_view", "header_sums", "reduce_tensor", "reduce_values", "sample_stride",
+    "HEADER_SIZE", "Reduction", "finish", "finite_bounds", "flat_view", "reduce_in_one_pass", "reduce_tensor",
+    "sample_stride",
     "summarize",
 ]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
 # walks through every spatial position instead of hitting the same one in each channel.
 _AVOID_FACTORS = 2 * 3 * 5 * 7 * 11 * 13
-#: float32 counts every integer up to here: the header of a smaller float32 tensor stays float32 (one cat, no casts).
-_EXACT_FLOAT32_COUNTS = 1 << 24
 #: header_sums counts in int32: larger tensors take the eager path.
 _INT32_COUNTS_MAX = 1 << 31
 
@@ -85,72 +85,9 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     return permuted.view(-1) if permuted.is_contiguous() else tensor.reshape(-1)
 
 
-def reduce_values(values: torch.Tensor, stride: int) -> Reduction:
-    """The device half of a summary of a 1-D tensor: its header row (see :mod:`actviz.summaries.header`) and sample.
-
-    A pure tensor function: it never reads a value on the host, so it neither syncs
-    with a GPU nor branches on data. A float32 or float64 tensor takes eight kernel ops
-    (``nan_to_num``, one ``_foreach_norm(ord=0)`` counting non-zeros before and after it,
-    ``var_mean``, :func:`finite_bounds` and one ``cat`` that writes the row and copies the
-    sample behind it). A tensor no larger than the sample keeps ``z`` as its sample, no copy.
-    16-bit floats are widened first (their memory: four times theirs); integers and
-    bools are widened a slice at a time, so that the extra memory stays below their size.
-    """
-    wide = wide_dtype(values.device)
-    if not values.is_floating_point():
-        return piecewise.reduce_integers(values, stride, wide)
-    if values.numel() > piecewise.PIECE:  # a copy of it all would add its size to the step's peak memory
-        return piecewise.reduce_in_pieces(values, stride, wide)
-    if values.dtype in (torch.float16, torch.bfloat16):
-        zeroed = values.to(wide)
-        (nonzero,) = torch._foreach_norm([zeroed], 0)
-        zeroed.nan_to_num_(0.0, 0.0, 0.0)
-        (finite_nonzero,) = torch._foreach_norm([zeroed], 0)
-    else:
-        zeroed = torch.nan_to_num(values, 0.0, 0.0, 0.0)
-        if values.numel() <= _EXACT_FLOAT32_COUNTS or values.dtype == wide:  # counts exact in its dtype: one dtype
-            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0)
-        else:
-            nonzero, finite_nonzero = torch._foreach_norm([values, zeroed], 0, dtype=wide)
-    variance, mean = torch.var_mean(zeroed, 0, correction=0, keepdim=True)
-    parts = [nonzero.view(1), finite_nonzero.view(1), mean, variance, *finite_bounds(values)]
-    numel = values.numel()
-    if stride == 1:  # z is the sample: no copy
-        return Reduction(numel, 1, torch.cat(parts), 0, zeroed, 0, numel, zeroed=True)
-    row = torch.cat([*parts, values[::stride]])
-    return Reduction(numel, stride, row, 0, row, HEADER, row.numel())
-
-
-def header_sums(values: torch.Tensor) -> torch.Tensor:
-    """The header row (see :mod:`actviz.summaries.header`) in one pass, written to be compiled into one loop.
-
-    Sums accumulated in float64 about the first element of ``z`` (the values with NaN and
-    ±Inf replaced by 0), so that a large offset cancels nothing; counts in int32 (exact
-    below 2**31 elements; :func:`reduce_tensor` sends larger tensors to the eager path);
-    min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.summaries.fused`
-    compiles it, and Inductor reads the tensor once.
-
-    Example:
-        >>> header_sums(torch.tensor([0.0, 2.0, float("nan"), -1.0])).tolist()
-        [3.0, 2.0, 0.25, 1.1875, -1.0, 2.0]
-    """
-    wide = wide_dtype(values.device)
-    if not values.is_floating_point():
-        values = values.to(wide)
-    finite = values.abs() < math.inf  # NaN < inf is false
-    zeroed = torch.where(finite, values, 0)
-    widened = zeroed.to(wide)
-    shifted = widened - widened[0]
-    count = values.numel()
-    first, second = shifted.sum() / count, (shifted * shifted).sum() / count
-    counts = [(values != 0).sum(dtype=torch.int32).to(wide), (zeroed != 0).sum(dtype=torch.int32).to(wide)]
-    bounds = [torch.where(finite, values, math.inf).amin().to(wide), torch.where(finite, values, -math.inf).amax().to(wide)]
-    return torch.stack([*counts, widened[0] + first, (second - first * first).clamp_min(0), *bounds])
-
-
 def reduce_tensor(
     tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
-    small: SmallTensors | None = None,
+    small: SmallTensors | None = None, outliers: bool = False,
 ) -> Reduction:
     """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
 
@@ -160,6 +97,8 @@ def reduce_tensor(
         count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
         small: The step's small tensors: a floating tensor its sample covers whole is copied
             there and reduced with the others when the step ends (:mod:`actviz.summaries.small_tensors`).
+        outliers: Where the one-pass op summarizes it, add the outlier numbers to its row
+            (:meth:`~actviz.summaries.header.Reduction.extra_fields`).
 
     Raises:
         TypeError: A complex tensor.
@@ -185,7 +124,18 @@ def reduce_tensor(
         found = reduce_on_cpu(values, stride, count_zeros)
         if found is not None:
             return found
-    return reduce_values(values, stride)
+    return reduce_in_one_pass(values, stride, outliers)
+
+
+def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False) -> Reduction:
+    """The device half of a summary of a non-empty 1-D tensor by the one-pass op (:mod:`actviz.summaries.one_pass`):
+    one op, its row (with ``outliers``, the outlier numbers after the header) and its sample in one tensor.
+    Integer and bool tensors are counted and summed as they are (:func:`~actviz.summaries.piecewise.reduce_integers`)."""
+    if not values.is_floating_point():
+        return piecewise.reduce_integers(values, stride, wide_dtype(values.device))
+    row = SUMMARIZE([values], [stride], outliers)
+    start = one_pass.row_width(outliers)
+    return Reduction(values.numel(), stride, row, 0, row, start, row.numel(), extra=start - HEADER)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:

@@ -1,0 +1,147 @@
+"""One op that summarizes tensors, each from one read: ``torch.ops.actviz.summarize``.
+
+``summarize(tensors, strides, outliers)`` takes 1-D tensors of one device and dtype (one layer output, or a
+step's parameters) and returns one float64 tensor (float32 on MPS): a row of numbers per tensor, then each
+tensor's strided sample (``tensor[::stride]``). A row is the summary header of :mod:`actviz.summaries.header`
+(six numbers: ``nonzero``, ``finite_nonzero``, ``mean``, ``variance``, ``min``, ``max``), followed, with
+``outliers=True``, by :data:`OUTLIER_FIELDS`: the device half of :class:`~actviz.statistics.outliers.Outliers`.
+
+It is a ``torch.library`` op, so a ``TorchDispatchMode`` (the op and byte budgets of the tests,
+``shared/bench/realsize/ops_bytes.py``) sees one op with the tensors as its inputs and the rows as its output.
+Its bodies:
+
+* on CUDA, where Triton is installed (it comes with PyTorch's CUDA wheels): two Triton kernels that read
+  each tensor once where it lies (:mod:`actviz.summaries.one_pass_triton`); on the CPU too, where
+  ``TRITON_INTERPRET=1`` was set before actviz was imported, which is how the test suite checks the kernels
+  without a GPU;
+* everywhere else (the CPU, MPS, a GPU without Triton, float8 tensors): the eager torch ops of
+  :func:`header_sums` (in float64 pieces for a tensor over :data:`~actviz.summaries.piecewise.PIECE` elements)
+  and :func:`~actviz.summaries.outlier_moments.outlier_moments`, several passes.
+
+Example:
+    >>> row = torch.ops.actviz.summarize([torch.tensor([0.0, 2.0, float("nan"), -1.0])], [2], False)
+    >>> row.tolist()  # nonzero, finite nonzero, mean and variance of z = [0, 2, 0, -1], min, max; then x[::2]
+    [3.0, 2.0, 0.25, 1.1875, -1.0, 2.0, 0.0, nan]
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Sequence
+
+import torch
+
+from . import piecewise
+from .header import HEADER, PIECE_FIELDS, merge_pieces, wide_dtype
+from .outlier_moments import OUTLIER_THRESHOLD, outlier_moments
+
+__all__ = [
+    "OUTLIER_FIELDS", "OUTLIER_THRESHOLD", "SUMMARIZE", "TRITON_DTYPES", "eager_summarize", "header_sums", "row_width",
+    "summarize", "triton_body",
+]
+
+#: The numbers ``outliers=True`` adds to a row: ``max |x|`` (NaN left out), the count of ``|x| >=``
+#: :data:`OUTLIER_THRESHOLD`, and ``Σ(z-μ)²`` and ``Σ(z-μ)⁴`` about the mean ``μ`` of ``z``.
+OUTLIER_FIELDS = ("max_abs", "outliers", "centred_squares", "centred_fourths")
+#: The dtypes the Triton body reads; others take the eager body.
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def row_width(outliers: bool) -> int:
+    """Numbers in one tensor's row."""
+    return HEADER + len(OUTLIER_FIELDS) if outliers else HEADER
+
+
+def _sample_size(size: int, stride: int) -> int:
+    return -(-size // stride)
+
+
+@functools.cache
+def triton_body():
+    """:func:`~actviz.summaries.one_pass_triton.summarize_tensors`, or ``None`` where Triton is not installed."""
+    try:
+        from . import one_pass_triton
+    except Exception:  # noqa: BLE001 - no Triton (or a broken one): the eager body
+        return None
+    return one_pass_triton.summarize_tensors
+
+
+def _takes_triton(tensors: Sequence[torch.Tensor]) -> bool:
+    first = tensors[0]
+    if first.dtype not in TRITON_DTYPES or not all(tensor.is_contiguous() for tensor in tensors):
+        return False
+    if first.device.type == "cuda":
+        return triton_body() is not None
+    return first.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and triton_body() is not None
+
+
+def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
+    """Rows and samples of ``tensors`` (see the module docstring): 1-D, non-empty, of one device and dtype."""
+    if _takes_triton(tensors):
+        body = triton_body()
+        return body(list(tensors), tuple(strides), row_width(outliers), OUTLIER_THRESHOLD)
+    return eager_summarize(tensors, strides, outliers)
+
+
+def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
+    total = len(tensors) * row_width(outliers) + sum(map(_sample_size, (t.numel() for t in tensors), strides))
+    return tensors[0].new_empty(total, dtype=wide_dtype(tensors[0].device))
+
+
+# Defined with torch.library's low-level API, one body for every device: the dispatcher calls it straight away,
+# without the Python frames of the custom_op wrapper (about 20 a call), since actviz calls it for every large tensor.
+_library = torch.library.Library("actviz", "DEF")
+_library.define("summarize(Tensor[] tensors, int[] strides, bool outliers) -> Tensor")
+_library.impl("summarize", summarize, "CompositeExplicitAutograd")
+torch.library.register_fake("actviz::summarize", _fake_summarize, lib=_library)
+
+#: The op, as actviz's reductions call it.
+SUMMARIZE = torch.ops.actviz.summarize.default
+
+
+def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
+    """The op's eager body: per segment, :func:`header_sums` (a segment over
+    :data:`~actviz.summaries.piecewise.PIECE` elements a piece at a time, so that its float64 temporaries stay
+    a piece's size) and, with ``outliers``, :func:`~actviz.summaries.outlier_moments.outlier_moments`."""
+    wide = wide_dtype(tensors[0].device)
+    rows, samples = [], []
+    for segment, stride in zip(tensors, strides):
+        readable = segment if segment.dtype in TRITON_DTYPES else segment.float()  # float8: no nan_to_num, no abs
+        if readable.numel() > piecewise.PIECE:
+            partials = piecewise.reduce_in_pieces(readable, readable.numel(), wide)  # stride numel: a 1-element sample
+            rows.append(merge_pieces(partials.header[: 1 + len(PIECE_FIELDS) * partials.pieces], readable.numel()))
+        else:
+            rows.append(header_sums(readable))
+        if outliers:
+            rows.append(outlier_moments(readable).to(wide))
+        samples.append(segment[::stride].to(wide))
+    return torch.cat(rows + samples)
+
+
+def header_sums(values: torch.Tensor) -> torch.Tensor:
+    """The header row (see :mod:`actviz.summaries.header`) in one pass, written to be compiled into one loop.
+
+    Sums accumulated in float64 about the first element of ``z`` (the values with NaN and
+    ±Inf replaced by 0), so that a large offset cancels nothing; counts in int32 (exact
+    below 2**31 elements; :func:`reduce_tensor` sends larger tensors to the eager path);
+    min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.summaries.fused`
+    compiles it, and Inductor reads the tensor once.
+
+    Example:
+        >>> header_sums(torch.tensor([0.0, 2.0, float("nan"), -1.0])).tolist()
+        [3.0, 2.0, 0.25, 1.1875, -1.0, 2.0]
+    """
+    wide = wide_dtype(values.device)
+    if not values.is_floating_point():
+        values = values.to(wide)
+    finite = values.abs() < math.inf  # NaN < inf is false
+    zeroed = torch.where(finite, values, 0)
+    widened = zeroed.to(wide)
+    shifted = widened - widened[0]
+    count = values.numel()
+    first, second = shifted.sum() / count, (shifted * shifted).sum() / count
+    counts = [(values != 0).sum(dtype=torch.int32).to(wide), (zeroed != 0).sum(dtype=torch.int32).to(wide)]
+    bounds = [torch.where(finite, values, math.inf).amin().to(wide), torch.where(finite, values, -math.inf).amax().to(wide)]
+    return torch.stack([*counts, widened[0] + first, (second - first * first).clamp_min(0), *bounds])

@@ -1,0 +1,128 @@
+"""Cases for the one-pass op (``torch.ops.actviz.summarize``) and their numbers worked out in float64 by hand.
+
+Used by tests/test_one_pass.py in its own process for the eager body, and, run as a script with
+``TRITON_INTERPRET=1``, for the Triton body on CPU tensors: ``python tests/one_pass_cases.py`` prints one line
+per case that does not match and exits 1 if any, 2 if the Triton body was not the one that ran.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import torch
+
+OUTLIER_THRESHOLD = 6.0
+
+
+def cases() -> list[tuple[str, torch.Tensor, list[int], list[int]]]:
+    """``(name, values, sizes, sample strides)``: ``values`` is split into tensors of ``sizes``."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    special = randn(5000) * 4
+    special[[3, 10, 4999]] = torch.tensor([math.nan, math.inf, -math.inf])
+    special[100:140] = 0.0
+    all_nan = torch.full((70,), math.nan)
+    denormal = torch.tensor([1e-40, -3e-42, 0.0, 2.5, 1e-45] * 10, dtype=torch.float32)
+    offset = randn(20_000).double() * 1e-3 + 1e8  # a large offset: the variance must not cancel
+    first_not_finite = randn(3000)
+    first_not_finite[0] = math.nan
+    found = [
+        ("float32 with NaN, ±Inf and zeros", special, [5000], [7]),
+        ("all NaN", all_nan, [70], [1]),
+        ("denormals", denormal, [50], [3]),
+        ("large offset, float64", offset, [20_000], [11]),
+        ("first element NaN", first_not_finite, [3000], [1]),
+        ("one element", torch.tensor([-2.5]), [1], [1]),
+        ("bfloat16", (randn(40_000) * 10).to(torch.bfloat16), [40_000], [13]),
+        ("float16 near its max", (randn(9000) * 3e4).clamp(-65000, 65000).to(torch.float16), [9000], [17]),
+        ("several tensors of several tiles", randn(3 + 5000 + 70_000) * 8, [3, 5000, 70_000], [1, 7, 31]),
+        ("an outlier-heavy tail", torch.cat([randn(30_000), torch.full((5,), 300.0)]), [30_005], [19]),
+    ]
+    strided = (randn(6000) * 2)[::2]  # not contiguous: the eager body takes it
+    found.append(("not contiguous", strided, [3000], [5]))
+    return found
+
+
+def expected(values: torch.Tensor, sizes: list[int], strides: list[int]) -> list[list[float]]:
+    """Per segment: the 10 numbers of a row with outliers, then its sample, all by float64 ops."""
+    rows = []
+    start = 0
+    for size, stride in zip(sizes, strides):
+        x = values[start : start + size].double()
+        start += size
+        finite = torch.isfinite(x)
+        z = torch.where(finite, x, torch.zeros_like(x))
+        mean = z.sum().item() / size
+        centred = z - mean
+        magnitude = x.abs()
+        not_nan = magnitude[~torch.isnan(x)]
+        rows.append([
+            float((x != 0).sum()), float((z != 0).sum()), mean, (centred**2).sum().item() / size,
+            x[finite].min().item() if finite.any() else math.inf, x[finite].max().item() if finite.any() else -math.inf,
+            not_nan.max().item() if not_nan.numel() else 0.0, float((magnitude >= OUTLIER_THRESHOLD).sum()),
+            (centred**2).sum().item(), (centred**4).sum().item(), *x[::stride].tolist(),
+        ])
+    return rows
+
+
+def _close(found: float, wanted: float, relative: float, absolute: float) -> bool:
+    if math.isnan(wanted) or math.isnan(found):
+        return math.isnan(wanted) and math.isnan(found)
+    if math.isinf(wanted) or math.isinf(found):
+        return found == wanted
+    return abs(found - wanted) <= absolute + relative * abs(wanted)
+
+
+def mismatches(name: str, values: torch.Tensor, sizes: list[int], strides: list[int], outliers: bool) -> list[str]:
+    """What the op gives that the float64 numbers do not, as lines; empty where all match."""
+    import actviz.summaries.one_pass  # noqa: F401 - defines the op
+
+    tensors = list(values.split(sizes)) if len(sizes) > 1 else [values]  # several: each read where it lies
+    out = torch.ops.actviz.summarize.default(tensors, strides, outliers).tolist()
+    width = 10 if outliers else 6
+    wanted_rows = expected(values, sizes, strides)
+    found_rows, samples_at = [], len(sizes) * width
+    for index, (size, stride) in enumerate(zip(sizes, strides)):
+        count = -(-size // stride)
+        found_rows.append(out[index * width : (index + 1) * width] + out[samples_at : samples_at + count])
+        samples_at += count
+    problems = []
+    if samples_at != len(out):
+        problems.append(f"{name}: {len(out)} numbers, expected {samples_at}")
+    fields = ["nonzero", "finite_nonzero", "mean", "variance", "min", "max", "max_abs", "outliers", "squares", "fourths"]
+    for index, (found, wanted) in enumerate(zip(found_rows, wanted_rows)):
+        wanted = wanted[:width] + wanted[10:]
+        names = fields[:width] + [f"sample[{i}]" for i in range(len(wanted) - width)]
+        scale = max(1.0, abs(wanted[2]))  # the mean's size: sums about it keep relative precision near it
+        for field, got, want in zip(names, found, wanted):
+            relative, absolute = 0.0, 0.0  # counts, bounds and the sample: exact
+            if field in ("mean",):
+                relative, absolute = 1e-12, 1e-12 * scale
+            elif field in ("variance", "squares", "fourths"):
+                relative, absolute = 1e-6, 1e-9
+            if not _close(got, want, relative, absolute):
+                problems.append(f"{name}: segment {index} {field} {got!r}, expected {want!r}")
+    return problems
+
+
+def main() -> int:
+    from actviz.summaries import one_pass
+
+    problems = []
+    for name, values, sizes, strides in cases():
+        if values.is_contiguous() and not one_pass._takes_triton([values]):
+            print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")
+            return 2
+        for outliers in (False, True):
+            problems += mismatches(name, values, sizes, strides, outliers)
+    print("\n".join(problems) or "all match")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

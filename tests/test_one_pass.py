@@ -1,0 +1,177 @@
+"""The one-pass op, ``torch.ops.actviz.summarize``: its numbers against float64, in both of its bodies, and what a
+logging step then reads: each watched tensor once.
+
+The Triton body runs on CPU tensors under ``TRITON_INTERPRET=1``, which Triton reads when its kernels are
+defined: those tests run in a fresh process, with a hard timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from one_pass_cases import cases, mismatches
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import actviz
+from actviz.summaries import one_pass
+
+TESTS = Path(__file__).parent
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+@pytest.mark.parametrize("case", cases(), ids=lambda case: case[0])
+def test_the_eager_body_matches_float64(case, outliers):
+    name, values, sizes, strides = case
+    assert not one_pass._takes_triton([values]) or os.environ.get("TRITON_INTERPRET") == "1"
+    assert mismatches(name, values, sizes, strides, outliers) == []
+
+
+def run_fresh(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TRITON_INTERPRET": "1", "ACTVIZ_CPU_SHORTCUTS": "0",
+                   "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True,
+                          timeout=timeout, cwd=TESTS)
+
+
+@needs_triton
+def test_the_triton_kernels_match_float64_under_the_interpreter():
+    # NaN, ±Inf, zeros, denormals, a 1e8 offset, bfloat16, float16 near its max, one element, several segments of
+    # several tiles, outliers; the script exits 2 if the Triton body was not the one that ran.
+    done = run_fresh("import sys, one_pass_cases; sys.exit(one_pass_cases.main())")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "all match"
+
+
+@needs_triton
+def test_a_watched_step_logs_the_same_numbers_through_the_triton_kernels():
+    # The same step of the same model, through the Triton body and through the eager one: every summary and every
+    # outlier number alike, and the Triton body ran for every layer output, gradient and parameter group.
+    code = textwrap.dedent("""
+        import os, tempfile, torch, actviz
+        from actviz.summaries import one_pass
+        from actviz.summaries.one_pass_triton import summarize_tensors
+        calls = []
+        def counted(tensors, *args):
+            calls.append(len(tensors))
+            return summarize_tensors(tensors, *args)
+        one_pass.triton_body.cache_clear()
+        def step(triton):
+            os.environ["TRITON_INTERPRET"] = "1" if triton else "0"
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+                                        torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+            inputs = torch.randn(4, 3, 16, 16) * 3
+            viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, histogram_sample_size=256,
+                               statistics=["outliers"])
+            torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2, 3, 4])).backward()
+            viz.flush(); viz.close()
+            return viz.latest
+        import functools
+        one_pass.triton_body = functools.cache(lambda: counted)
+        eager, triton = step(False), step(True)
+        # The two convolutions' outputs and their gradients (the rest is small: batched), the parameters and their
+        # gradients each in one call.
+        assert sorted(calls) == [1, 1, 1, 1, 2, 2], calls
+        for kind in ("activations", "gradients", "weights", "weight_grads"):
+            a, b = getattr(eager, kind), getattr(triton, kind)
+            assert sorted(a) == sorted(b) and a, (kind, sorted(a), sorted(b))
+            for tag in a:
+                x, y = a[tag], b[tag]
+                assert (x.num, x.nonfinite, x.zeros, x.min, x.max, x.bucket_counts) == (
+                    y.num, y.nonfinite, y.zeros, y.min, y.max, y.bucket_counts), (kind, tag, x, y)
+                for field in ("sum", "sum_squares"):
+                    u, v = getattr(x, field), getattr(y, field)
+                    assert abs(u - v) <= 1e-9 * max(1.0, abs(u)), (kind, tag, field, u, v)
+        outliers_a, outliers_b = eager.layer_values["outliers"], triton.layer_values["outliers"]
+        assert sorted(outliers_a) == sorted(outliers_b) == ["0", "2", "4"], sorted(outliers_a)
+        for layer, numbers in outliers_a.items():
+            for name, value in numbers.items():
+                other = outliers_b[layer][name]
+                assert abs(value - other) <= 1e-6 * max(1.0, abs(value)), (layer, name, value, other)
+        print("alike", len(calls))
+    """)
+    done = run_fresh(code)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("alike")
+
+
+def test_the_op_has_a_fake_body_for_compiled_and_meta_callers():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        out = torch.ops.actviz.summarize.default([torch.empty(10), torch.empty(990)], [1, 7], True)
+    assert out.shape == (2 * 10 + 10 + 142,) and out.dtype == torch.float64
+
+
+class BytesMeter(TorchDispatchMode):
+    """Ops dispatched while a frame of actviz is on the stack, and the bytes of their tensor inputs and outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.package = os.path.join(os.path.dirname(actviz.__file__), "")
+        self.ops: list[str] = []
+        self.moved = 0
+
+    def _from_actviz(self) -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if frame.f_code.co_filename.startswith(self.package):
+                return frame.f_code.co_name != "__torch_function__"
+            frame = frame.f_back
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.is_view or "empty" in str(func) or not self._from_actviz():
+            return out
+        self.ops.append(str(func))
+        tensors = [t for t in tree_flatten((args, kwargs or {}, out))[0] if isinstance(t, torch.Tensor)]
+        self.moved += sum(t.numel() * t.element_size() for t in tensors)
+        return out
+
+
+def test_a_logging_step_reads_each_watched_tensor_once(monkeypatch):
+    # Large outputs (about 1.6 M elements each) on the accelerator path: the bytes actviz moves are the watched
+    # bytes once, plus the rows, samples and the one copy to the host; a few ops per watched tensor.
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    inputs, labels = torch.randn(8, 3, 80, 80), torch.randint(0, 10, (8,))
+    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), labels).backward()
+        optimizer.step()
+        viz.flush()
+
+    step()
+    outputs = {}
+    handles = [module.register_forward_hook(lambda m, a, out, name=name: outputs.setdefault(name, out))
+               for name, module in viz._layers]
+    with BytesMeter() as meter:
+        step()
+    for handle in handles:
+        handle.remove()
+    viz.close()
+    output_bytes = sum(out.numel() * out.element_size() for out in outputs.values())
+    parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    watched = 2 * output_bytes + 2 * parameter_bytes  # each output and its gradient, each parameter and its gradient
+    watched_tensors = 2 * len(outputs) + 2 * len(list(model.parameters()))
+    assert meter.moved <= 1.15 * watched, (meter.moved / watched, meter.ops)
+    assert len(meter.ops) <= 2 * watched_tensors, meter.ops
+    assert meter.ops.count("actviz.summarize.default") == 4  # the two large outputs and their gradients
