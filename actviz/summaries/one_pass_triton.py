@@ -4,17 +4,26 @@
 found through a table of their addresses) and writes, for each, the summary row of
 :mod:`actviz.summaries.one_pass` and its strided sample:
 
-1. :func:`_tile_partials`, one program per tile of :data:`TILE` elements of one tensor: counts, sums of
-   powers of ``z - shift`` (``z``: the values with NaN and ±Inf replaced by 0; ``shift``: the segment's
-   first element of ``z``, so that a large offset cancels nothing), finite bounds, ``max |x|`` and the
-   count of ``|x| >= 6``, all in float64; the tile's elements at the sample's stride are written to the
-   sample on the way;
+1. :func:`_tile_partials`, one program per tile of :data:`TILE` elements of one tensor: counts (int32),
+   sums of powers of ``z - shift`` in float64 (``z``: the values with NaN and ±Inf replaced by 0;
+   ``shift``: the tensor's first element of ``z``, so that a large offset cancels nothing), finite
+   bounds in the input's precision, and, for the outlier numbers only, the third and fourth powers,
+   ``max |x|`` and the count of ``|x| >= 6``; the tile's elements at the sample's stride are written to
+   the sample on the way;
 2. :func:`_combine_tiles`, one program per tensor: the tiles' partials added up into the row.
 
 Two launches per call, whatever the tensors' number and size (and, for several, one copy of their
 addresses from pinned memory); no host sync. Triton compiles them for
 CUDA; with ``TRITON_INTERPRET=1`` in the environment before this module is imported, Triton runs them on
 CPU tensors, which is how the test suite checks their numbers against float64 on a machine without a GPU.
+
+Example:
+    The tables of two parameters of 40,000 and 10 elements, sampled at strides 3 and 1: two tiles of the
+    first (the second tile from element 32,768), one of the second; rows of 6, then the samples:
+
+    >>> segments, tiles, total = _tables_for((40_000, 10), (3, 1), 6, True, torch.device("cpu"))
+    >>> tiles.view(-1, 2).tolist(), segments[:8].tolist(), total
+    ([[0, 0], [0, 32768], [1, 0]], [0, 40000, 3, 12, 0, 10, 1, 13346], 13356)
 """
 
 from __future__ import annotations
@@ -25,10 +34,10 @@ import triton.language as tl
 
 __all__ = ["BLOCK", "PARTIALS", "TILE", "summarize_tensors"]
 
-#: Elements one program reads per loop turn.
-BLOCK = 2048
-#: Elements of one tile: one program's share of a segment.
-TILE = 16 * BLOCK
+#: Elements one program reads per loop turn: with 8 warps, 4 an thread, so that ten accumulators stay in registers.
+BLOCK = 1024
+#: Elements of one tile: one program's share of a tensor.
+TILE = 32 * BLOCK
 #: Numbers a tile leaves: nonzero, finite nonzero, Σy, Σy², Σy³, Σy⁴ (y = z - shift), min, max, max|x|, outliers.
 PARTIALS = 10
 
@@ -43,7 +52,8 @@ def _segment_base(values, addresses, segment, LISTED: tl.constexpr):
 
 @triton.jit
 def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier_threshold,
-                   BLOCK: tl.constexpr, TURNS: tl.constexpr, LISTED: tl.constexpr):
+                   BLOCK: tl.constexpr, TURNS: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
+                   NARROW: tl.constexpr):
     tile = tl.program_id(0)
     segment = tl.load(tiles + tile * 2)
     start = tl.load(tiles + tile * 2 + 1)
@@ -54,50 +64,53 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     base = _segment_base(values, addresses, segment, LISTED)
     head = tl.load(base + first).to(tl.float64)
     shift = tl.where(tl.abs(head) < float("inf"), head, 0.0)  # NaN < inf is false
-    nonzero = tl.zeros((BLOCK,), tl.float64)
-    finite_nonzero = tl.zeros((BLOCK,), tl.float64)
+    # Counts in int32 and bounds in the input's precision (NARROW: float32 for 16- and 32-bit inputs, exact),
+    # sums of powers in float64.
+    nonzero = tl.zeros((BLOCK,), tl.int32)
+    finite_nonzero = tl.zeros((BLOCK,), tl.int32)
     s1 = tl.zeros((BLOCK,), tl.float64)
     s2 = tl.zeros((BLOCK,), tl.float64)
     s3 = tl.zeros((BLOCK,), tl.float64)
     s4 = tl.zeros((BLOCK,), tl.float64)
-    low = tl.full((BLOCK,), float("inf"), tl.float64)
-    high = tl.full((BLOCK,), float("-inf"), tl.float64)
-    largest = tl.zeros((BLOCK,), tl.float64)
-    outliers = tl.zeros((BLOCK,), tl.float64)
+    low = tl.full((BLOCK,), float("inf"), NARROW)
+    high = tl.full((BLOCK,), float("-inf"), NARROW)
+    largest = tl.zeros((BLOCK,), NARROW)
+    outliers = tl.zeros((BLOCK,), tl.int32)
     for turn in range(TURNS):
         offsets = start + turn * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < stop
         raw = tl.load(base + offsets, mask=inside, other=0.0)
-        x = raw.to(tl.float64)
+        x = raw.to(NARROW)
         magnitude = tl.abs(x)
         finite = magnitude < float("inf")
         z = tl.where(finite, x, 0.0)
-        y = tl.where(inside, z - shift, 0.0)
+        y = tl.where(inside, z.to(tl.float64) - shift, 0.0)
         squared = y * y
-        nonzero += tl.where(x != 0.0, 1.0, 0.0)  # NaN != 0
-        finite_nonzero += tl.where(z != 0.0, 1.0, 0.0)
+        nonzero += (x != 0.0).to(tl.int32)  # NaN != 0
+        finite_nonzero += (z != 0.0).to(tl.int32)
         s1 += y
         s2 += squared
-        s3 += squared * y
-        s4 += squared * squared
         low = tl.minimum(low, tl.where(finite & inside, x, float("inf")))
         high = tl.maximum(high, tl.where(finite & inside, x, float("-inf")))
-        largest = tl.maximum(largest, tl.where(magnitude == magnitude, magnitude, 0.0))  # NaN left out
-        outliers += tl.where(magnitude >= outlier_threshold, 1.0, 0.0)
+        if OUTLIERS:
+            s3 += squared * y
+            s4 += squared * squared
+            largest = tl.maximum(largest, tl.where(magnitude == magnitude, magnitude, 0.0))  # NaN left out
+            outliers += (magnitude >= outlier_threshold).to(tl.int32)
         position = offsets - first
         taken = inside & (position % stride == 0)
-        tl.store(sample + sample_start + position // stride, x, mask=taken)
+        tl.store(sample + sample_start + position // stride, raw.to(tl.float64), mask=taken)
     row = partials + tile * 10
-    tl.store(row + 0, tl.sum(nonzero, 0))
-    tl.store(row + 1, tl.sum(finite_nonzero, 0))
+    tl.store(row + 0, tl.sum(nonzero, 0).to(tl.float64))
+    tl.store(row + 1, tl.sum(finite_nonzero, 0).to(tl.float64))
     tl.store(row + 2, tl.sum(s1, 0))
     tl.store(row + 3, tl.sum(s2, 0))
     tl.store(row + 4, tl.sum(s3, 0))
     tl.store(row + 5, tl.sum(s4, 0))
-    tl.store(row + 6, tl.min(low, 0))
-    tl.store(row + 7, tl.max(high, 0))
-    tl.store(row + 8, tl.max(largest, 0))
-    tl.store(row + 9, tl.sum(outliers, 0))
+    tl.store(row + 6, tl.min(low, 0).to(tl.float64))
+    tl.store(row + 7, tl.max(high, 0).to(tl.float64))
+    tl.store(row + 8, tl.max(largest, 0).to(tl.float64))
+    tl.store(row + 9, tl.sum(outliers, 0).to(tl.float64))
 
 
 @triton.jit
@@ -201,7 +214,8 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
     tile_count = tiles.numel() // 2
     partials = torch.empty(tile_count * PARTIALS, dtype=torch.float64, device=first.device)
     out = torch.empty(total, dtype=torch.float64, device=first.device)
+    narrow = tl.float64 if first.dtype == torch.float64 else tl.float32
     _tile_partials[(tile_count,)](first, addresses, segments, tiles, partials, out, outlier_threshold, BLOCK=BLOCK,
-                                  TURNS=TILE // BLOCK, LISTED=listed)
+                                  TURNS=TILE // BLOCK, LISTED=listed, OUTLIERS=row > 6, NARROW=narrow, num_warps=8)
     _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, WIDTH=16, ROW=row, LISTED=listed)
     return out
