@@ -1,4 +1,5 @@
-"""The aten ops one training step dispatches on the accelerator code path, counted on the CPU: bare and watched.
+"""The aten ops one training step dispatches on the accelerator code path, and the bytes actviz's ops move, counted
+on the CPU: bare and watched.
 
 On a GPU every aten op that is not a view launches a kernel (5-10 us of host time each), and a few ops make the
 host wait for the device. A ``TorchDispatchMode`` counts both, deterministically, on the training thread while
@@ -9,7 +10,10 @@ warm-up steps: bare, watched with ``every=1`` and pictures on (a logging step, e
 ``every=1`` and pictures off (statistics only).
 
 Counted as a sync: ``.item()``, data-dependent sizes (``nonzero``, ``bincount``, ...), and a tensor made from
-Python numbers (``aten.lift_fresh``), which reaches a GPU by a blocking copy. The writer thread's work (host
+Python numbers (``aten.lift_fresh``), which reaches a GPU by a blocking copy. The bytes an op moves are those of
+its tensor inputs and outputs (``numel * element_size``; allocations move none); an op is actviz's when a frame
+of the actviz package is on the stack as it is dispatched. They are compared with the bytes actviz watches: each
+watched layer's first output tensor and its gradient, each watched parameter and its gradient, once. The writer thread's work (host
 arithmetic, PNG, protobuf) dispatches nothing on the device and is not counted. Counts are of float32 (a CPU has
 no fast bf16 autocast); under bf16 a large tensor's pieces hold twice as many elements.
 
@@ -19,7 +23,8 @@ Usage::
     python scripts/count_device_ops.py --batch 16 --size 224     # real sizes (a minute or two, about 4 GB)
     python scripts/count_device_ops.py --top 10                  # also the ten ops a logging step adds most
 
-Prints one line per copy: ``bare 1,234 ops``, then ``logging ... (x3.05), 0 syncs, N views`` and so on.
+Prints one line per copy: ``bare 1,234 ops``, then ``logging ... (x3.05), 0 syncs, N views, actviz moved M GiB,
+x1.16 of the watched bytes`` and so on.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import warnings
 import torch
 import torchvision
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import actviz
 
@@ -45,27 +51,76 @@ HOST_WAITS = frozenset({
 })
 
 
+#: Ops that only allocate: no kernel, no bytes moved.
+ALLOCATIONS = frozenset({"aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
+                         "aten.new_empty.default", "aten.new_empty_strided.default"})
+PACKAGE = os.path.join(os.path.dirname(actviz.__file__), "")
+
+
+def tensor_bytes(tree) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+def from_actviz() -> bool:
+    """Whether a frame of the actviz package is on the stack (its ``__torch_function__`` passes the model's ops on)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(PACKAGE):
+            return frame.f_code.co_name != "__torch_function__"
+        frame = frame.f_back
+    return False
+
+
 class OpTally(TorchDispatchMode):
-    """Ops by name on this thread: those that launch a kernel, the views, and those the host waits for."""
+    """Ops by name on this thread: those that launch a kernel, the views, those the host waits for, and the bytes
+    actviz's ops read and write."""
 
     def __init__(self) -> None:
         super().__init__()
         self.kernels: collections.Counter[str] = collections.Counter()
         self.views = 0
         self.waits = 0
+        self.actviz_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
         self.waits += name in HOST_WAITS
+        out = func(*args, **(kwargs or {}))
         if func.is_view:
             self.views += 1
-        else:
+        elif name not in ALLOCATIONS:
             self.kernels[name] += 1
-        return func(*args, **(kwargs or {}))
+            if from_actviz():
+                written = kwargs.get("out") if kwargs else None
+                self.actviz_bytes += tensor_bytes((args, {k: v for k, v in (kwargs or {}).items() if k != "out"}))
+                self.actviz_bytes += tensor_bytes(out if written is None else written)
+        return out
 
 
-def count_step(batch: int, size: int, **watch_args) -> OpTally:
-    """Two warm-up steps of a fresh ResNet-50 (watched with ``watch_args`` unless empty), then one counted step."""
+def watched_bytes(viz, step) -> int:
+    """The bytes ``viz`` watches in one ``step()``: each watched layer's first output and its gradient, each watched
+    parameter and its gradient (forward hooks that only read sizes)."""
+    outputs: dict[str, int] = {}
+
+    def hook(name):
+        def keep(module, args, output):
+            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+            if tensors and name not in outputs:
+                outputs[name] = tensors[0].numel() * tensors[0].element_size() * (2 if tensors[0].requires_grad else 1)
+        return keep
+
+    handles = [module.register_forward_hook(hook(name)) for name, module in viz._layers]
+    try:
+        step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sum(outputs.values()) + 2 * sum(p.numel() * p.element_size() for _, p in viz._parameters)
+
+
+def count_step(batch: int, size: int, **watch_args) -> tuple[OpTally, int]:
+    """Two warm-up steps of a fresh ResNet-50 (watched with ``watch_args`` unless empty), then one counted step;
+    and the bytes it watches (0 bare)."""
     torch.manual_seed(0)
     model = torchvision.models.resnet50(num_classes=10)
     inputs, labels = torch.randn(batch, 3, size, size), torch.randint(0, 10, (batch,))
@@ -81,13 +136,13 @@ def count_step(batch: int, size: int, **watch_args) -> OpTally:
 
     try:
         step()
-        step()  # plans and layouts are made once
+        watched = watched_bytes(viz, step) if viz is not None else 0  # plans and layouts are made once
         with OpTally() as tally:
             step()
     finally:
         if viz is not None:
             viz.close()
-    return tally
+    return tally, watched
 
 
 def main() -> int:
@@ -101,17 +156,18 @@ def main() -> int:
     warnings.simplefilter("ignore")
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     print(f"torchvision ResNet-50, batch {args.batch}, {args.size}x{args.size}, float32, torch {torch.__version__}")
-    bare = count_step(args.batch, args.size)
+    bare, _ = count_step(args.batch, args.size)
     base = sum(bare.kernels.values())
     print(f"bare {base:,} ops, {bare.waits} syncs, {bare.views:,} views", flush=True)
     copies = {"logging": {"every": 1, "image_every": 1}, "statistics only": {"every": 1, "image_every": 10**9}}
     logging_step = None
     for name, watch_args in copies.items():
-        tally = count_step(args.batch, args.size, **watch_args)
+        tally, watched = count_step(args.batch, args.size, **watch_args)
         logging_step = logging_step or tally
         ops = sum(tally.kernels.values())
-        print(f"{name} {ops:,} ops (x{ops / base:.2f}), {tally.waits - bare.waits} syncs, {tally.views:,} views",
-              flush=True)
+        print(f"{name} {ops:,} ops (x{ops / base:.2f}), {tally.waits - bare.waits} syncs, {tally.views:,} views, "
+              f"actviz moved {tally.actviz_bytes / 2**30:.3f} GiB, x{tally.actviz_bytes / watched:.2f} of the "
+              f"{watched / 2**30:.3f} GiB watched", flush=True)
     if args.top and logging_step is not None:
         added = logging_step.kernels.copy()
         added.subtract(bare.kernels)
