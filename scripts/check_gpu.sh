@@ -17,7 +17,7 @@ nvidia-smi -L
 python -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name())' || exit 1
 
 echo "== CUDA tests"
-timeout 300 python -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_fused.py 2>&1 | tee "$logs/tests.log"
+timeout 300 python -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_fused.py tests/test_one_pass.py 2>&1 | tee "$logs/tests.log"
 tests=$?
 
 echo "== training steps: bare, watched but idle, logging (eager: the default; fused: ACTVIZ_FUSED=1)"

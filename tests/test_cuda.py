@@ -103,3 +103,20 @@ def test_summaries_compiled_on_request_take_fewer_kernels_with_the_eager_numbers
     exact = tensor.double().nan_to_num(0.0, 0.0, 0.0).cpu()
     assert abs(a.sum - exact.sum().item()) <= 1e-9 * exact.abs().sum().item()  # float64 sums
     assert a.sum_squares == pytest.approx((exact * exact).sum().item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("outliers", [False, True])
+def test_the_one_pass_kernels_match_float64_on_the_gpu(outliers):
+    # The Triton body of torch.ops.actviz.summarize on CUDA tensors, each case's numbers against float64 by hand.
+    from one_pass_cases import cases, mismatches
+
+    from actviz.summaries import one_pass
+
+    if one_pass.triton_body() is None:
+        pytest.skip("Triton is not installed: the op's eager body runs on this GPU")
+    problems = []
+    for name, values, sizes, strides in cases():
+        on_gpu = values.cuda()
+        assert one_pass._takes_triton([on_gpu]), name
+        problems += mismatches(name, on_gpu, sizes, strides, outliers)
+    assert problems == []
