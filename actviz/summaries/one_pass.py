@@ -92,10 +92,14 @@ def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
 
 # Defined with torch.library's low-level API, one body for every device: the dispatcher calls it straight away,
 # without the Python frames of the custom_op wrapper (about 20 a call), since actviz calls it for every large tensor.
-_library = torch.library.Library("actviz", "DEF")
-_library.define("summarize(Tensor[] tensors, int[] strides, bool outliers) -> Tensor")
-_library.impl("summarize", summarize, "CompositeExplicitAutograd")
-torch.library.register_fake("actviz::summarize", _fake_summarize, lib=_library)
+_library = torch.library.Library("actviz", "FRAGMENT")
+try:
+    _library.define("summarize(Tensor[] tensors, int[] strides, bool outliers) -> Tensor")
+except RuntimeError:  # a second copy of this module in one process (reloaded, vendored) uses the op defined first
+    pass
+else:
+    _library.impl("summarize", summarize, "CompositeExplicitAutograd")
+    torch.library.register_fake("actviz::summarize", _fake_summarize, lib=_library)
 
 #: The op, as actviz's reductions call it.
 SUMMARIZE = torch.ops.actviz.summarize.default
