@@ -1,4 +1,5 @@
-"""Cases for the one-pass op (``torch.ops.actviz.summarize``) and their numbers worked out in float64 by hand.
+"""Cases for the one-pass ops (``torch.ops.actviz.summarize``, ``torch.ops.actviz.logit_rows``) and their numbers
+worked out in float64 by hand.
 
 Used by tests/test_one_pass.py in its own process for the eager body, and, run as a script with
 ``TRITON_INTERPRET=1``, for the Triton body on CPU tensors: ``python tests/one_pass_cases.py`` prints one line
@@ -110,10 +111,45 @@ def mismatches(name: str, values: torch.Tensor, sizes: list[int], strides: list[
     return problems
 
 
+def logit_cases() -> list[tuple[str, torch.Tensor]]:
+    """``(name, (n, classes) logits)`` for ``torch.ops.actviz.logit_rows``."""
+    generator = torch.Generator().manual_seed(1)
+    masked = torch.randn(6, 3000, generator=generator) * 4
+    masked[:, 1000:] = -math.inf  # a causal or padding mask's classes
+    return [
+        ("a vocabulary's rows", torch.randn(5, 5000, generator=generator) * 5),
+        ("masked classes", masked),
+        ("large logits", torch.randn(3, 2500, generator=generator) + 1e4),
+        ("bfloat16", (torch.randn(4, 1500, generator=generator) * 8).to(torch.bfloat16)),
+        ("three classes", torch.tensor([[1.0, 2.0, 3.0]])),
+    ]
+
+
+def logit_mismatches(name: str, logits: torch.Tensor) -> list[str]:
+    """What the op gives that float64 does not: each row's max, log Z and Σ p log p."""
+    import actviz.statistics.logit_rows  # noqa: F401 - defines the op
+
+    found = torch.ops.actviz.logit_rows.default(logits).double()
+    x = logits.double()
+    log_z = torch.logsumexp(x, dim=-1)
+    p = torch.softmax(x, dim=-1)
+    wanted = torch.stack([x.amax(dim=-1), log_z, torch.special.xlogy(p, p).sum(dim=-1)])
+    scale = torch.maximum(wanted.abs(), torch.ones_like(wanted))
+    if found.shape != wanted.shape or not ((found - wanted).abs() <= 2e-5 * scale).all():
+        return [f"{name}: {found.tolist()} against {wanted.tolist()}"]
+    return []
+
+
 def main() -> int:
+    from actviz.statistics import logit_rows
     from actviz.summaries import one_pass
 
     problems = []
+    for name, logits in logit_cases():
+        if not logit_rows._takes_triton(logits):
+            print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")
+            return 2
+        problems += logit_mismatches(name, logits)
     for name, values, sizes, strides in cases():
         if values.is_contiguous() and not one_pass._takes_triton([values]):
             print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")

@@ -120,3 +120,16 @@ def test_the_one_pass_kernels_match_float64_on_the_gpu(outliers):
         assert one_pass._takes_triton([on_gpu]), name
         problems += mismatches(name, on_gpu, sizes, strides, outliers)
     assert problems == []
+
+
+def test_the_logit_rows_kernel_matches_float64_on_the_gpu():
+    from one_pass_cases import logit_cases, logit_mismatches
+
+    from actviz.statistics import logit_rows
+
+    problems = []
+    for name, logits in logit_cases():
+        on_gpu = logits.cuda()
+        assert logit_rows._takes_triton(on_gpu) or logit_rows._triton_body() is None, name
+        problems += logit_mismatches(name, on_gpu)
+    assert problems == []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from one_pass_cases import cases, mismatches
+from one_pass_cases import cases, logit_cases, logit_mismatches, mismatches
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -38,6 +38,11 @@ def test_the_eager_body_matches_float64(case, outliers):
     assert mismatches(name, values, sizes, strides, outliers) == []
 
 
+@pytest.mark.parametrize("case", logit_cases(), ids=lambda case: case[0])
+def test_the_logit_rows_eager_body_matches_float64(case):
+    assert logit_mismatches(*case) == []
+
+
 def run_fresh(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     environment = {**os.environ, "TRITON_INTERPRET": "1", "ACTVIZ_CPU_SHORTCUTS": "0",
                    "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
@@ -47,8 +52,9 @@ def run_fresh(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @needs_triton
 def test_the_triton_kernels_match_float64_under_the_interpreter():
-    # NaN, ±Inf, zeros, denormals, a 1e8 offset, bfloat16, float16 near its max, one element, several segments of
-    # several tiles, outliers; the script exits 2 if the Triton body was not the one that ran.
+    # NaN, ±Inf, zeros, denormals, a 1e8 offset, bfloat16, float16 near its max, one element, several tensors of
+    # several tiles, outliers; logits with masked classes, large logits, bfloat16; the script exits 2 if a Triton
+    # body was not the one that ran.
     done = run_fresh("import sys, one_pass_cases; sys.exit(one_pass_cases.main())")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "all match"

@@ -9,13 +9,13 @@ classes (every other dimension a row: each position of each sample):
 * ``logits/entropy``: the mean over rows of the softmax entropy ``-Σ p log p`` (nats): ``log C``
   for a uniform guess, near 0 for a confident (or collapsed) one.
 
-Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the device half
-(eleven kernels for one block of rows, no host sync).
+Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the device half: one op that reads
+each row once (:mod:`actviz.statistics.logit_rows`), then five small ones over the rows' numbers; no host sync.
 
 :class:`Logits` takes them of the model's output once per logging step (``scope = "model"``). It is on by
 default for models with an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any
 model, ``False`` off), or wherever ``watch(statistics=[..., "logits"])`` names it: a CNN classifier's logits, say.
-Cost: 11 kernels a step (one row block), no sync.
+Cost: 6 ops a step, the logits read once on CUDA with Triton; no sync.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from ..summaries.one_tensor import local_shard
-from ..summaries.piecewise import PIECE
 from ..tags import LOGITS
 from .layer_statistic import LayerStatistic
+from .logit_rows import LOGIT_ROWS
 from .outliers import on_for_transformers
 
 __all__ = ["LOGIT_TAGS", "Logits", "find_logits", "last_linear_width", "logit_vector"]
@@ -74,7 +74,8 @@ def find_logits(output: Any, head_width: int | None) -> torch.Tensor | None:
 
 @torch.no_grad()
 def logit_vector(logits: torch.Tensor) -> torch.Tensor:
-    """``[max logit, mean log Z, mean entropy]`` of ``(..., classes)`` logits, float32, on their device.
+    """``[max logit, mean log Z, mean entropy]`` of ``(..., classes)`` logits, float32, on their device: each row
+    read once by ``torch.ops.actviz.logit_rows`` (:mod:`actviz.statistics.logit_rows`), then three small reductions.
 
     Example:
         >>> [round(v, 4) for v in logit_vector(torch.zeros(3, 4)).tolist()]   # uniform: log 4
@@ -82,21 +83,9 @@ def logit_vector(logits: torch.Tensor) -> torch.Tensor:
     """
     values = local_shard(logits)  # detached; a DTensor's local shard
     rows = values.reshape(-1, values.shape[-1]) if values.dim() else values.reshape(1, 1)
-    # A vocabulary's logits: rows a piece at a time, so that the temporaries stay about a piece's size.
-    step = max(1, PIECE // max(1, rows.shape[1])) if rows.numel() > PIECE else rows.shape[0]
-    found = [_row_numbers(chunk) for chunk in rows.split(step)]
-    parts = found[0] if len(found) == 1 else torch.cat(found, dim=1)
-    return torch.stack([parts[0].amax(), parts[1].mean(), parts[2].mean().neg()]).float()
+    parts = LOGIT_ROWS(rows)
+    return torch.stack([parts[0].amax(), parts[1].mean(), parts[2].mean().neg()])
 
-
-def _row_numbers(rows: torch.Tensor) -> torch.Tensor:
-    """``[max, log Z, Σ p log p]`` of each row of ``(n, classes)`` logits, float32 or float64."""
-    if rows.dtype not in (torch.float32, torch.float64):
-        rows = rows.float()
-    log_z = torch.logsumexp(rows, dim=-1)
-    probabilities = torch.softmax(rows, dim=-1)
-    entropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
-    return torch.stack([rows.amax(dim=-1), log_z, entropy])
 
 
 class Logits(LayerStatistic):
