@@ -106,7 +106,7 @@ SUMMARIZE = torch.ops.actviz.summarize.default
 
 
 def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
-    """The op's eager body: per segment, :func:`header_sums` (a segment over
+    """The op's eager body: per tensor, :func:`header_sums` (a tensor over
     :data:`~actviz.summaries.piecewise.PIECE` elements a piece at a time, so that its float64 temporaries stay
     a piece's size) and, with ``outliers``, :func:`~actviz.summaries.outlier_moments.outlier_moments`."""
     wide = wide_dtype(tensors[0].device)
@@ -129,7 +129,7 @@ def header_sums(values: torch.Tensor) -> torch.Tensor:
 
     Sums accumulated in float64 about the first element of ``z`` (the values with NaN and
     ±Inf replaced by 0), so that a large offset cancels nothing; counts in int32 (exact
-    below 2**31 elements; :func:`reduce_tensor` sends larger tensors to the eager path);
+    below 2**31 elements; :func:`eager_summarize` takes tensors over 4 M elements a piece at a time);
     min and max of the finite elements. Eagerly this is a dozen ops; :mod:`actviz.summaries.fused`
     compiles it, and Inductor reads the tensor once.
 
