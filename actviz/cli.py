@@ -1,9 +1,11 @@
-"""The ``actviz`` command line: thin wrappers over :func:`actviz.report` and :mod:`actviz.diagnosis.doctor`.
+"""The ``actviz`` command line: thin wrappers over :func:`actviz.report`, :mod:`actviz.diagnosis.doctor`
+and :mod:`actviz.run_diff`.
 
 ``actviz report`` exit codes: 0 when every image was processed, 1 when at least one image
 failed (the others are still reported), 2 when the report could not start (bad option,
 unknown model, weights that cannot be downloaded or loaded), 130 on Ctrl-C.
 ``actviz doctor`` exit codes: 0 no alert, 1 at least one alert, 2 no actviz run, 3 a damaged event file.
+``actviz diff`` exit codes: 0 the runs agree, 1 they part, 2 no actviz run or no common step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from .diagnosis.doctor import add_doctor_parser, doctor
 from .options import CaptureOptions
+from .run_diff import add_diff_parser, diff
 
 __all__ = ["main", "build_parser"]
 
@@ -80,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="actviz",
         description="See inside PyTorch networks. 'actviz report' shows what every layer of a CNN sees in images; "
-        "'actviz doctor RUN_DIR' says what is wrong in a training run.",
-        epilog="Run 'actviz report --help' or 'actviz doctor --help' for options and examples.",
+        "'actviz doctor RUN_DIR' says what is wrong in a training run; 'actviz diff RUN_A RUN_B' where two runs part.",
+        epilog="Run 'actviz report --help', 'actviz doctor --help' or 'actviz diff --help' for options and examples.",
     )
     parser.add_argument("--version", action="version", version=f"actviz {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -138,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--device", default="cpu", help="cpu or cuda")
     report.add_argument("--quiet", action="store_true", help="no progress bar and no summary lines")
     add_doctor_parser(commands, _Formatter)
+    add_diff_parser(commands, _Formatter)
     return parser
 
 
@@ -223,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "doctor":
         status, text = doctor(args.run_dir, as_json=args.json)
+        print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
+        return status
+    if args.command == "diff":
+        status, text = diff(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol, as_json=args.json)
         print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
         return status
     try:

@@ -1,0 +1,376 @@
+"""``actviz diff RUN_A RUN_B``: the first logged step where two runs part, and the layer where they part first.
+
+Each run folder's event files are read record by record (:func:`~actviz.output.run_folders.read_records`,
+TensorBoard's protobufs; no torch call) into a :class:`RunStatistics`: per logged step, per watched layer,
+the numbers of :data:`STATISTICS`. :func:`compare_runs` goes through the steps both runs logged, in order,
+and compares every statistic both have with ``|a - b| <= atol + rtol * max(|a|, |b|)`` (NaN equals NaN;
+an infinity equals only itself). At the first step where one differs, the layer named is
+
+* the first layer in forward order whose output differs, since every later layer's output follows from it;
+* where only gradients differ, the *last* layer in forward order whose gradient differs: the backward pass
+  runs from the last layer to the first, so that is where it parts first.
+
+Forward order is the order of the run's ``layers`` text (the model's), else the order the layers' output
+tags first appear in. :func:`diff` is the command: its text or JSON and its exit status
+(:data:`EXIT_SAME`, :data:`EXIT_PARTED`, :data:`EXIT_NO_RUN`).
+
+Example:
+    >>> a = RunStatistics("a", ["fc1", "fc2"], {0: {("fc1", "activation_mean"): 0.5, ("fc2", "activation_mean"): 1.0},
+    ...                                         5: {("fc1", "activation_mean"): 0.5, ("fc2", "activation_mean"): 2.0}})
+    >>> b = RunStatistics("b", ["fc1", "fc2"], {0: {("fc1", "activation_mean"): 0.5, ("fc2", "activation_mean"): 1.0},
+    ...                                         5: {("fc1", "activation_mean"): 0.5, ("fc2", "activation_mean"): 3.0}})
+    >>> compare_runs(a, b).first_divergence
+    Difference(step=5, layer='fc2', statistic='activation_mean', a=2.0, b=3.0)
+    >>> compare_runs(a, b, rtol=0.5).first_divergence is None
+    True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
+from .tags import LAYERS, TENSORBOARD_PREFIX
+
+__all__ = [
+    "DIFF_DESCRIPTION", "DIFF_EPILOG", "EXIT_NO_RUN", "EXIT_PARTED", "EXIT_SAME", "STATISTICS", "Comparison",
+    "Difference", "NoRunToCompare", "RunStatistics", "add_diff_parser", "agree", "compare_runs", "diff",
+    "format_comparison", "read_run",
+]
+
+#: ``actviz diff``'s exit statuses: every common step agrees, the runs part, a folder holds no run or no common step.
+EXIT_SAME, EXIT_PARTED, EXIT_NO_RUN = 0, 1, 2
+
+#: The statistics compared, in the order a layer's are checked: name -> (tag prefix, what is read).
+#: ``stat:`` reads the scalar ``{prefix}{layer}/{stat}``, ``histo:`` a field of the histogram ``{prefix}{layer}``.
+STATISTICS = {
+    "activation_mean": ("activation_stats/", "stat:mean"),
+    "activation_std": ("activation_stats/", "stat:std"),
+    "activation_sum": ("activations/", "histo:sum"),
+    "activation_sum_squares": ("activations/", "histo:sum_squares"),
+    "activation_nonfinite": ("activation_stats/", "stat:nonfinite"),
+    "gradient_norm": ("gradient_stats/", "stat:norm"),
+    "gradient_sum": ("gradients/", "histo:sum"),
+    "gradient_sum_squares": ("gradients/", "histo:sum_squares"),
+    "gradient_nonfinite": ("gradient_stats/", "stat:nonfinite"),
+}
+_BY_SOURCE = {(prefix, source): name for name, (prefix, source) in STATISTICS.items()}
+_ROWS_SHOWN = 12
+
+DIFF_DESCRIPTION = """\
+Find where two training runs part: the first step both logged at which a watched layer's
+statistics differ, and the layer where they differ first. Reads the event files that
+actviz.watch(model, "runs/a") wrote; no TensorBoard server and no training code needed.
+
+Compared per layer at every step both runs logged: the output's mean, std, sum, sum of
+squares and NaN/Inf count, and the output gradient's norm, sum, sum of squares and NaN/Inf
+count. Two values agree when |a - b| <= atol + rtol * max(|a|, |b|).
+"""
+
+DIFF_EPILOG = """\
+examples:
+  actviz diff runs/fp32 runs/bf16                    # where does bf16 leave fp32?
+  actviz diff runs/seed0 runs/seed0-again            # is the program deterministic? (exit 0)
+  actviz diff runs/cpu runs/gpu --rtol 1e-2 --atol 1e-6
+  actviz diff runs/a runs/b --json                   # {"first_divergence": {"step": ..., "layer": ...}}
+
+which layer is named:
+  the first layer in forward order whose output differs: every later output follows from it;
+  where only gradients differ, the LAST layer in forward order whose gradient differs: the
+  backward pass starts there. Forward order is the run's `layers` text (the model's order).
+  A change that starts at a logged step shows there, at its layer. One that starts between
+  logged steps shows at the next one, maybe in earlier layers too (their weights were
+  updated differently since): log every step (watch(..., every=1)) to find step and layer.
+
+tolerances:
+  --rtol is relative to the larger value. Statistics near 0 (the mean after a BatchNorm, a
+  histogram's sum) need --atol once the runs are on different hardware or kernels.
+
+exit codes: 0 every common step agrees, 1 the runs part, 2 a folder holds no actviz run
+  or the two runs share no logged step. A damaged event file is read up to the damage and
+  named after the result.
+"""
+
+
+@dataclass
+class RunStatistics:
+    """One run read back: its folder, its layers in forward order, and per step ``{(layer, statistic): value}``."""
+
+    path: str
+    layers: list[str]
+    steps: dict[int, dict[tuple[str, str], float]]
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Difference:
+    """One statistic of one layer at one step that differs: ``a`` in the first run, ``b`` in the second."""
+
+    step: int
+    layer: str
+    statistic: str
+    a: float
+    b: float
+
+
+@dataclass
+class Comparison:
+    """What :func:`compare_runs` found: the steps compared, the first divergence (``None``: none) and every
+    layer that differs at its step (its first differing statistic, in forward order)."""
+
+    common_steps: list[int]
+    layers: list[str]
+    first_divergence: Difference | None
+    differing: list[Difference]
+
+
+class NoRunToCompare(Exception):
+    """A folder holds no actviz run, or two runs share no logged step or layer: exit status 2."""
+
+
+def read_run(folder: str | os.PathLike[str]) -> RunStatistics:
+    """The statistics of :data:`STATISTICS` that the run in ``folder`` logged, per step.
+
+    ``folder`` is a run folder (a ``log_dir``), or a folder with exactly one run folder below it
+    (``lightning_logs``). Several event files are read in name order, a later value of a step
+    replacing an earlier one. Raises :class:`NoRunToCompare` where there is no actviz run.
+
+    Example:
+        >>> import tempfile
+        >>> read_run(tempfile.mkdtemp())
+        Traceback (most recent call last):
+        ...
+        actviz.run_diff.NoRunToCompare: no actviz run in '...': no event file (events.out.tfevents.*)
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    root = Path(folder)
+    if not root.is_dir():
+        raise NoRunToCompare(f"{ascii(str(root))} is not a folder")
+    run = RunStatistics(str(root), [], {})
+    outputs: list[str] = []
+    table: list[str] = []
+    for file in _event_files(root):
+        step: int | None = None
+        try:
+            for data in read_records(file):
+                try:
+                    event = Event.FromString(data)
+                except DecodeError:  # whole by its checksums, but not an event
+                    continue
+                step = event.step
+                for value in event.summary.value:
+                    if value.tag == LAYERS and value.tensor.string_val and not table:
+                        table = _table_layers(value.tensor.string_val[0].decode("utf-8", "replace"))
+                    else:
+                        _read_value(value, run.steps.setdefault(step, {}), outputs)
+        except (DamagedEventFile, OSError) as error:
+            read = "nothing read" if step is None else f"read to step {step}"
+            run.problems.append(f"{_shown(file)}: damaged ({error}); {read}")
+    run.steps = {step: values for step, values in sorted(run.steps.items()) if values}
+    if not run.steps:
+        raise NoRunToCompare(f"no actviz run in {ascii(str(root))}: no per-layer statistics (~activation_stats/, "
+                             "~gradient_stats/). Give the folder actviz.watch() wrote to.")
+    for values in run.steps.values():  # NaN/Inf counts are written from their first step that is not 0
+        for layer, statistic in list(values):
+            if statistic in ("activation_mean", "gradient_norm"):
+                values.setdefault((layer, statistic.split("_")[0] + "_nonfinite"), 0.0)
+    layers = {layer for values in run.steps.values() for layer, _ in values}
+    ordered = [layer for layer in dict.fromkeys([*table, *outputs]) if layer in layers]
+    run.layers = ordered + sorted(layers - set(ordered))
+    return run
+
+
+def _event_files(root: Path) -> list[Path]:
+    files = sorted(path for path in root.iterdir() if is_event_file(path))
+    if files:
+        return files
+    below = sorted({path.parent for path in root.rglob(EVENT_FILE_PREFIX + "*") if is_event_file(path)})
+    if not below:
+        raise NoRunToCompare(f"no actviz run in {ascii(str(root))}: no event file ({EVENT_FILE_PREFIX}*)")
+    if len(below) > 1:
+        names = ", ".join(ascii(str(path.relative_to(root))) for path in below[:3])
+        raise NoRunToCompare(f"{ascii(str(root))} holds {len(below)} runs ({names}{', ...' if len(below) > 3 else ''})"
+                             ": give one run folder")
+    return sorted(path for path in below[0].iterdir() if is_event_file(path))
+
+
+def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: list[str]) -> None:
+    """Put one ``Summary.Value`` in ``values`` if it is one of :data:`STATISTICS`; note output layers in order."""
+    tag = value.tag.removeprefix(TENSORBOARD_PREFIX)
+    prefix = next((prefix for prefix in ("activation_stats/", "activations/", "gradient_stats/", "gradients/")
+                   if tag.startswith(prefix)), None)
+    if prefix is None:
+        return
+    rest = tag[len(prefix):]
+    if value.HasField("histo"):
+        for field_name in ("sum", "sum_squares"):
+            values[(rest, _BY_SOURCE[(prefix, f"histo:{field_name}")])] = getattr(value.histo, field_name)
+        if prefix == "activations/" and rest not in outputs:
+            outputs.append(rest)
+    elif "/" in rest:
+        layer, stat = rest.rsplit("/", 1)
+        name = _BY_SOURCE.get((prefix, f"stat:{stat}"))
+        number = value.simple_value if value.HasField("simple_value") else (
+            value.tensor.float_val[0] if value.tensor.float_val else None)
+        if name is not None and number is not None:
+            values[(layer, name)] = float(number)
+            if prefix == "activation_stats/" and layer not in outputs:
+                outputs.append(layer)
+
+
+def _table_layers(text: str) -> list[str]:
+    """The layer names of a ``layers`` markdown table, in its order (the model's)."""
+    rows = [line.strip().strip("|").split("|") for line in text.splitlines()[2:]]
+    return [cells[0].strip() for cells in rows if cells and cells[0].strip()]
+
+
+def agree(a: float, b: float, rtol: float, atol: float) -> bool:
+    """``|a - b| <= atol + rtol * max(|a|, |b|)``; NaN agrees only with NaN, an infinity only with itself.
+
+    Example:
+        >>> agree(1.0, 1.0005, 1e-3, 0.0), agree(0.0, 1e-9, 1e-3, 0.0), agree(0.0, 1e-9, 1e-3, 1e-6)
+        (True, False, True)
+    """
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return True
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return False
+    return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
+
+
+def compare_runs(run_a: RunStatistics, run_b: RunStatistics, rtol: float = 1e-3, atol: float = 0.0) -> Comparison:
+    """The first step both runs logged where a statistic differs, and the layer where they part (module docstring).
+
+    Raises :class:`NoRunToCompare` when the runs share no logged step, or no statistic of a layer.
+    """
+    common = sorted(set(run_a.steps) & set(run_b.steps))
+    if not common:
+        raise NoRunToCompare(f"the runs share no logged step: {_steps(run_a)} in {ascii(run_a.path)}, "
+                             f"{_steps(run_b)} in {ascii(run_b.path)}")
+    layers = [layer for layer in dict.fromkeys([*run_a.layers, *run_b.layers])
+              if layer in run_a.layers and layer in run_b.layers]
+    if not layers:
+        raise NoRunToCompare("the runs share no watched layer: "
+                             f"{', '.join(run_a.layers[:3])} and {', '.join(run_b.layers[:3])}")
+    for step in common:
+        differing = []
+        for layer in layers:
+            for statistic in STATISTICS:
+                a, b = run_a.steps[step].get((layer, statistic)), run_b.steps[step].get((layer, statistic))
+                if a is not None and b is not None and not agree(a, b, rtol, atol):
+                    differing.append(Difference(step, layer, statistic, a, b))
+                    break  # a layer's first differing statistic; outputs come before gradients
+        if differing:
+            outputs = [difference for difference in differing if difference.statistic.startswith("activation_")]
+            first = outputs[0] if outputs else differing[-1]
+            return Comparison(common, layers, first, differing)
+    return Comparison(common, layers, None, [])
+
+
+def _steps(run: RunStatistics) -> str:
+    steps = list(run.steps)
+    return f"steps {steps[0]} to {steps[-1]} ({len(steps)} logged)" if len(steps) > 1 else f"step {steps[0]}"
+
+
+def _shown(text: object) -> str:
+    """``text`` for a terminal: control characters escaped, not sent raw."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in str(text))
+
+
+def _number(value: float) -> str:
+    return f"{value:.7g}"
+
+
+def _relative(difference: Difference) -> str:
+    a, b = difference.a, difference.b
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return "-"
+    return f"{abs(a - b) / max(abs(a), abs(b)):.2g}"
+
+
+def format_comparison(comparison: Comparison, rtol: float, atol: float) -> str:
+    """The text ``actviz diff`` prints: the first divergence, then the layers that differ at its step."""
+    steps = comparison.common_steps
+    compared = (f"{len(steps)} common logged step(s), {steps[0]} to {steps[-1]}, "
+                f"{len(comparison.layers)} layer(s), rtol {rtol:g}, atol {atol:g}")
+    first = comparison.first_divergence
+    if first is None:
+        return f"the runs agree: {compared}"
+    where = "output" if first.statistic.startswith("activation_") else "gradient"
+    lines = [
+        f"the runs part at step {first.step}, layer {_shown(first.layer)} ({where}): "
+        f"{first.statistic} {_number(first.a)} vs {_number(first.b)}",
+        f"compared: {compared}; every step before {first.step} agrees",
+    ]
+    if where == "gradient":
+        lines.append("only gradients differ at this step: the backward pass parts at the last of these layers")
+    rows = [("layer", "statistic", "a", "b", "rel. diff")]
+    rows += [(_shown(d.layer), d.statistic, _number(d.a), _number(d.b), _relative(d))
+             for d in comparison.differing[:_ROWS_SHOWN]]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines += ["", f"layers that differ at step {first.step}, in forward order (the first statistic of each):"]
+    lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    if len(comparison.differing) > _ROWS_SHOWN:
+        lines.append(f"  ... and {len(comparison.differing) - _ROWS_SHOWN} more")
+    return "\n".join(lines)
+
+
+def diff(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str], rtol: float = 1e-3, atol: float = 0.0,
+         as_json: bool = False) -> tuple[int, str]:
+    """``(exit status, text)`` of ``actviz diff run_a run_b``: 0 they agree, 1 they part, 2 nothing to compare.
+
+    Example:
+        >>> import tempfile
+        >>> diff(tempfile.mkdtemp(), tempfile.mkdtemp())[0]
+        2
+    """
+    try:
+        runs = read_run(run_a), read_run(run_b)
+        comparison = compare_runs(*runs, rtol=rtol, atol=atol)
+    except NoRunToCompare as error:
+        if as_json:
+            return EXIT_NO_RUN, json.dumps({"error": str(error)})
+        return EXIT_NO_RUN, f"actviz diff: error: {error}"
+    status = EXIT_SAME if comparison.first_divergence is None else EXIT_PARTED
+    if as_json:
+        first = comparison.first_divergence
+        found = None if first is None else {key: _finite(value) for key, value in asdict(first).items()}
+        return status, json.dumps({"first_divergence": found})
+    problems = [problem for run in runs for problem in run.problems]
+    return status, "\n".join([format_comparison(comparison, rtol, atol), *(f"warning: {p}" for p in problems)])
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as ``null``: strict JSON, as CI tools read it."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}; for example 1e-3")
+    return value
+
+
+def add_diff_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
+    """Add the ``diff`` subcommand to the ``actviz`` parser's subcommands."""
+    parser = commands.add_parser("diff", help="the first step and layer where two runs part",
+                                 description=DIFF_DESCRIPTION, epilog=DIFF_EPILOG, formatter_class=formatter)
+    parser.add_argument("run_a", metavar="RUN_A", help="a run folder (the log_dir of actviz.watch)")
+    parser.add_argument("run_b", metavar="RUN_B", help="the run folder to compare it with")
+    parser.add_argument("--rtol", type=_tolerance, default=1e-3, help="relative tolerance, of the larger value")
+    parser.add_argument("--atol", type=_tolerance, default=0.0,
+                        help="absolute tolerance, for statistics near 0 (default: 0)")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"first_divergence": {"step", "layer", "statistic", "a", "b"} or null}')

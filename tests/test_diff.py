@@ -1,0 +1,159 @@
+"""``actviz diff RUN_A RUN_B``: where two runs part, read back from their event files, and its exit codes.
+
+The runs are a seeded three-layer MLP trained on the CPU for a few steps; a perturbed run scales one
+layer's output (a forward hook) or the gradient a layer passes back (a backward hook) from a given step on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+import actviz
+from actviz.cli import main
+from actviz.run_diff import RunStatistics, compare_runs, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 7  # logged: 0, 2, 4, 6
+
+
+def train(log_dir: Path, *, output_from: int | None = None, gradient_from: int | None = None,
+          every: int | list[int] = 2, learn: bool = True) -> None:
+    """Train the MLP ``Linear 0 - Tanh - Linear 2 - Tanh - Linear 4``, watched every ``every`` steps.
+
+    ``output_from``: layer 2's output is scaled by 1.5 from that step on. ``gradient_from``: the gradient
+    layer 4 passes back to its input (layer 2's output, through the Tanh) is scaled by 1.5 from that step on.
+    ``learn=False`` makes no optimizer step: the weights stay as they are.
+    """
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1 if learn else 0.0)
+    now = {"step": 0}  # the step the hooks see
+    if output_from is not None:
+        model[2].register_forward_hook(
+            lambda module, args, output: output * 1.5 if now["step"] >= output_from else None)
+    if gradient_from is not None:
+        model[4].register_full_backward_hook(
+            lambda module, grad_input, grad_output: tuple(g * 1.5 for g in grad_input)
+            if now["step"] >= gradient_from else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=every):
+            for step in range(STEPS):
+                now["step"] = step
+                loss = model(torch.randn(16, 4)).square().mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    train(root / "a")
+    train(root / "a_again")
+    train(root / "output_at_4", output_from=4)
+    train(root / "still", learn=False)
+    train(root / "output_at_3", output_from=3, learn=False)
+    train(root / "gradient_at_4", gradient_from=4)
+    train(root / "odd_steps", every=[1, 3])
+    return root
+
+
+def diff_json(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:
+    status = main(["diff", *args, "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_two_runs_of_one_seeded_program_agree(runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", str(runs / "a"), str(runs / "a_again")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the runs agree: 4 common logged step(s), 0 to 6, 3 layer(s)")
+    assert diff_json(str(runs / "a"), str(runs / "a_again"), capsys=capsys) == (0, {"first_divergence": None})
+
+
+def test_a_scaled_output_parts_at_its_first_logged_step_and_names_that_layer(
+        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", str(runs / "a"), str(runs / "output_at_4")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the runs part at step 4, layer 2 (output): activation_mean ")
+    table = lines[lines.index(next(line for line in lines if line.startswith("layers that differ"))) + 2:]
+    assert [row.split()[:2] for row in table] == [  # layer 0's output agrees; its gradient follows from 2's
+        ["0", "gradient_norm"], ["2", "activation_mean"], ["4", "activation_mean"]]
+    status, found = diff_json(str(runs / "a"), str(runs / "output_at_4"), capsys=capsys)
+    first = found["first_divergence"]
+    assert (status, first["step"], first["layer"], first["statistic"]) == (1, 4, "2", "activation_mean")
+    assert first["b"] == pytest.approx(1.5 * first["a"], rel=1e-5)  # the mean of an output scaled by 1.5
+
+
+def test_a_change_between_logged_steps_shows_at_the_next_logged_step(
+        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, found = diff_json(str(runs / "still"), str(runs / "output_at_3"), capsys=capsys)
+    assert status == 1 and found["first_divergence"]["step"] == 4  # no weights learnt: layer 0 still agrees
+    assert found["first_divergence"]["layer"] == "2"
+
+
+def test_a_scaled_gradient_names_the_last_layer_whose_gradient_differs(
+        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, found = diff_json(str(runs / "a"), str(runs / "gradient_at_4"), capsys=capsys)
+    assert status == 1
+    assert found == {"first_divergence": {"step": 4, "layer": "2", "statistic": "gradient_norm",
+                                          "a": found["first_divergence"]["a"], "b": found["first_divergence"]["b"]}}
+    assert isinstance(found["first_divergence"]["a"], float)
+    assert main(["diff", str(runs / "a"), str(runs / "gradient_at_4")]) == 1
+    out = capsys.readouterr().out
+    assert "only gradients differ" in out and "layer 2 (gradient)" in out
+    rows = out.split("in forward order (the first statistic of each):\n", 1)[1].splitlines()[1:]
+    assert [row.split()[:2] for row in rows] == [["0", "gradient_norm"], ["2", "gradient_norm"]]  # 4's agrees
+
+
+def test_the_layer_order_is_the_layers_text(runs: Path) -> None:
+    assert read_run(runs / "a").layers == ["0", "2", "4"]
+    assert sorted(read_run(runs / "a").steps) == [0, 2, 4, 6]
+
+
+def test_tolerances(capsys: pytest.CaptureFixture[str]) -> None:
+    def run(value: float) -> RunStatistics:
+        return RunStatistics("r", ["fc"], {0: {("fc", "activation_sum"): value}})
+
+    assert compare_runs(run(1.0), run(1.0005)).first_divergence is None  # rtol 1e-3
+    assert compare_runs(run(1.0), run(1.0005), rtol=1e-4).first_divergence is not None
+    assert compare_runs(run(0.0), run(1e-9)).first_divergence is not None  # atol 0
+    assert compare_runs(run(0.0), run(1e-9), atol=1e-6).first_divergence is None
+    assert compare_runs(run(float("nan")), run(float("nan"))).first_divergence is None
+    assert compare_runs(run(1.0), run(float("inf"))).first_divergence is not None
+    with pytest.raises(SystemExit):
+        main(["diff", "a", "b", "--rtol", "-1"])
+    assert "--rtol: must be a number >= 0, got '-1'" in capsys.readouterr().err
+
+
+def test_no_actviz_run_or_no_common_step_exits_2(runs: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main(["diff", str(runs / "a"), str(tmp_path / "empty")]) == 2
+    assert "no actviz run in" in capsys.readouterr().err
+    with SummaryWriter(tmp_path / "not_actviz") as writer:  # a run with the user's own tags only
+        writer.add_scalar("loss", 1.0, 0)
+    assert main(["diff", str(tmp_path / "not_actviz"), str(runs / "a")]) == 2
+    assert "no per-layer statistics" in capsys.readouterr().err
+    assert main(["diff", str(runs / "a"), str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    status, found = diff_json(str(runs / "a"), str(runs / "odd_steps"), capsys=capsys)
+    assert status == 2 and "share no logged step" in found["error"]
+
+
+def test_the_command_runs_as_a_process(runs: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "actviz", "diff", str(runs / "a"), str(runs / "output_at_4")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith("the runs part at step 4, layer 2 (output)")
