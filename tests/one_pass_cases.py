@@ -111,6 +111,52 @@ def mismatches(name: str, values: torch.Tensor, sizes: list[int], strides: list[
     return problems
 
 
+def unit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[float], float]]:
+    """``(name, shaped output, its elements in memory order, units, the fraction by hand)``."""
+    generator = torch.Generator().manual_seed(2)
+    relu = torch.randn(2, 6, 5, 5, generator=generator).relu()
+    relu[:, [1, 4]] = 0.0
+    relu[:, 2] = 0.0
+    relu[1, 2, 0, 0] = math.nan  # a channel of zeros and one NaN is not dead (its amax is not 0)
+    big = torch.randn(8, 64, 32, 32, generator=generator).relu()  # 16 tiles
+    big[:, :10] = 0.0
+    sequence = torch.randn(4, 8, 10, generator=generator).relu()
+    sequence[:, [0, 3, 7]] = 0.0
+    last = relu.contiguous(memory_format=torch.channels_last)
+    tanh = torch.tanh(torch.randn(50_000, generator=generator) * 3)
+    sigmoid = torch.sigmoid(torch.randn(3000, generator=generator) * 4)
+    sigmoid[5] = math.nan
+
+    def dead(x: torch.Tensor) -> float:
+        dims = [d for d in range(x.dim()) if d != 1]
+        return float(((x != 0).sum(dim=dims) == 0).double().mean())
+
+    return [
+        ("dead channels", relu, relu.reshape(-1), [1, 6, 25, 0], dead(relu)),
+        ("dead channels, channels last", last, last.permute(0, 2, 3, 1).reshape(-1), [1, 6, 25, 1], dead(relu)),
+        ("dead channels of a sequence", sequence, sequence.reshape(-1), [1, 8, 10, 0], dead(sequence)),
+        ("dead channels over 16 tiles", big, big.reshape(-1), [1, 64, 1024, 0], dead(big)),
+        ("tanh saturation", tanh, tanh, [2, 0.0, 0.97], float((tanh.double().abs() > 0.97).double().mean())),
+        ("sigmoid saturation", sigmoid, sigmoid, [2, 0.5, 0.47],
+         float(((sigmoid.double() - 0.5).abs() > 0.47).double().mean())),
+    ]
+
+
+def unit_mismatches(name: str, flat: torch.Tensor, units: list[float], wanted: float) -> list[str]:
+    """The row's last number (the unit fraction) against the fraction by hand; and the header unchanged by it."""
+    import actviz.summaries.one_pass  # noqa: F401 - defines the op
+
+    with_units = torch.ops.actviz.summarize.default([flat], [7], True, units)
+    without = torch.ops.actviz.summarize.default([flat], [7], True)
+    problems = []
+    if abs(with_units[10].item() - wanted) > 1e-9:
+        problems.append(f"{name}: unit fraction {with_units[10].item()!r}, expected {wanted!r}")
+    if not torch.equal(with_units[:10].nan_to_num(), without[:10].nan_to_num()) or not torch.equal(
+            with_units[11:].nan_to_num(), without[10:].nan_to_num()):
+        problems.append(f"{name}: the rest of the row or the sample changed with units")
+    return problems
+
+
 def logit_cases() -> list[tuple[str, torch.Tensor]]:
     """``(name, (n, classes) logits)`` for ``torch.ops.actviz.logit_rows``."""
     generator = torch.Generator().manual_seed(1)
@@ -145,6 +191,8 @@ def main() -> int:
     from actviz.summaries import one_pass
 
     problems = []
+    for name, _, flat, units, wanted in unit_cases():
+        problems += unit_mismatches(name, flat, units, wanted)
     for name, logits in logit_cases():
         if not logit_rows._takes_triton(logits):
             print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from one_pass_cases import cases, logit_cases, logit_mismatches, mismatches
+from one_pass_cases import cases, logit_cases, logit_mismatches, mismatches, unit_cases, unit_mismatches
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -36,6 +36,12 @@ def test_the_eager_body_matches_float64(case, outliers):
     name, values, sizes, strides = case
     assert not one_pass._takes_triton([values]) or os.environ.get("TRITON_INTERPRET") == "1"
     assert mismatches(name, values, sizes, strides, outliers) == []
+
+
+@pytest.mark.parametrize("case", unit_cases(), ids=lambda case: case[0])
+def test_the_unit_fractions_of_the_eager_body_match_counts_by_hand(case):
+    name, _, flat, units, wanted = case
+    assert unit_mismatches(name, flat, units, wanted) == []
 
 
 @pytest.mark.parametrize("case", logit_cases(), ids=lambda case: case[0])
@@ -77,19 +83,21 @@ def test_a_watched_step_logs_the_same_numbers_through_the_triton_kernels():
             os.environ["TRITON_INTERPRET"] = "1" if triton else "0"
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
-                                        torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+                                        torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(8 * 14 * 14, 10))
+            with torch.no_grad():
+                model[0].bias[:2] = -100.0  # two dead channels
             inputs = torch.randn(4, 3, 16, 16) * 3
             viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, histogram_sample_size=256,
-                               statistics=["outliers"])
+                               statistics=["outliers", "dead_channels", "saturation"], layers="all")
             torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2, 3, 4])).backward()
             viz.flush(); viz.close()
             return viz.latest
         import functools
         one_pass.triton_body = functools.cache(lambda: counted)
         eager, triton = step(False), step(True)
-        # The two convolutions' outputs and their gradients (the rest is small: batched), the parameters and their
-        # gradients each in one call.
-        assert sorted(calls) == [1, 1, 1, 1, 2, 2], calls
+        # The convolutions', the ReLU's, the Tanh's and the Flatten's outputs and their gradients (the Linear's is
+        # small: batched), the parameters and their gradients each in one call.
+        assert sorted(calls) == [1] * 10 + [2, 2], calls
         for kind in ("activations", "gradients", "weights", "weight_grads"):
             a, b = getattr(eager, kind), getattr(triton, kind)
             assert sorted(a) == sorted(b) and a, (kind, sorted(a), sorted(b))
@@ -101,16 +109,52 @@ def test_a_watched_step_logs_the_same_numbers_through_the_triton_kernels():
                     u, v = getattr(x, field), getattr(y, field)
                     assert abs(u - v) <= 1e-9 * max(1.0, abs(u)), (kind, tag, field, u, v)
         outliers_a, outliers_b = eager.layer_values["outliers"], triton.layer_values["outliers"]
-        assert sorted(outliers_a) == sorted(outliers_b) == ["0", "2", "4"], sorted(outliers_a)
-        for layer, numbers in outliers_a.items():
-            for name, value in numbers.items():
-                other = outliers_b[layer][name]
-                assert abs(value - other) <= 1e-6 * max(1.0, abs(value)), (layer, name, value, other)
+        assert sorted(outliers_a) == sorted(outliers_b) == ["0", "1", "2", "3", "4", "5"], sorted(outliers_a)
+        assert eager.layer_values["dead_channels"]["1"]["dead_channel_fraction"] == 0.25
+        for statistic in ("outliers", "dead_channels", "saturation"):
+            for layer, numbers in eager.layer_values[statistic].items():
+                for name, value in numbers.items():
+                    other = triton.layer_values[statistic][layer][name]
+                    assert abs(value - other) <= 1e-6 * max(1.0, abs(value)), (statistic, layer, name, value, other)
         print("alike", len(calls))
     """)
     done = run_fresh(code)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("alike")
+
+
+def test_dead_channels_and_saturation_come_from_the_summary_row(monkeypatch):
+    # On the accelerator path a large ReLU or Tanh output's unit fraction is counted by the summary's one op: no
+    # amax, eq or mean of its own; the numbers are those counted by hand from the outputs.
+    from conftest import CountOps
+
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(),
+                          nn.Flatten(), nn.Linear(8 * 16 * 16, 4))
+    with torch.no_grad():
+        model[0].bias[:3] = -100.0  # three channels dead
+        model[2].weight.mul_(20.0)  # a saturated Tanh
+    inputs, labels = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    seen = {}
+    handles = [model[i].register_forward_hook(lambda m, a, out, i=i: seen.setdefault(i, out.detach().clone()))
+               for i in (1, 3)]
+    viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, layers="all",
+                       histogram_sample_size=256)
+    with CountOps() as count:
+        nn.functional.cross_entropy(model(inputs), labels).backward()
+        viz.flush()
+    viz.close()
+    for handle in handles:
+        handle.remove()
+    assert not {"aten.amax.default", "aten.eq.Scalar", "aten.gt.Scalar"} & set(count.kernels), count.kernels
+    values = viz.latest.layer_values
+    relu, tanh = seen[1], seen[3]
+    assert values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(
+        float((relu.amax(dim=(0, 2, 3)) == 0).double().mean()))
+    assert values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(3 / 8)
+    wanted = float((tanh.double().abs() > 0.97).double().mean())
+    assert wanted > 0.1 and values["saturation"]["3"]["saturated_fraction"] == pytest.approx(wanted)
 
 
 def test_the_op_has_a_fake_body_for_compiled_and_meta_callers():

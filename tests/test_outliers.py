@@ -110,13 +110,14 @@ def test_a_large_output_gives_its_outlier_numbers_from_its_one_summary_op(dtype,
     from conftest import CountOps
 
     from actviz.statistics.outliers import Outliers
+    from actviz.summaries.one_pass import OUTLIER_FIELDS
     from actviz.summaries.one_tensor import reduce_tensor
 
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
     tensor = (torch.randn(4, 100, 64) * 3).to(dtype)  # 25,600 elements: larger than the sample of 4,096
     with CountOps() as count:
         reduction = reduce_tensor(tensor, 1 << 12, outliers=True)
-        numbers = Outliers().from_summary(reduction.extra_fields(), reduction.sample_values())
+        numbers = Outliers().from_summary(reduction.extra_fields(OUTLIER_FIELDS), reduction.sample_values())
     assert count.kernels == ["actviz.summarize.default", "aten.abs.default", "aten.median.default", "aten.cat.default"]
     assert count.syncs == []
     assert numbers.tolist() == pytest.approx(outlier_vector(tensor, 1 << 12).tolist(), rel=1e-6)

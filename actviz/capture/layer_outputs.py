@@ -140,18 +140,18 @@ def shape_of(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 def reduce_output(
     tensor: torch.Tensor, options: CaptureOptions, *, stats: bool = True, draw: bool = True, batch_dim: int = 0,
-    outliers: bool = False,
+    outliers: bool = False, units: tuple[float, ...] = (),
 ) -> tuple[Reduction | None, tuple[Draw, torch.Tensor] | None]:
     """The per-layer work on one output tensor, shared by the watcher's hooks and :func:`actviz.report`.
 
     Returns the device half of its summary (``None`` unless ``stats``) and of its picture
-    (``None`` unless ``draw`` and the tensor is 3-D or 4-D; ``outliers`` adds the outlier numbers to the
-    summary's row where the one-pass op makes it): see
+    (``None`` unless ``draw`` and the tensor is 3-D or 4-D; ``outliers`` and ``units`` add the outlier numbers
+    and a unit fraction to the summary's row where the one-pass op makes it): see
     :func:`~actviz.summaries.one_tensor.reduce_tensor` and :func:`~actviz.pictures.rendering.picture_source`.
     :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host.
     In a watcher's step a tensor its sample covers whole is copied once instead (:func:`copied_picture`).
     """
-    reduction = reduce_tensor(tensor, options.histogram_sample_size, outliers=outliers) if stats else None
+    reduction = reduce_tensor(tensor, options.histogram_sample_size, outliers=outliers, units=units) if stats else None
     picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
     return reduction, picture
 

@@ -54,7 +54,7 @@ from ..summaries.one_tensor import reduce_tensor
 from ..tags import LAYERS
 from .probe import unwrap_for_probe
 from ..selection import ROOT_NAME
-from ..statistics.layer_statistic import LayerStatistic, warn_statistic_failed
+from ..statistics.layer_statistic import LayerStatistic, summary_request, warn_statistic_failed
 from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
@@ -238,10 +238,9 @@ class StepCapture:
             row = small.add_copy(copy)
             reduction, picture = row, copied_picture(copy, row, self.options.max_channels, batch_dim) if draw else None
         else:
-            statistics = self._layer_statistics.get(id(module))
-            outliers = statistics is not None and any(statistic.summary_fields for statistic in statistics)
+            outliers, units = summary_request(self._layer_statistics.get(id(module)), tensor, module)
             reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim,
-                                               outliers=outliers)
+                                               outliers=outliers, units=units)
         if reduction is not None:
             self._add_activation(module, tag, tensor, reduction)
             self.gradients.hook(name, tag, tensor)
@@ -259,10 +258,11 @@ class StepCapture:
                         tensor: torch.Tensor, reduction: Reduction | int | None = None) -> None:
         """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`):
         from the numbers the summary's row holds where it has them, else by its own ops."""
-        fields = reduction.extra_fields() if isinstance(reduction, Reduction) else None
+        summarized = isinstance(reduction, Reduction) and reduction.extra
         for statistic in statistics:
             try:
-                if fields is not None and statistic.summary_fields:
+                fields = reduction.extra_fields(statistic.summary_fields) if summarized else None  # type: ignore[union-attr]
+                if fields is not None:
                     numbers = statistic.from_summary(fields, reduction.sample_values())  # type: ignore[union-attr]
                 else:
                     numbers = statistic.device(tensor, module, self.options)

@@ -43,9 +43,10 @@ import torch
 from torch import nn
 
 from ..common.safe_warnings import warn_safely
+from ..summaries.one_pass import OUTLIER_FIELDS, UNIT_FIELDS
 from ..tags import ACTIVATION_STAT
 
-__all__ = ["LayerStatistic", "warn_statistic_failed"]
+__all__ = ["LayerStatistic", "summary_request", "warn_statistic_failed"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +64,11 @@ class LayerStatistic:
             output, once per step (:meth:`select`).
         cost: What :meth:`device` costs per tensor, as measured (kernels, no sync); said in the docs.
         summary_fields: Numbers of the layer's one-pass summary it is made from
-            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`), or ``()``. Where the one-pass op
-            summarizes the output, it adds them to the row it reads anyway, and :meth:`from_summary`
-            takes them from there: no second read of the tensor. Elsewhere (a small output batched with
-            the step's others, the CPU shortcut) :meth:`device` runs.
+            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`, or
+            :data:`~actviz.summaries.one_pass.UNIT_FIELDS` as :meth:`summary_units` asks), or ``()``. Where
+            the one-pass op summarizes the output, it adds them to the row it reads anyway, and
+            :meth:`from_summary` takes them from there: no second read of the tensor. Elsewhere (a small
+            output batched with the step's others, the CPU shortcut) :meth:`device` runs.
     """
 
     name: str = ""
@@ -94,6 +96,11 @@ class LayerStatistic:
         does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
         raise NotImplementedError
 
+    def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
+        """For ``summary_fields = UNIT_FIELDS``: the ``units`` the one-pass op counts for this output
+        (:func:`~actviz.summaries.one_pass.unit_fraction`), or ``None`` where it cannot (a layout it does not read)."""
+        return None
+
     def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """The device half from the summary instead (``summary_fields`` set): ``fields``, those numbers of the
         row, and ``sample``, the histogram's strided sample of the output, both on its device -> what
@@ -111,6 +118,20 @@ class LayerStatistic:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def summary_request(statistics: tuple[LayerStatistic, ...] | None, tensor: torch.Tensor,
+                    module: nn.Module) -> tuple[bool, tuple[float, ...]]:
+    """What the layer's one-pass summary should add for ``statistics``: ``(outliers, units)``."""
+    if not statistics:
+        return False, ()
+    outliers, units = False, ()
+    for statistic in statistics:
+        if statistic.summary_fields == OUTLIER_FIELDS:
+            outliers = True
+        elif statistic.summary_fields == UNIT_FIELDS and not units:
+            units = statistic.summary_units(tensor, module) or ()
+    return outliers, units
 
 
 def warn_statistic_failed(statistic: LayerStatistic, error: BaseException, warned: set[str]) -> None:

@@ -1,9 +1,14 @@
 """Two counts the health rules need, made on the device in the layer's hook: dead channels and saturation.
 
 * :class:`DeadChannels`, on ReLU-family outputs with channels (3-D and up): the fraction of channels
-  that are zero for the whole batch (three kernels: ``amax`` over every dim but the channels', ``eq``, ``mean``);
+  that are zero for the whole batch;
 * :class:`Saturation`, on Tanh and Sigmoid outputs: the fraction within :data:`SATURATION_MARGIN` of a
-  bound (three kernels for a Tanh, four for a Sigmoid).
+  bound.
+
+Where the one-pass op summarizes the output (:mod:`actviz.summaries.one_pass`), the same read counts them
+(``summary_units``, ``from_summary``: no extra kernel); an output small enough to be batched with the step's
+others, or one on the CPU shortcut, takes three kernels (``amax`` over every dim but the channels', ``eq``,
+``mean``), or three or four for a saturation.
 
 Both are on by default wherever alerts are (``watch(alerts=False)`` turns them off), and write no tag:
 their values, ``results.layer_values["dead_channels"][layer]["dead_channel_fraction"]`` and
@@ -19,6 +24,7 @@ import torch
 from torch import nn
 
 from ..common.distributed_types import is_dtensor
+from ..summaries.one_pass import UNIT_FIELDS
 from .layer_statistic import LayerStatistic
 
 __all__ = ["SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
@@ -59,7 +65,9 @@ class DeadChannels(LayerStatistic):
 
     name, names = "dead_channels", ("dead_channel_fraction",)
     written = ()  # for the dead-units alert alone: no card
-    cost = "3 kernels per ReLU-family output of 3 or more dimensions; no sync"
+    cost = ("none beyond the summary's one read where the one-pass op summarizes the output; 3 kernels per "
+            "ReLU-family output of 3 or more dimensions otherwise; no sync")
+    summary_fields = UNIT_FIELDS
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return bool(getattr(options, "unit_counts", True))  # with the alerts
@@ -73,6 +81,20 @@ class DeadChannels(LayerStatistic):
             return None
         dims = [dim for dim in range(values.dim()) if dim != 1]
         return torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32)
+
+    def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
+        if not tensor.is_floating_point() or tensor.dim() < 3 or tensor.numel() == 0 or is_dtensor(tensor):
+            return None
+        channels = tensor.shape[1]
+        spatial = tensor.numel() // (tensor.shape[0] * channels)
+        if tensor.is_contiguous():
+            return (1, channels, spatial, 0)
+        if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+            return (1, channels, spatial, 1)
+        return None
+
+    def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        return fields
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return {"dead_channel_fraction": numbers[0]}
@@ -88,7 +110,9 @@ class Saturation(LayerStatistic):
 
     name, names = "saturation", ("saturated_fraction",)
     written = ()  # for the saturation alert alone: no card
-    cost = "3 kernels per Tanh output, 4 per Sigmoid output; no sync"
+    cost = ("none beyond the summary's one read where the one-pass op summarizes the output; 3 kernels per Tanh "
+            "output, 4 per Sigmoid output otherwise; no sync")
+    summary_fields = UNIT_FIELDS
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return bool(getattr(options, "unit_counts", True))  # with the alerts
@@ -104,6 +128,14 @@ class Saturation(LayerStatistic):
             return torch.mean(values.abs().gt(1 - SATURATION_MARGIN), dtype=torch.float32)
         distance = (values - 0.5).abs()
         return torch.mean(distance.gt(0.5 - SATURATION_MARGIN), dtype=torch.float32)
+
+    def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
+        if not tensor.is_floating_point() or is_dtensor(tensor):
+            return None
+        return (2, 0.0, 1 - SATURATION_MARGIN) if isinstance(module, nn.Tanh) else (2, 0.5, 0.5 - SATURATION_MARGIN)
+
+    def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        return fields
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return {"saturated_fraction": numbers[0]}

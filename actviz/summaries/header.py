@@ -52,8 +52,8 @@ class Reduction:
         sample: The tensor holding the sample, flat, at ``[start, stop)``.
         zeroed: The sample is ``z`` (NaN and ±Inf replaced by 0), the whole tensor.
         pieces: If not 0, ``header`` holds a shift and this many pieces' :data:`PIECE_FIELDS` (:func:`merge_pieces`).
-        extra: Numbers after the header in a 1-D row: the one-pass op's outlier fields
-            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`), read by :meth:`extra_fields`.
+        extra: The names of the numbers after the header in a 1-D row: the one-pass op's outlier fields
+            (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`) and unit fraction, read by :meth:`extra_fields`.
 
     Example:
         >>> row = torch.tensor([3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], dtype=torch.float64)
@@ -66,7 +66,7 @@ class Reduction:
 
     def __init__(
         self, numel: int, stride: int, header: Any, index: int, sample: Any, start: int, stop: int,
-        zeroed: bool = False, pieces: int = 0, extra: int = 0,
+        zeroed: bool = False, pieces: int = 0, extra: tuple[str, ...] = (),
     ) -> None:
         self.numel = numel
         self.stride = stride
@@ -91,9 +91,12 @@ class Reduction:
             return merge_pieces(flat[: 1 + len(PIECE_FIELDS) * self.pieces], self.numel)
         return flat[self.index * HEADER : self.index * HEADER + HEADER]
 
-    def extra_fields(self) -> torch.Tensor | None:
-        """The numbers after the header (``extra`` of them), on the device; ``None`` where there are none."""
-        return self.header[HEADER : HEADER + self.extra] if self.extra else None
+    def extra_fields(self, names: tuple[str, ...]) -> torch.Tensor | None:
+        """The numbers ``names`` of those after the header, a view on the device; ``None`` unless the row has them."""
+        if not names or not set(names) <= set(self.extra):
+            return None
+        start = HEADER + self.extra.index(names[0])
+        return self.header[start : start + len(names)]
 
     def sample_values(self) -> torch.Tensor:
         """The sample, a 1-D view of the tensor that holds it."""

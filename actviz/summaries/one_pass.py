@@ -4,7 +4,10 @@
 step's parameters) and returns one float64 tensor (float32 on MPS): a row of numbers per tensor, then each
 tensor's strided sample (``tensor[::stride]``). A row is the summary header of :mod:`actviz.summaries.header`
 (six numbers: ``nonzero``, ``finite_nonzero``, ``mean``, ``variance``, ``min``, ``max``), followed, with
-``outliers=True``, by :data:`OUTLIER_FIELDS`: the device half of :class:`~actviz.statistics.outliers.Outliers`.
+``outliers=True``, by :data:`OUTLIER_FIELDS`: the device half of :class:`~actviz.statistics.outliers.Outliers`,
+and, where ``units`` asks (one tensor), by one unit fraction: the device half of
+:class:`~actviz.statistics.unit_counts.DeadChannels` or :class:`~actviz.statistics.unit_counts.Saturation`
+(:func:`unit_fraction`).
 
 It is a ``torch.library`` op, so a ``TorchDispatchMode`` (the op and byte budgets of the tests,
 ``shared/bench/realsize/ops_bytes.py``) sees one op with the tensors as its inputs and the rows as its output.
@@ -38,20 +41,22 @@ from .header import HEADER, PIECE_FIELDS, merge_pieces, wide_dtype
 from .outlier_moments import OUTLIER_THRESHOLD, outlier_moments
 
 __all__ = [
-    "OUTLIER_FIELDS", "OUTLIER_THRESHOLD", "SUMMARIZE", "TRITON_DTYPES", "eager_summarize", "header_sums", "row_width",
-    "summarize", "triton_body",
+    "OUTLIER_FIELDS", "OUTLIER_THRESHOLD", "SUMMARIZE", "TRITON_DTYPES", "UNIT_FIELDS", "eager_summarize", "header_sums", "row_width",
+    "summarize", "triton_body", "unit_fraction",
 ]
 
 #: The numbers ``outliers=True`` adds to a row: ``max |x|`` (NaN left out), the count of ``|x| >=``
 #: :data:`OUTLIER_THRESHOLD`, and ``Σ(z-μ)²`` and ``Σ(z-μ)⁴`` about the mean ``μ`` of ``z``.
 OUTLIER_FIELDS = ("max_abs", "outliers", "centred_squares", "centred_fourths")
+#: The number ``units`` adds to a row, after the outlier numbers: :func:`unit_fraction`.
+UNIT_FIELDS = ("unit_fraction",)
 #: The dtypes the Triton body reads; others take the eager body.
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def row_width(outliers: bool) -> int:
-    """Numbers in one tensor's row."""
-    return HEADER + len(OUTLIER_FIELDS) if outliers else HEADER
+def row_width(outliers: bool, units: bool = False) -> int:
+    """Numbers in one tensor's row: the header, the outlier numbers if asked, the unit fraction if asked."""
+    return HEADER + (len(OUTLIER_FIELDS) if outliers else 0) + (1 if units else 0)
 
 
 def _sample_size(size: int, stride: int) -> int:
@@ -77,16 +82,20 @@ def _takes_triton(tensors: Sequence[torch.Tensor]) -> bool:
     return first.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and triton_body() is not None
 
 
-def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
+def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
+              units: Sequence[float] = ()) -> torch.Tensor:
     """Rows and samples of ``tensors`` (see the module docstring): 1-D, non-empty, of one device and dtype."""
+    if units and len(tensors) != 1:
+        raise ValueError(f"units are counted for one tensor at a time, got {len(tensors)}")
+    width = row_width(outliers, bool(units))
     if _takes_triton(tensors):
-        body = triton_body()
-        return body(list(tensors), tuple(strides), row_width(outliers), OUTLIER_THRESHOLD)
-    return eager_summarize(tensors, strides, outliers)
+        return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units))
+    return eager_summarize(tensors, strides, outliers, units)
 
 
-def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
-    total = len(tensors) * row_width(outliers) + sum(map(_sample_size, (t.numel() for t in tensors), strides))
+def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
+                    units: Sequence[float] = ()) -> torch.Tensor:
+    total = len(tensors) * row_width(outliers, bool(units)) + sum(map(_sample_size, (t.numel() for t in tensors), strides))
     return tensors[0].new_empty(total, dtype=wide_dtype(tensors[0].device))
 
 
@@ -94,7 +103,7 @@ def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
 # without the Python frames of the custom_op wrapper (about 20 a call), since actviz calls it for every large tensor.
 _library = torch.library.Library("actviz", "FRAGMENT")
 try:
-    _library.define("summarize(Tensor[] tensors, int[] strides, bool outliers) -> Tensor")
+    _library.define("summarize(Tensor[] tensors, int[] strides, bool outliers, float[] units=[]) -> Tensor")
 except RuntimeError:  # a second copy of this module in one process (reloaded, vendored) uses the op defined first
     pass
 else:
@@ -105,7 +114,8 @@ else:
 SUMMARIZE = torch.ops.actviz.summarize.default
 
 
-def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool) -> torch.Tensor:
+def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
+                    units: Sequence[float] = ()) -> torch.Tensor:
     """The op's eager body: per tensor, :func:`header_sums` (a tensor over
     :data:`~actviz.summaries.piecewise.PIECE` elements a piece at a time, so that its float64 temporaries stay
     a piece's size) and, with ``outliers``, :func:`~actviz.summaries.outlier_moments.outlier_moments`."""
@@ -120,8 +130,27 @@ def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
             rows.append(header_sums(readable))
         if outliers:
             rows.append(outlier_moments(readable).to(wide))
+        if units:
+            rows.append(unit_fraction(readable, units).to(wide).view(1))
         samples.append(segment[::stride].to(wide))
     return torch.cat(rows + samples)
+
+
+def unit_fraction(values: torch.Tensor, units: Sequence[float]) -> torch.Tensor:
+    """The eager unit count of a 1-D tensor in memory order: ``(1, channels, spatial, channels_last)``, the
+    fraction of channels with no non-zero element; ``(2, centre, bound)``, the fraction of elements farther than
+    ``bound`` from ``centre``.
+
+    Example:
+        >>> unit_fraction(torch.tensor([0.0, 0.0, 1.0, 0.0]), (1, 2, 1, 0)).item()  # (2 samples, 2 channels)
+        0.5
+    """
+    if int(units[0]) == 1:
+        channels, spatial, channels_last = int(units[1]), int(units[2]), bool(units[3])
+        grouped = values.view(-1, channels) if channels_last else values.view(-1, channels, spatial).transpose(0, 1)
+        alive = (grouped != 0).reshape(channels, -1).any(dim=1) if not channels_last else (grouped != 0).any(dim=0)
+        return torch.mean(~alive, dtype=wide_dtype(values.device))
+    return torch.mean((values - units[1]).abs() > units[2], dtype=wide_dtype(values.device))
 
 
 def header_sums(values: torch.Tensor) -> torch.Tensor:

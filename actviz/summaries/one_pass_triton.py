@@ -38,8 +38,9 @@ __all__ = ["BLOCK", "PARTIALS", "TILE", "summarize_tensors"]
 BLOCK = 1024
 #: Elements of one tile: one program's share of a tensor.
 TILE = 32 * BLOCK
-#: Numbers a tile leaves: nonzero, finite nonzero, Σy, Σy², Σy³, Σy⁴ (y = z - shift), min, max, max|x|, outliers.
-PARTIALS = 10
+#: Numbers a tile leaves: nonzero, finite nonzero, Σy, Σy², Σy³, Σy⁴ (y = z - shift), min, max, max|x|, outliers,
+#: and the count beyond a unit bound (saturation).
+PARTIALS = 11
 
 
 @triton.jit
@@ -52,8 +53,9 @@ def _segment_base(values, addresses, segment, LISTED: tl.constexpr):
 
 @triton.jit
 def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier_threshold,
+                   channel_counts, channels, spatial, channels_last, centre, bound,
                    BLOCK: tl.constexpr, TURNS: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
-                   NARROW: tl.constexpr):
+                   NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr):
     tile = tl.program_id(0)
     segment = tl.load(tiles + tile * 2)
     start = tl.load(tiles + tile * 2 + 1)
@@ -76,6 +78,8 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     high = tl.full((BLOCK,), float("-inf"), NARROW)
     largest = tl.zeros((BLOCK,), NARROW)
     outliers = tl.zeros((BLOCK,), tl.int32)
+    beyond = tl.zeros((BLOCK,), tl.int32)  # UNITS == 2: elements farther than bound from centre (saturated)
+    alive = tl.zeros((BINS,), tl.int32)  # UNITS == 1: non-zero elements per channel, the last bin for the rest
     for turn in range(TURNS):
         offsets = start + turn * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < stop
@@ -98,9 +102,18 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
             largest = tl.maximum(largest, tl.where(magnitude == magnitude, magnitude, 0.0))  # NaN left out
             outliers += (magnitude >= outlier_threshold).to(tl.int32)
         position = offsets - first
+        if UNITS == 1:
+            channel = tl.where(channels_last != 0, position % channels, (position // spatial) % channels)
+            alive += tl.histogram(tl.where(inside & (x != 0.0), channel, BINS - 1).to(tl.int32), BINS)  # NaN != 0: alive
+        if UNITS == 2:
+            beyond += (inside & (tl.abs(x - centre) > bound)).to(tl.int32)
         taken = inside & (position % stride == 0)
         tl.store(sample + sample_start + position // stride, raw.to(tl.float64), mask=taken)
-    row = partials + tile * 10
+    if UNITS == 1:
+        bins = tl.arange(0, BINS)
+        tl.atomic_add(channel_counts + bins, alive, mask=bins < channels)
+    row = partials + tile * PARTIALS
+    tl.store(row + 10, tl.sum(beyond, 0).to(tl.float64))
     tl.store(row + 0, tl.sum(nonzero, 0).to(tl.float64))
     tl.store(row + 1, tl.sum(finite_nonzero, 0).to(tl.float64))
     tl.store(row + 2, tl.sum(s1, 0))
@@ -114,8 +127,9 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
 
 
 @triton.jit
-def _combine_tiles(values, addresses, segments, partials, rows, WIDTH: tl.constexpr, ROW: tl.constexpr,
-                   LISTED: tl.constexpr):
+def _combine_tiles(values, addresses, segments, partials, rows, channel_counts, channels,
+                   WIDTH: tl.constexpr, ROW: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
+                   UNITS: tl.constexpr):
     segment = tl.program_id(0)
     first = tl.load(segments + segment * 4)
     stop = tl.load(segments + segment * 4 + 1)
@@ -130,9 +144,9 @@ def _combine_tiles(values, addresses, segments, partials, rows, WIDTH: tl.conste
     high = tl.full((WIDTH,), float("-inf"), tl.float64)
     largest = tl.zeros((WIDTH,), tl.float64)
     columns = tl.arange(0, WIDTH)
-    summed = (columns < 6) | (columns == 9)
+    summed = (columns < 6) | (columns >= 9)
     for tile in range(tile_first, tile_stop):
-        row = tl.load(partials + tile * 10 + columns, mask=columns < 10, other=0.0)
+        row = tl.load(partials + tile * PARTIALS + columns, mask=columns < PARTIALS, other=0.0)
         totals += tl.where(summed, row, 0.0)
         low = tl.minimum(low, tl.where(columns == 6, row, float("inf")))
         high = tl.maximum(high, tl.where(columns == 7, row, float("-inf")))
@@ -144,6 +158,7 @@ def _combine_tiles(values, addresses, segments, partials, rows, WIDTH: tl.conste
     s3 = tl.sum(tl.where(columns == 4, totals, 0.0), 0)
     s4 = tl.sum(tl.where(columns == 5, totals, 0.0), 0)
     outliers = tl.sum(tl.where(columns == 9, totals, 0.0), 0)
+    beyond = tl.sum(tl.where(columns == 10, totals, 0.0), 0)
     offset = s1 / count  # the mean of z, less the shift
     centred_squares = tl.maximum(s2 - count * offset * offset, 0.0)
     centred_fourths = s4 - 4.0 * offset * s3 + 6.0 * offset * offset * s2 - 3.0 * count * offset * offset * offset * offset
@@ -154,11 +169,19 @@ def _combine_tiles(values, addresses, segments, partials, rows, WIDTH: tl.conste
     tl.store(out + 3, centred_squares / count)
     tl.store(out + 4, tl.min(low, 0))
     tl.store(out + 5, tl.max(high, 0))
-    if ROW > 6:
+    if OUTLIERS:
         tl.store(out + 6, tl.max(largest, 0))
         tl.store(out + 7, outliers)
         tl.store(out + 8, centred_squares)
         tl.store(out + 9, tl.maximum(centred_fourths, 0.0))
+    if UNITS == 1:  # the fraction of channels with no non-zero element
+        dead = tl.zeros((WIDTH,), tl.float64)
+        for start in range(0, channels, WIDTH):
+            counts = tl.load(channel_counts + start + columns, mask=start + columns < channels, other=1)
+            dead += tl.where(counts == 0, 1.0, 0.0)
+        tl.store(out + ROW - 1, tl.sum(dead, 0) / channels)
+    if UNITS == 2:  # the fraction of elements farther than the bound from the centre
+        tl.store(out + ROW - 1, beyond / count)
 
 
 _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = {}
@@ -198,13 +221,15 @@ def _addresses(tensors: list[torch.Tensor]) -> torch.Tensor:
     return addresses.to(device, non_blocking=True) if pinned else addresses
 
 
-def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row: int,
-                      outlier_threshold: float) -> torch.Tensor:
+def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row: int, outlier_threshold: float,
+                      outliers: bool = False, units: tuple[float, ...] = ()) -> torch.Tensor:
     """Rows and samples of ``tensors`` (1-D, contiguous, non-empty, one device and dtype), in two launches.
 
-    Returns one float64 tensor: a row of ``row`` numbers per tensor (6, or 10 with the outlier numbers:
-    see :mod:`actviz.summaries.one_pass`), then each tensor's sample, ``tensor[::stride]``. Several tensors
-    are read where they are, through a table of their addresses: no copy end to end.
+    Returns one float64 tensor: a row of ``row`` numbers per tensor (see :mod:`actviz.summaries.one_pass`),
+    then each tensor's sample, ``tensor[::stride]``. Several tensors are read where they are, through a table
+    of their addresses: no copy end to end. ``units``, for one tensor: ``(1, channels, spatial, channels_last)``
+    for the fraction of channels with no non-zero element, ``(2, centre, bound)`` for the fraction farther than
+    ``bound`` from ``centre``, in the row's last place.
     """
     first = tensors[0]
     listed = len(tensors) > 1
@@ -214,8 +239,16 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
     tile_count = tiles.numel() // 2
     partials = torch.empty(tile_count * PARTIALS, dtype=torch.float64, device=first.device)
     out = torch.empty(total, dtype=torch.float64, device=first.device)
+    kind = int(units[0]) if units else 0
+    channels = int(units[1]) if kind == 1 else 1
+    counts = torch.zeros(channels, dtype=torch.int32, device=first.device) if kind == 1 else partials
     narrow = tl.float64 if first.dtype == torch.float64 else tl.float32
-    _tile_partials[(tile_count,)](first, addresses, segments, tiles, partials, out, outlier_threshold, BLOCK=BLOCK,
-                                  TURNS=TILE // BLOCK, LISTED=listed, OUTLIERS=row > 6, NARROW=narrow, num_warps=8)
-    _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, WIDTH=16, ROW=row, LISTED=listed)
+    _tile_partials[(tile_count,)](
+        first, addresses, segments, tiles, partials, out, outlier_threshold, counts, channels,
+        int(units[2]) if kind == 1 else 1, int(units[3]) if kind == 1 else 0,
+        float(units[1]) if kind == 2 else 0.0, float(units[2]) if kind == 2 else 0.0,
+        BLOCK=BLOCK, TURNS=TILE // BLOCK, LISTED=listed, OUTLIERS=outliers, NARROW=narrow, UNITS=kind,
+        BINS=triton.next_power_of_2(channels + 1) if kind == 1 else 2, num_warps=8)
+    _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, counts, channels, WIDTH=16, ROW=row,
+                                  LISTED=listed, OUTLIERS=outliers, UNITS=kind)
     return out

@@ -87,7 +87,7 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
 
 def reduce_tensor(
     tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
-    small: SmallTensors | None = None, outliers: bool = False,
+    small: SmallTensors | None = None, outliers: bool = False, units: tuple[float, ...] = (),
 ) -> Reduction:
     """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
 
@@ -97,7 +97,8 @@ def reduce_tensor(
         count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
         small: The step's small tensors: a floating tensor its sample covers whole is copied
             there and reduced with the others when the step ends (:mod:`actviz.summaries.small_tensors`).
-        outliers: Where the one-pass op summarizes it, add the outlier numbers to its row
+        outliers, units: Where the one-pass op summarizes it, add the outlier numbers, or a unit fraction
+            (:func:`~actviz.summaries.one_pass.unit_fraction`), to its row
             (:meth:`~actviz.summaries.header.Reduction.extra_fields`).
 
     Raises:
@@ -124,18 +125,19 @@ def reduce_tensor(
         found = reduce_on_cpu(values, stride, count_zeros)
         if found is not None:
             return found
-    return reduce_in_one_pass(values, stride, outliers)
+    return reduce_in_one_pass(values, stride, outliers, units)
 
 
-def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False) -> Reduction:
+def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False,
+                       units: tuple[float, ...] = ()) -> Reduction:
     """The device half of a summary of a non-empty 1-D tensor by the one-pass op (:mod:`actviz.summaries.one_pass`):
     one op, its row (with ``outliers``, the outlier numbers after the header) and its sample in one tensor.
     Integer and bool tensors are counted and summed as they are (:func:`~actviz.summaries.piecewise.reduce_integers`)."""
     if not values.is_floating_point():
         return piecewise.reduce_integers(values, stride, wide_dtype(values.device))
-    row = SUMMARIZE([values], [stride], outliers)
-    start = one_pass.row_width(outliers)
-    return Reduction(values.numel(), stride, row, 0, row, start, row.numel(), extra=start - HEADER)
+    row = SUMMARIZE([values], [stride], outliers, list(units))
+    extra = (one_pass.OUTLIER_FIELDS if outliers else ()) + (one_pass.UNIT_FIELDS if units else ())
+    return Reduction(values.numel(), stride, row, 0, row, HEADER + len(extra), row.numel(), extra=extra)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
