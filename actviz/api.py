@@ -23,6 +23,7 @@ from .output.open_watchers import watching
 from .options import DEFAULT_BINS, DEFAULT_MAX_CHANNELS, DEFAULT_SAMPLE_SIZE, CaptureOptions
 from .common.results import StepResults
 from .output.sink import FanOutSink, Sink, check_sink
+from .output.step_callbacks import StepCallbacks
 from .output.tensorboard import TensorBoardSink, use_fast_crc
 from .capture.probe import Probe, check_probe, gradcam_layers, try_probe
 from .output.run_folders import warn_if_reused, warn_if_shared
@@ -173,7 +174,8 @@ def watch(
             the writer thread: ``results.statistics()`` maps every tag to its count, mean,
             std, min, max, norm and NaN/Inf count. For early stopping on NaN, tests, or
             another tracker, without reading event files. :attr:`Watcher.latest` keeps the
-            last one.
+            last one. What it raises, ``SystemExit`` included, is warned about once (raised with
+            ``strict=True``); the step is written before it runs.
         transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
             (the default) for models with an attention module, ``True`` always, ``False`` never.
         statistics: The per-layer statistics (:mod:`actviz.statistics`): ``None`` (the default) runs each
@@ -200,7 +202,10 @@ def watch(
             that overrides thresholds of :data:`actviz.diagnosis.alerts.DEFAULT_THRESHOLDS` (fractions in
             (0, 1], step counts whole numbers; :func:`~actviz.diagnosis.alerts.check_alerts`). Each alert is a
             ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.
-        on_alert: Called with each :class:`~actviz.diagnosis.alerts.Alert`, on the writer thread.
+        on_alert: Called with each :class:`~actviz.diagnosis.alerts.Alert`, on the writer thread, once
+            the step the alert was found in is written to every sink: a callback that raises or calls
+            ``sys.exit()`` leaves that step on disk. An exception it raises is warned about; ``SystemExit``
+            and ``KeyboardInterrupt`` are warned about once, or raised on the training thread with ``strict=True``.
         spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
             spike, name the layers, write their last 16 gradient norms and log the next 3 steps in full.
 
@@ -291,11 +296,12 @@ def watch(
                 sink = TensorBoardSink(writer, owns_writer=False, layout=True)
         if user_sink is not None:  # after TensorBoard's; its errors are warned about, never raised
             sink = FanOutSink([sink, user_sink], guard_from=1) if sink is not None else FanOutSink([user_sink])
+    callbacks = StepCallbacks(on_step, on_alert)  # called once their step is written
     viz = Watcher(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
-        grad_scaler=grad_scaler, on_step=on_step, diagnosis=None if sink is None else make_diagnosis(
-            sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, on_alert, spikes,
-            update_ratio, image_schedule),
+        grad_scaler=grad_scaler, callbacks=callbacks, diagnosis=None if sink is None else make_diagnosis(
+            sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, callbacks.hold,
+            spikes, update_ratio, image_schedule),
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),

@@ -10,6 +10,7 @@ writer thread). Data flows one way: model → hook → capture → deliver → s
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +29,13 @@ from .output.open_watchers import register, unregister
 from .options import CaptureOptions
 from .common.results import StepResults
 from .output.sink import Sink
+from .output.step_callbacks import StepCallbacks
 from .output.writer_thread import Writer
 from .capture.probe import Probe, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
+from .diagnosis.spikes import SpikeRecorder
 from .capture.step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
@@ -49,7 +52,7 @@ class Watcher:
     def __init__(
         self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: Sink | None,
         stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
-        grad_scaler: Any = None, on_step: Callable[[StepResults], None] | None = None, probe: Probe | None = None,
+        grad_scaler: Any = None, callbacks: StepCallbacks | None = None, probe: Probe | None = None,
         diagnosis: Diagnosis | None = None,
     ) -> None:
         self.model = model
@@ -59,9 +62,8 @@ class Watcher:
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
-        self._spikes = diagnosis and diagnosis.spike_recorder(
-            self._layers, self._parameters, lambda: self._last_started_step)
-        self._writer = None if sink is None else Writer(sink, strict, on_step, diagnose=diagnosis)
+        self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, _last_started_step_of(self))
+        self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -85,6 +87,9 @@ class Watcher:
                 eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
         self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
+        # Dropped without close() (its model gone too): the writer thread writes what is queued and ends.
+        self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._spikes)
+        self._finalizer.atexit = False  # at exit, open_watchers closes the watchers still alive
 
     @property
     def layer_names(self) -> list[str]:
@@ -177,7 +182,9 @@ class Watcher:
     def close(self) -> None:
         """Remove every hook, write what is pending and close the writer if :func:`watch` made it.
 
-        Safe to call again, also after an interrupted close (Ctrl-C). Never raises a write error (it warns).
+        Safe to call again, also after an interrupted close (Ctrl-C). Never raises: an error while a step
+        ends (or in the writer) is warned about and the rest is written all the same; with ``strict=True``
+        the first such error raises once the rest is written.
         """
         if os.getpid() != self._pid:  # a forked child: nothing of the parent's to end, no thread to wait on
             self._closed = self._open.forget() or True
@@ -186,17 +193,32 @@ class Watcher:
         if self._on_writer_thread():  # from on_step: the hooks go later, on the training thread
             self._writer.close()  # type: ignore[union-attr]
             return
+        errors: list[Exception] = []
         try:  # each part idempotent: a second close() finishes what an interrupted one left
-            self._remove_root_hook()
-            if self._spikes:
-                self._spikes.close()
-            self._open.finish_all()
-            self._silences.check(closing=True)
+            for part in (self._remove_root_hook, self._spikes and self._spikes.close, self._end_open_steps,
+                         lambda: self._silences.check(closing=True)):
+                if part:
+                    _collect(errors, part)
         finally:
             self._silences.close()
             unregister(self.model, self)
         if self._writer is not None:
             self._writer.close()
+        self._finalizer.detach()
+        if errors and self.strict:
+            raise errors[0]
+        for error in errors:
+            self._notices.once_text(f"close {type(error).__name__}", f"actviz could not end a step at close(): "
+                                    f"{type(error).__name__}: {error}; the rest is written")
+
+    def _end_open_steps(self) -> None:
+        """End each open step, one failing not keeping the others from being written, then hand them over."""
+        errors: list[Exception] = []
+        for capture in list(self._open.captures):
+            _collect(errors, capture.end.close)  # idempotent: finish_all() below skips the ones ended
+        self._open.finish_all()
+        if errors:
+            raise errors[0]
 
     def _remove_root_hook(self) -> None:
         if (handle := self._root_handle) is not None:
@@ -323,3 +345,29 @@ class Watcher:
         self._skipped.add(name)
         self._notices.skipped(name, error)
 
+
+def _collect(errors: list[Exception], part: Callable[[], object]) -> None:
+    """Run ``part``; an ``Exception`` it raises goes to ``errors`` (``close()`` goes on with the next part)."""
+    try:
+        part()
+    except Exception as error:  # noqa: BLE001 - close() writes the rest all the same
+        errors.append(error)
+
+
+def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
+    """The spike recorder's clock: the watcher's last started step, read through a weak reference, so that
+    the recorder (listening to every optimizer step of the process) never keeps a dropped watcher alive."""
+    ref = weakref.ref(watcher)
+
+    def last_started_step() -> int | None:
+        found = ref()
+        return None if found is None else found._last_started_step
+
+    return last_started_step
+
+
+def _end_dropped(writer: Writer | None, spikes: SpikeRecorder | None) -> None:
+    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, stops
+    the spike recorder and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
+    if writer is not None:
+        writer.end_when_idle(then=spikes.close if spikes else None)

@@ -83,7 +83,9 @@ def _drop_hook(module: nn.Module, hook: Any) -> None:
         del hooks[key]
 
 
-_hook_functions: dict[str, Callable[[nn.Module, Any], None]] = {}  # kept: a copy may pickle it after close
+# Each live root hook by name, for pickles by name; weak, so that a dropped model lets its watcher go (a copy
+# that holds the function keeps it here, after close too).
+_hook_functions: weakref.WeakValueDictionary[str, Callable[[nn.Module, Any], None]] = weakref.WeakValueDictionary()
 
 
 def leave_out_of_copies(model: nn.Module, hook: Callable[[nn.Module, Any], None]) -> Callable[[], None]:

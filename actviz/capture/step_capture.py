@@ -143,7 +143,7 @@ class StepCapture:
         self._hooks = HookHandles()
         self._layer_pairs = list(layers)  # the watcher's own pairs: its steps reuse their lookup (LoopHistory)
         self._layers = dict(layers)
-        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler)
+        self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
                                          self._hooks.group("gradients"))

@@ -15,13 +15,14 @@ from __future__ import annotations
 import operator
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..common._internals import forward_hooks
+from ..common.safe_warnings import warn_safely
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from ..common.optimizer_steps import subscribe
@@ -39,18 +40,25 @@ __all__ = ["LoopHistory", "StepParameters"]
 _GRAD = operator.attrgetter("grad")  # a parameter's .grad, read in C in map()
 
 
+def _same_layout(now: torch.Tensor, then: torch.Tensor) -> bool:
+    """Whether a parameter's value ``now`` can be compared with its copy ``then``: same shape, same device."""
+    return now.shape == then.shape and now.device == then.device
+
+
 @dataclass
 class LoopHistory:
     """What a watcher learned about its training loop, shared by its steps.
 
     ``optimizer_steps``: ``True`` once an optimizer holding a watched parameter stepped after a
     logging step's backward; ``False`` once a step waited for one in vain; ``None`` before.
+    ``resized``: the parameters resized across an update (no update ratio), each warned about once.
     ``layer_lookup``: the last step's ``(layers, layers_by_module(layers), the modules' forward hook dicts)``,
     reused while its steps watch the same ``(name, module)`` pairs (:meth:`lookup`); ``statistic_lookup`` likewise
     the statistics each layer runs (:meth:`statistics`).
     """
 
     optimizer_steps: bool | None = None
+    resized: set[str] = field(default_factory=set)  # parameters whose update ratio was skipped, warned about
     layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
     statistic_lookup: tuple[list[tuple[str, nn.Module]], Chosen] | None = None
 
@@ -86,11 +94,13 @@ class StepParameters:
         pending: Where the step's results go.
         report: Called with the failing parameter name and the exception.
         grad_scaler: A ``torch.amp.GradScaler`` whose scale the gradients carry, or ``None``.
+        history: The watcher's :class:`LoopHistory` (which resized parameters were warned about).
 
     With ``options.update_ratio`` it also logs ``update_ratio/{param}`` =
     ||w_after - w_before|| / ||w_before|| across the update that follows the step, from a
     copy of the parameters taken just before it (with the gradients) and compared when the
-    step ends.
+    step ends. A parameter resized in between (``p.data = torch.randn(new_shape)``)
+    gets no ratio for that step, with one warning per parameter; the step is logged all the same.
 
     Example:
         The gradients logged are the ones the optimizer applies, here after clipping:
@@ -114,6 +124,7 @@ class StepParameters:
         pending: PendingStep,
         report: Callable[[str, BaseException], None],
         grad_scaler: Any = None,
+        history: LoopHistory | None = None,
     ) -> None:
         self.named = list(parameters)
         self.update_ratio = options.update_ratio
@@ -123,6 +134,7 @@ class StepParameters:
         self._pending = pending
         self._report = report
         self._grad_scaler = grad_scaler
+        self._history = history or LoopHistory()
         # merged across ranks (merge_ranks) only when sharded: looked at only then
         self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
         self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
@@ -146,7 +158,9 @@ class StepParameters:
         """Hook the optimizers that hold a trainable watched parameter; the handle goes to ``add_handle``.
 
         ``on_optimizer_step(optimizer)`` runs before such an optimizer steps, ``on_optimizer_done(optimizer)``
-        after it (a closure may have run the backward inside).
+        after it (a closure may have run the backward inside). The subscription, the process's, holds the
+        step until it ends: a watcher dropped with a step open is kept until exit, which closes it and
+        writes the step (:mod:`actviz.output.open_watchers`).
         """
         watched = {id(param) for _, param in self.trainable}
 
@@ -201,14 +215,41 @@ class StepParameters:
     def hand_over(self) -> None:
         """Put the last gradients taken, and the update ratios since, into the step's results."""
         if self._before is not None:
-            after = [local_shard(param) for _, param in self.trainable]
-            change = torch._foreach_norm(torch._foreach_sub(after, self._before))
-            ratios = torch._foreach_div(change, torch._foreach_norm(self._before))  # NaN for an all-zero parameter
-            for (name, _), ratio in zip(self.trainable, ratios):
-                self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
-            self._before = None
+            before, self._before = self._before, None
+            self._add_update_ratios(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
+
+    def _add_update_ratios(self, before: list[torch.Tensor]) -> None:
+        """``update_ratio/{param}`` of the parameters still shaped as ``before`` (a few ops for all of them).
+
+        A parameter resized, or moved, since :meth:`take_gradients` is skipped and warned about once; if the
+        ops fail all the same, the step's ratios are skipped with one warning, never an error: the step goes on.
+        """
+        pairs, after = self.trainable, [local_shard(param) for _, param in self.trainable]
+        same = list(map(_same_layout, after, before))
+        if not all(same):  # the same lists while nothing is resized: no new tuples
+            resized = [name for (name, _), kept in zip(pairs, same) if not kept]
+            self._warn_once(resized, f"actviz: no update ratio for {', '.join(resized)}: the parameter changed shape or "
+                                     "device across the optimizer step (resized in place); the step is logged without it")
+            pairs, after, before = ([item for item, kept in zip(items, same) if kept] for items in (pairs, after, before))
+        if not pairs:
+            return
+        try:
+            change = torch._foreach_norm(torch._foreach_sub(after, before))
+            ratios = torch._foreach_div(change, torch._foreach_norm(before))  # NaN for an all-zero parameter
+        except Exception as error:  # noqa: BLE001 - a parameter changed some other way: the step goes on
+            self._warn_once([UPDATE_RATIO], f"actviz: no update ratios for this step, and any later one that fails the "
+                                            f"same way: {type(error).__name__}: {error}")
+            return
+        for (name, _), ratio in zip(pairs, ratios):
+            self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
+
+    def _warn_once(self, names: list[str], message: str) -> None:
+        """Warn with ``message`` unless every one of ``names`` was warned about already."""
+        if not self._history.resized.issuperset(names):
+            self._history.resized.update(names)
+            warn_safely(message, RuntimeWarning)
 
     def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:
         """Reduce ``tensors`` (the parameters of ``named``, or their gradients) in a fixed number of ops;

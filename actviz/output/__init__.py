@@ -4,7 +4,10 @@
   copy per device;
 * :mod:`~actviz.common.results`: what a step logs, on the host (:class:`Summary`, :class:`StepResults`);
 * :mod:`~actviz.output.writer_thread`: :class:`Writer`, the writer half of a step's path (finish, diagnose,
-  write, ``on_step``) on one thread that is never waited on when it cannot answer, or at once with ``strict=True``;
+  write, ``on_alert`` and ``on_step``) on one thread that is never waited on when it cannot answer, or at once
+  with ``strict=True``;
+* :mod:`~actviz.output.step_callbacks`: the user's ``on_alert`` and ``on_step``, called once their step is written;
+* :mod:`~actviz.output.once_warnings`: the writer's warnings, each kind once;
 * :mod:`~actviz.output.sink`: the ``Sink`` interface (``write``, ``flush``, ``close``) that
   ``watch(sink=...)`` accepts;
 * :mod:`~actviz.output.tensorboard`: :class:`TensorBoardSink`, one sink;

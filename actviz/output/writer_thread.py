@@ -4,9 +4,9 @@
 training thread (:meth:`Writer.deliver`) and goes on. Its :meth:`Writer.process` is the whole
 writer half, one step at a time and in step order: finish the step on the host, diagnose it
 (alerts, flow pictures, spikes: :class:`~actviz.diagnosis.step_diagnosis.Diagnosis`), write it
-to the sink, keep it as :attr:`Writer.latest` and call the user's ``on_step``. It runs on the
-writer thread, or with ``strict=True`` at once on the training thread, so that an error raises
-there.
+to the sink, keep it as :attr:`Writer.latest`, and only then call the user's ``on_alert`` and
+``on_step`` (:mod:`actviz.output.step_callbacks`). It runs on the writer thread, or with
+``strict=True`` at once on the training thread, so that an error raises there.
 
 Nothing here may hang or stop the training thread. At most two steps wait in the queue, and the
 training thread waits for the writer thread only while it answers: while each thing it does (a
@@ -18,9 +18,10 @@ daemon: one stuck in a sink does not hold up the interpreter's exit. A forked ch
 changed: Hogwild, ``os.fork()``), a writer thread that is gone, or a closed writer make
 :meth:`~Writer.deliver` a no-op with one warning; the user's ``on_step`` may call ``flush()`` or
 ``close()`` from the writer thread itself, or raise anything, ``SystemExit`` included; a step that
-fails to finish or write, and ``flush()``/``close()`` that fail, warn once instead of raising. A
-``close()`` interrupted (Ctrl-C) can be called again and still writes what was queued. With
-``strict=True`` the sink runs on the training thread, unbounded.
+fails to finish or write, and ``flush()``/``close()`` that fail, warn once instead of raising
+(:mod:`actviz.output.once_warnings`). A watcher dropped without ``close()`` ends its thread
+(:meth:`Writer.end_when_idle`). A ``close()`` interrupted (Ctrl-C) can be called again and still
+writes what was queued. With ``strict=True`` the sink runs on the training thread, unbounded.
 
 The limits are module attributes, read at each wait: ``WRITE_TIMEOUT_SECONDS = 120.0`` for a slow tracker.
 """
@@ -36,10 +37,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..common.results import StepResults
-from ..common.safe_warnings import warn_safely
 from ..tags import LAYERS
+from .once_warnings import OnceWarnings
 from .pending_step import PendingStep
-from .sink import METHODS, Sink, failure_cause, sink_name
+from .sink import METHODS, Sink, sink_name
+from .step_callbacks import StepCallbacks
 
 __all__ = ["Writer"]
 
@@ -73,6 +75,7 @@ class Writer:
         sink: The sink (:class:`~actviz.output.tensorboard.TensorBoardSink`, or a fan-out to the user's too).
         strict: Process each step on the training thread as it is delivered, and let errors raise.
         on_step: Called with each step's results once written.
+        callbacks: The user's ``on_alert`` and ``on_step`` (instead of ``on_step``), called once a step is written.
         diagnose: Called with each step's results before they are written
             (:class:`~actviz.diagnosis.step_diagnosis.Diagnosis`).
         max_pending: Most steps queued at once.
@@ -96,13 +99,14 @@ class Writer:
     def __init__(
         self, sink: Sink, strict: bool = False, on_step: Callable[[StepResults], None] | None = None,
         diagnose: Callable[[StepResults], None] | None = None, max_pending: int = 2,
+        callbacks: StepCallbacks | None = None,
     ) -> None:
         self.sink = sink
         self.strict = strict
         self.latest: StepResults | None = None
         self.layer_table: str | None = None
         self.dropped_steps = 0  # steps delivered that no sink got: see deliver()
-        self._on_step = on_step
+        self.callbacks = callbacks or StepCallbacks(on_step=on_step)
         self._diagnose = diagnose
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)  # steps, _FLUSH, or None: stop
         self._thread: threading.Thread | None = None
@@ -110,10 +114,16 @@ class Writer:
         self._stop_sent = False  # the thread was asked to stop once the queue is drained
         self._closed = False
         self._sink_closed = False  # the sink's close() was called
-        self._warned: set[str] = set()
+        self._warnings = OnceWarnings()  # each kind once; training goes on
         self._last_answer = time.monotonic()  # when the writer thread last showed that it answers
         self._doing: tuple[str, int | None] = ("waiting", None)  # a sink method or what else it does, and the step
         self._closing_since: float | None = None  # when the writer thread called the sink's close()
+        self._then: Callable[[], None] | None = None  # called by the thread after the sink's close (end_when_idle)
+        if not strict:  # from the start, so that a watcher dropped unclosed ends it without starting one
+            try:
+                self._start()
+            except RuntimeError:  # no new thread at interpreter shutdown: started at the first step, if ever
+                pass
 
     @property
     def writer(self) -> Any:
@@ -123,32 +133,29 @@ class Writer:
     # -- the writer half of the path ------------------------------------------------------------------
 
     def process(self, pending: PendingStep) -> None:
-        """Finish one step on the host, diagnose it, write it, keep it as :attr:`latest` and call ``on_step``.
+        """Finish one step on the host, diagnose it, write it, keep it as :attr:`latest`, then call the callbacks.
 
         Runs on the writer thread, or on the training thread with ``strict=True``. A step with nothing
-        in it is not written.
+        in it is not written. ``on_alert`` and ``on_step`` run once the step is written, whatever happened
+        before (:mod:`actviz.output.step_callbacks`).
         """
         self._doing = (f"the host half of step {pending.step} (its copy from the device, its statistics)", None)
         results = pending.resolve()
-        if self._diagnose is not None:
-            self._doing = (f"the alerts, flow pictures and spikes of step {results.step}", None)
-            self._diagnose(results)
-        if results.is_empty():
-            return
-        self._doing = ("write", results.step)
-        self.sink.write(results)
-        self.latest = results
-        if LAYERS in results.texts:
-            self.layer_table = results.texts[LAYERS]
-        if self._on_step is not None:
-            self._doing = (f"on_step with step {results.step}", None)
-            try:
-                self._on_step(results)
-            except BaseException as error:
-                if self.strict:  # on the training thread
-                    raise
-                self._warn_once("on_step", f"actviz's on_step callback raised {type(error).__name__}: {error} "
-                                           f"(step {results.step})", error)
+        written = False
+        try:
+            if self._diagnose is not None:
+                self._doing = (f"the alerts, flow pictures and spikes of step {results.step}", None)
+                self._diagnose(results)
+            if not results.is_empty():
+                self._doing = ("write", results.step)
+                self.sink.write(results)
+                written = True
+                self.latest = results
+                if LAYERS in results.texts:
+                    self.layer_table = results.texts[LAYERS]
+        finally:
+            self._doing = (f"on_alert and on_step with step {results.step}", None)
+            self.callbacks.after_write(results if written else None, self.strict, self._warnings.warn)
 
     # -- the training thread's side ---------------------------------------------------------------
 
@@ -165,7 +172,7 @@ class Writer:
             self._queue_step(pending)
         except Exception as error:  # noqa: BLE001 - no thread at interpreter shutdown must not stop training
             self.dropped_steps += 1
-            self._failed(pending, error)
+            self._warnings.failed(pending.step, error)
 
     def flush(self) -> None:
         """Wait, while the writer thread answers, until every queued step is written and the sink flushed.
@@ -222,6 +229,17 @@ class Writer:
             logger.warning("actviz dropped %d logging steps that its writer could not take (viz.dropped_steps)",
                            self.dropped_steps)
 
+    def end_when_idle(self, then: Callable[[], None] | None = None) -> None:
+        """Let the thread write what is queued, close the sink, call ``then`` and end, without waiting for it.
+
+        For a watcher dropped without :meth:`close` (:mod:`actviz.watcher`'s finalizer), so it runs inside
+        the garbage collector, on any thread: it sets two attributes, and takes no lock and starts no thread
+        (the thread runs from the start unless ``strict``). Never raises.
+        """
+        if not (self._closed or self._stop_sent):
+            self._then = then
+            self._stop_sent = True  # the thread closes the sink once the queue is empty
+
     def on_thread(self) -> bool:
         """Whether the caller runs on the writer thread (in ``on_step``)."""
         return self._thread is not None and threading.current_thread() is self._thread
@@ -229,7 +247,7 @@ class Writer:
     def _queue_step(self, pending: PendingStep) -> None:
         if self._closed or self._stop_sent:
             self.dropped_steps += 1
-            self._warn_once("closed", f"actviz dropped step {pending.step}: the watcher is closed")
+            self._warnings.warn("closed", f"actviz dropped step {pending.step}: the watcher is closed")
             return
         if not self._usable():
             self.dropped_steps += 1
@@ -239,7 +257,7 @@ class Writer:
                 self._queue.put_nowait(pending)
             except queue.Full:
                 self.dropped_steps += 1
-                self._warn_once("full", f"actviz dropped step {pending.step}, logged from inside on_step")
+                self._warnings.warn("full", f"actviz dropped step {pending.step}, logged from inside on_step")
             return
         if self._thread is None:
             self._start()
@@ -258,12 +276,12 @@ class Writer:
 
     def _usable(self) -> bool:
         if os.getpid() != self._pid:
-            self._warn_once("fork", "actviz writes nothing in this process: it was forked from the one that called "
+            self._warnings.warn("fork", "actviz writes nothing in this process: it was forked from the one that called "
                                     "watch(), whose writer thread it does not have. Call actviz.watch() in each "
                                     "process that should log (with its own log_dir).")
             return False
         if self._thread is not None and not self._thread.is_alive() and not self._stop_sent:
-            self._warn_once("dead", "actviz's writer thread is gone (the interpreter is shutting down?): "
+            self._warnings.warn("dead", "actviz's writer thread is gone (the interpreter is shutting down?): "
                                     "later steps are not written")
             return False
         return True
@@ -329,7 +347,7 @@ class Writer:
         if step is not None:
             waited_for += f" with step {step}"
         then = "close() returns without it" if closing else "the steps it cannot take are dropped, counted in viz.dropped_steps"
-        self._warn_once(f"{name} limit", f"actviz's writer has waited {limit:g} s for {waited_for}, which has not returned: "
+        self._warnings.warn(f"{name} limit", f"actviz's writer has waited {limit:g} s for {waited_for}, which has not returned: "
                                          f"{then} (the limit is actviz.output.writer_thread.{name}_TIMEOUT_SECONDS)")
 
     # -- the writer thread ---------------------------------------------------------------------------
@@ -351,12 +369,12 @@ class Writer:
                     return
                 if pending is _FLUSH:
                     self._doing = ("flush", None)
-                    self._guarded("flush", self.sink.flush)
+                    self._warnings.guarded("flush", self.sink.flush)
                 else:
                     try:
                         self.process(pending)
                     except BaseException as error:  # noqa: BLE001 - SystemExit would end the thread, hanging the next put
-                        self._failed(pending, error)
+                        self._warnings.failed(pending.step, error)
             finally:
                 self._doing = ("waiting", None)
                 self._answered()
@@ -368,29 +386,6 @@ class Writer:
         self._sink_closed = True
         self._doing = ("close", None)
         self._closing_since = time.monotonic()
-        self._guarded("close", self.sink.close)
-
-    # -- warnings: once each, and training goes on -------------------------------------------------------
-
-    def _failed(self, pending: PendingStep, error: BaseException) -> None:
-        try:
-            self._warn_once(failure_cause(error, "write"),
-                            f"actviz could not write step {pending.step}: {type(error).__name__}: {error}", error)
-        except BaseException:  # a warning filter that raises must not end the thread
-            logger.debug("reporting a failed write failed", exc_info=True)
-
-    def _guarded(self, what: str, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001 - a full disk must not end the with-block with an error
-            self._warn_once(failure_cause(error, what), f"actviz could not {what} its writer: {type(error).__name__}: {error}",
-                            error)
-
-    def _warn_once(self, kind: str, message: str, error: BaseException | None = None) -> None:
-        """Warn once per ``kind``; with ``error``, each failure is logged at DEBUG level too."""
-        if kind not in self._warned:
-            self._warned.add(kind)
-            later = "; later failures are logged at DEBUG level" if error is not None else ""
-            warn_safely(f"{message}. Training goes on{later}.", RuntimeWarning)
-        if error is not None:
-            logger.debug("%s failed", kind, exc_info=error)
+        self._warnings.guarded("close", self.sink.close)
+        if self._then is not None:
+            self._warnings.guarded("end", self._then)
