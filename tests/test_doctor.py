@@ -175,7 +175,7 @@ def test_the_python_blocks_of_docs_diagnosis_md_run(tmp_path, monkeypatch, capsy
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/diagnosis.md", "exec"), {})
-    assert "[(100, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
+    assert "[(20, 'vanishing_gradients', '0')]" in capsys.readouterr().out  # what the block's comment says
 
 
 # --- anything in RUN_DIR: FIFOs, damaged records, odd names (each call under a hard timeout) ---

@@ -2,6 +2,7 @@
 
 * :mod:`~actviz.diagnosis.step_diagnosis`: :class:`Diagnosis`, called with each step's results;
 * :mod:`~actviz.diagnosis.alerts`: health alerts, rules over a step's statistics;
+* :mod:`~actviz.diagnosis.trends`: the alerts that compare a layer with its own history;
 * :mod:`~actviz.diagnosis.transformer_alerts`: the rules over transformer statistics;
 * :mod:`~actviz.diagnosis.flow`: flow pictures, every layer over time;
 * :mod:`~actviz.diagnosis.spikes`: the spike recorder (``watch(spikes=True)``);

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-import statistics
 from collections import deque
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
@@ -30,17 +29,20 @@ __all__ = ["DEFAULT_THRESHOLDS", "KEPT_ALERTS", "Alert", "HealthMonitor", "check
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
 DEFAULT_THRESHOLDS: dict[str, float] = {
-    "warmup_steps": 100,  # vanishing, exploding and update-ratio alerts only from this training step on
-    "vanishing_ratio": 1e-3,  # RMS output gradient below this x the median over watched layers ...
-    "vanishing_steps": 3,  # ... for this many logging steps in a row
-    "exploding_sigma": 6.0,  # log10 gradient norm above its running median + this many robust deviations ...
+    "warmup_steps": 100,  # the vanishing ratio and update-ratio alerts only from this training step on
+    "vanishing_ratio": 1e-3,  # RMS output gradient below this x the median over watched layers (after the warm-up) ...
+    "vanishing_early_ratio": 1e-4,  # ... or below this x the median at any step ...
+    "vanishing_steps": 3,  # ... or exactly zero, for this many logging steps in a row
+    "exploding_factor": 10.0,  # gradient norm above this x the largest of its last logging steps ...
     "exploding_min_history": 8,  # ... once it has this many logging steps of history ...
-    "exploding_median_factor": 10.0,  # ... and always at least this x its running median
+    "exploding_early_factor": 1000.0,  # ... or above this x the largest of its fewer logging steps
+    "activation_factor": 100.0,  # activation RMS above this x the largest of its last logging steps
+    "frozen_steps": 2,  # a parameter with a gradient unchanged over this many logging steps in a row
     "dead_zero_fraction": 0.99,  # zero fraction of a ReLU-family output
     "dead_channel_fraction": 0.9,  # fraction of a ReLU's channels that are zero for the whole batch
     "saturation_fraction": 0.05,  # fraction of a Tanh's or Sigmoid's outputs within 0.03 of a bound
     "update_ratio_low": 1e-4,  # ||dW|| / ||W|| of a weight below this ...
-    "update_ratio_high": 1e-2,  # ... or above this ...
+    "update_ratio_high": 1e-2,  # ... or above this (above 1: from step 0) ...
     "update_ratio_steps": 3,  # ... for this many logging steps in a row
 }
 
@@ -143,7 +145,7 @@ def check_alerts(alerts: Any) -> dict[str, float] | None:
         TypeError: Not a bool or a dict, or a threshold that is not a number.
         ValueError: An unknown threshold name (the nearest is suggested), or a value out of its bounds:
             fractions in (0, 1], counts of steps whole numbers (logging steps 1 or more, ``warmup_steps`` 0 or
-            more, ``exploding_min_history`` at most 32), ``exploding_median_factor`` 1 or more, the rest
+            more, ``exploding_min_history`` at most 32), factors 1 or more, the rest
             positive and ``update_ratio_low`` below ``update_ratio_high``. The error names the unit and the
             default.
 
@@ -188,11 +190,14 @@ def _whole(low: float, high: float = math.inf) -> Callable[[float], bool]:
 _BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "warmup_steps": ("a whole number of training steps, 0 or more", _whole(0)),
     "vanishing_ratio": ("a fraction of the median in (0, 1]", lambda value: 0 < value <= 1),
+    "vanishing_early_ratio": ("a fraction of the median in (0, 1]", lambda value: 0 < value <= 1),
     "vanishing_steps": ("a whole number of logging steps, 1 or more", _whole(1)),
-    "exploding_sigma": ("a positive number of robust standard deviations", lambda value: value > 0),
+    "exploding_factor": ("a factor over the history, 1 or more", lambda value: value >= 1),
+    "exploding_early_factor": ("a factor over the history, 1 or more", lambda value: value >= 1),
+    "activation_factor": ("a factor over the history, 1 or more", lambda value: value >= 1),
+    "frozen_steps": ("a whole number of logging steps, 1 or more", _whole(1)),
     "exploding_min_history": (f"a whole number of logging steps from 1 to {HISTORY} (the history kept)",
                               _whole(1, HISTORY)),
-    "exploding_median_factor": ("a factor over the running median, 1 or more", lambda value: value >= 1),
     "dead_zero_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
     "dead_channel_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
     "saturation_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
@@ -205,12 +210,17 @@ _BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
 class HealthMonitor:
     """Applies the rules to each step's results on the writer thread and reports what they find.
 
+    The rules of one step (non-finite values, dead units, saturation, the update ratio) are here; the rules
+    that compare a layer with its own history are :class:`actviz.diagnosis.trends.LayerTrends`, given as
+    ``trends`` (:func:`actviz.diagnosis.trends.health_monitor` makes a monitor with them).
+
     Args:
         thresholds: From :func:`check_alerts`.
         relu_layers: Names of the watched layers that are ReLU-family modules.
         matrices: Names of the watched parameters with 2 or more dimensions (the update-ratio rule's);
             ``None`` for every parameter.
         on_alert: Called with each :class:`Alert`, on the writer thread.
+        trends: Called with each step's results; returns more alerts.
 
     Example:
         >>> from actviz.common.results import Summary
@@ -223,29 +233,24 @@ class HealthMonitor:
     def __init__(
         self, thresholds: dict[str, float], relu_layers: set[str] | frozenset[str] = frozenset(),
         matrices: Container[str] | None = None, on_alert: Callable[[Alert], None] | None = None,
+        trends: Callable[[StepResults], list[Alert]] | None = None,
     ) -> None:
         self.thresholds = thresholds
         self.relu_layers = set(relu_layers)
         self.matrices = matrices
         self.on_alert = on_alert
         self.alerts: deque[Alert] = deque(maxlen=KEPT_ALERTS)
+        self.trends = trends
         self._fired: set[tuple[str, str | None]] = set()
-        self._norms: dict[str, deque[float]] = {}
         self._streaks: dict[tuple[str, str], int] = {}
 
     def check(self, results: StepResults) -> list[Alert]:
-        """Run every rule on one step; return the new alerts (each rule fires once per layer and run).
-
-        Vanishing and exploding gradients and the update ratio are judged from step ``warmup_steps`` (100)
-        on; their histories fill from step 0. A freshly initialised network is a transient: attention's
-        query and key projections get about 1e-4 of the median gradient at initialisation, and Adam's
-        first updates are as large as the learning rate whatever the gradient.
-        """
+        """Run every rule on one step; return the new alerts (each rule fires once per layer and run)."""
         found = [*self._nonfinite(results), *self._dead_units(results), *self._saturation(results),
                  *results.alerts]  # found while the step was finished (actviz.diagnosis.transformer_alerts)
         results.alerts = []
-        trends = [*self._vanishing(results), *self._exploding(results), *self._update_ratio(results)]
-        found += trends if results.step >= self.thresholds["warmup_steps"] else []
+        found += self.trends(results) if self.trends is not None else []
+        found += self._update_ratio(results)
         fresh = []
         for alert in found:
             if (alert.rule, alert.layer) not in self._fired:
@@ -285,60 +290,6 @@ class HealthMonitor:
                                   f"NaN or Inf first at step {results.step}, {where} {layer!r} "
                                   f"({summary.nonfinite} of {summary.num} elements)")]
         return []
-
-    def _vanishing(self, results: StepResults) -> list[Alert]:
-        """Vanishing gradients: a layer's output-gradient RMS below ``vanishing_ratio`` (1e-3) x the median
-        over the watched layers, ``vanishing_steps`` (3) logging steps in a row. Healthy layers of one network
-        differ by one or two orders of magnitude (He et al. 2015 keep them within a small factor by design;
-        Glorot & Bengio 2010 show the 1e-3 and smaller ratios of saturated deep nets); three steps in a row
-        ignore one odd batch."""
-        rms = {layer: math.sqrt(s.sum_squares / s.finite_count) for layer, s in results.gradients.items()
-               if s.finite_count and not s.nonfinite}
-        if len(rms) < 3:
-            return []
-        limit = self.thresholds["vanishing_ratio"] * statistics.median(rms.values())
-        found = []
-        for layer, value in rms.items():
-            if self._streak("vanishing", layer, value < limit) >= self.thresholds["vanishing_steps"]:
-                found.append(Alert(results.step, "vanishing_gradients", layer, "gradient_rms", value, limit,
-                                   f"vanishing gradients at step {results.step} in {layer!r}: its output gradient's "
-                                   f"RMS {value:.3g} is below {self.thresholds['vanishing_ratio']:g} x the median of "
-                                   f"the watched layers ({limit:.3g}) for {self.thresholds['vanishing_steps']:g} "
-                                   "logging steps in a row"))
-        return found
-
-    def _exploding(self, results: StepResults) -> list[Alert]:
-        """Exploding gradients: a layer's gradient norm far above its own recent history, judged on a log
-        scale with robust statistics. With ``m`` the median and ``s`` the scaled median absolute deviation
-        (1.4826 x MAD, a standard deviation for normal data) of the log10 norms of its last logging steps
-        (at least ``exploding_min_history``, 8, at most 32), it fires when the log10 norm passes
-        ``m + max(log10(exploding_median_factor), exploding_sigma x s)``: at least 10x the median (the
-        ``exploding_median_factor``), and further for a layer whose norm wanders by nature. A gradient
-        norm's batch-to-batch noise is multiplicative (small batches, an embedding whose rows follow the
-        batch's tokens), so a mean and standard deviation of raw norms, pulled up by one large early value,
-        fire on ordinary fluctuation; the median and MAD of the logs do not. Six sigma is the loss-spike
-        rule of OLMo's and LLM-Foundry's trainers; ten times the median is one decade, the smallest jump
-        the rule calls an explosion."""
-        found = []
-        floor = math.log10(self.thresholds["exploding_median_factor"])
-        for layer, summary in results.gradients.items():
-            norm = summary.norm
-            history = self._norms.setdefault(layer, deque(maxlen=HISTORY))
-            if not math.isfinite(norm) or norm <= 0 or summary.nonfinite:
-                continue
-            if len(history) >= self.thresholds["exploding_min_history"]:
-                logs = [math.log10(value) for value in history]
-                middle = statistics.median(logs)
-                spread = 1.4826 * statistics.median(abs(value - middle) for value in logs)
-                margin = max(floor, self.thresholds["exploding_sigma"] * spread)
-                if math.log10(norm) > middle + margin:
-                    median, limit = 10.0 ** middle, 10.0 ** (middle + margin)
-                    found.append(Alert(results.step, "exploding_gradients", layer, "gradient_norm", norm, limit,
-                                       f"exploding gradients at step {results.step} in {layer!r}: gradient norm "
-                                       f"{norm:.3g} is {norm / median:.3g}x the median {median:.3g} of its last "
-                                       f"{len(history)} logging steps, above the limit {limit:.3g}"))
-            history.append(norm)
-        return found
 
     def _dead_units(self, results: StepResults) -> list[Alert]:
         """Dead units: a ReLU-family output with ``dead_zero_fraction`` (0.99) of its elements zero, or
@@ -381,14 +332,17 @@ class HealthMonitor:
         """Update ratio out of [``update_ratio_low``, ``update_ratio_high``] = [1e-4, 1e-2] for
         ``update_ratio_steps`` (3) logging steps in a row, weights with 2 or more dimensions only (a bias
         starting at zero has no meaningful ratio). Around 1e-3 is healthy (Karpathy, CS231n "Babysitting
-        the learning process"); a decade off either side means a learning rate 10x too large or small."""
+        the learning process"); a decade off either side means a learning rate 10x too large or small.
+        Judged from step ``warmup_steps`` (100) on, Adam's first updates being as large as the learning rate
+        whatever the gradient; a ratio above 1 (a weight that moves by more than itself) from step 0."""
         low, high = self.thresholds["update_ratio_low"], self.thresholds["update_ratio_high"]
+        judged = results.step >= self.thresholds["warmup_steps"]
         found = []
         for tag, ratio in results.scalars.items():
             param = tag.removeprefix(UPDATE_RATIO.format(param=""))
             if param == tag or not math.isfinite(ratio) or (self.matrices is not None and param not in self.matrices):
                 continue
-            outside = not low <= ratio <= high
+            outside = (ratio > 1 or judged) and not low <= ratio <= high
             if self._streak("update_ratio", param, outside) >= self.thresholds["update_ratio_steps"]:
                 side = "above" if ratio > high else "below"
                 found.append(Alert(results.step, "update_ratio", param, "update_ratio", ratio,

@@ -1,7 +1,7 @@
 """What actviz adds to each step on the writer thread, before it is written: alerts, flow pictures, spikes.
 
 :class:`Diagnosis` is the one object :class:`~actviz.output.writer_thread.Writer` calls with each
-step's results (``diagnose=``): the health rules (:mod:`actviz.diagnosis.alerts`), the flow pictures
+step's results (``diagnose=``): the health rules (:mod:`actviz.diagnosis.alerts`, :mod:`actviz.diagnosis.trends`), the flow pictures
 (:mod:`actviz.diagnosis.flow`) and the spike recorder's findings (:mod:`actviz.diagnosis.spikes`). A failure
 here warns once and the step is written all the same.
 """
@@ -22,6 +22,7 @@ from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
 from .transformer_alerts import outlier_alerts
+from .trends import health_monitor
 from ..tags import ALERTS
 from ..statistics.unit_counts import is_relu_family
 
@@ -156,8 +157,7 @@ def make_diagnosis(
     ``layers`` are ``(tag name, module)``; ``alerts`` has been checked (:func:`~actviz.diagnosis.alerts.check_alerts`).
     """
     thresholds = check_alerts(alerts)
-    monitor = None if thresholds is None else HealthMonitor(
-        thresholds, {name for name, module in layers if is_relu_family(module)},
-        MatrixNames(model), on_alert,
+    monitor = None if thresholds is None else health_monitor(
+        thresholds, {name for name, module in layers if is_relu_family(module)}, MatrixNames(model), on_alert,
     )
     return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps), spikes, on_alert)

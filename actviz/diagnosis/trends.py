@@ -1,0 +1,212 @@
+"""Alerts that compare a layer with its own history, or with the other layers: how a run goes bad over time.
+
+:class:`LayerTrends` keeps, per watched layer, the last :data:`~actviz.diagnosis.alerts.HISTORY` logging
+steps of a few numbers (log10 gradient norm, log10 activation RMS, a parameter's fingerprint) and checks
+each step against them:
+
+* ``vanishing_gradients``: an output gradient exactly zero, or far below the median of the other layers;
+* ``exploding_gradients``: a gradient norm a decade above the largest of its own history;
+* ``exploding_activations``: an activation RMS two decades above the largest of its own history;
+* ``diverged``: most layers' gradients became exactly zero while the output still has one;
+* ``frozen_parameter``: a parameter with a gradient that does not change between logging steps.
+
+Layers of one network legitimately differ by a decade or two (an embedding, a norm, a residual stream), so
+the explosion rules compare a layer with itself, on a log scale, where a gradient's multiplicative noise is
+additive. The thresholds are calibrated on ``scripts/diagnosis_benchmark.py`` (docs/diagnosis.md): each
+docstring says what the healthy programs reach and what the sick ones reach.
+
+Example:
+    >>> from actviz.common.results import StepResults, Summary
+    >>> from actviz.diagnosis.alerts import check_alerts
+    >>> trends = LayerTrends(check_alerts(True))
+    >>> ok, zero = Summary(4, 0, 0, 0.1, 0.2, 0.6, 0.1, [4.0]), Summary(4, 0, 4, 0.0, 0.0, 0.0, 0.0, [4.0])
+    >>> for step in range(3):
+    ...     found = trends(StepResults(step, gradients={"fc1": zero, "fc2": ok}))
+    >>> [(alert.step, alert.rule, alert.layer) for alert in found]
+    [(2, 'vanishing_gradients', 'fc1')]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Callable, Container
+
+from ..common.results import StepResults, Summary
+from .alerts import HISTORY, Alert, HealthMonitor
+
+__all__ = ["LayerTrends", "health_monitor"]
+
+
+def _rms(summary: Summary) -> float:
+    return math.sqrt(summary.sum_squares / summary.finite_count) if summary.finite_count else math.nan
+
+
+class LayerTrends:
+    """The history rules of one watched model; call it with each logging step's results, in order.
+
+    Args:
+        thresholds: From :func:`~actviz.diagnosis.alerts.check_alerts`.
+    """
+
+    def __init__(self, thresholds: dict[str, float]) -> None:
+        self.thresholds = thresholds
+        self._gradients: dict[str, deque[float]] = {}  # log10 gradient norms
+        self._activations: dict[str, deque[float]] = {}  # log10 activation RMS
+        self._fingerprints: dict[str, tuple[float, ...]] = {}
+        self._had_gradient: set[str] = set()
+        self._streaks: dict[tuple[str, str], int] = {}
+
+    def __call__(self, results: StepResults) -> list[Alert]:
+        found = [*self._vanishing(results), *self._diverged(results), *self._exploding(results),
+                 *self._exploding_activations(results), *self._frozen(results)]
+        self._had_gradient.update(layer for layer, s in results.gradients.items() if s.sum_squares > 0)
+        return found
+
+    def _streak(self, rule: str, layer: str, hit: bool) -> int:
+        count = self._streaks.get((rule, layer), 0) + 1 if hit else 0
+        self._streaks[(rule, layer)] = count
+        return count
+
+    def _vanishing(self, results: StepResults) -> list[Alert]:
+        """Vanishing gradients, ``vanishing_steps`` (3) logging steps in a row: an output gradient exactly zero
+        (from step 0: nothing reaches the layer; of several such layers the last in forward order is named,
+        the one where the flow stops), or an RMS below ``vanishing_ratio`` (1e-3) x the median over the watched
+        layers from step ``warmup_steps`` (100) on, below ``vanishing_early_ratio`` (1e-4) x from step 0.
+        The healthy programs of the benchmark stay within 1.8 decades of the median (an LSTM's embedding);
+        a fresh BERT's query and key projections reach 5e-4 x the median for their first steps, hence the
+        warm-up; ten sigmoid layers put the first at 6e-5 x the median from step 0 (Glorot & Bengio 2010)."""
+        usable = {layer: s for layer, s in results.gradients.items() if s.finite_count and not s.nonfinite}
+        order = [layer for layer in results.activations if layer in usable]
+        order += [layer for layer in usable if layer not in order]
+        zero = [layer for layer in order if self._streak("zero", layer, usable[layer].sum_squares == 0)
+                >= self.thresholds["vanishing_steps"]]
+        found = []
+        if zero and len(zero) < len(order):
+            last = zero[-1]
+            found.append(Alert(results.step, "vanishing_gradients", last, "gradient_rms", 0.0, 0.0,
+                               f"vanishing gradients at step {results.step} in {last!r}: its output gradient is "
+                               f"exactly zero for {self.thresholds['vanishing_steps']:g} logging steps in a row"
+                               f"{f' (and in {len(zero) - 1} layer(s) before it)' if len(zero) > 1 else ''}: no "
+                               "gradient flows back through it (dead or saturated units after it, or a detached path)"))
+        rms = {layer: _rms(s) for layer, s in usable.items() if s.sum_squares > 0}
+        if len(rms) < 3:
+            return found
+        ratio = self.thresholds["vanishing_ratio" if results.step >= self.thresholds["warmup_steps"]
+                                else "vanishing_early_ratio"]
+        median = statistics.median(rms.values())
+        limit = ratio * median
+        for layer, value in rms.items():
+            if self._streak("vanishing", layer, value < limit) >= self.thresholds["vanishing_steps"]:
+                found.append(Alert(results.step, "vanishing_gradients", layer, "gradient_rms", value, limit,
+                                   f"vanishing gradients at step {results.step} in {layer!r}: its output gradient's "
+                                   f"RMS {value:.3g} is below {ratio:g} x the median {median:.3g} of the watched "
+                                   f"layers for {self.thresholds['vanishing_steps']:g} logging steps in a row"))
+        return found
+
+    def _diverged(self, results: StepResults) -> list[Alert]:
+        """Diverged: the output gradient became exactly zero in more than half of the layers that had one before,
+        while the last layer in forward order (the model's output) still gets one: the loss has a gradient and
+        none passes back. A learning rate far too high blows the weights up and leaves every ReLU dead or every
+        Tanh saturated (the demo CNN at lr 10: 7 of 8 layers at exactly zero). No healthy program of the benchmark
+        has one layer at exactly zero."""
+        usable = {layer: s for layer, s in results.gradients.items() if s.finite_count and not s.nonfinite}
+        order = [layer for layer in results.activations if layer in usable] or list(usable)
+        if len(order) < 3 or usable[order[-1]].sum_squares == 0:
+            return []
+        zero = [layer for layer in order if usable[layer].sum_squares == 0 and layer in self._had_gradient]
+        if 2 * len(zero) <= len(order):
+            return []
+        return [Alert(results.step, "diverged", None, "zero_gradient_layers", float(len(zero)), len(order) / 2,
+                      f"training diverged at step {results.step}: the gradient is exactly zero in {len(zero)} of "
+                      f"{len(order)} layers that had one before, and only the output {order[-1]!r} gets one: the "
+                      "units are dead or saturated, usually after a learning rate too high blew the weights up")]
+
+    def _exploding(self, results: StepResults) -> list[Alert]:
+        """Exploding gradients: a layer's gradient norm above ``exploding_factor`` (10) x the largest of its last
+        logging steps (at most 32) once it has ``exploding_min_history`` (8) of them, above
+        ``exploding_early_factor`` (1000) x before. The largest follows a layer that grows while it learns: the
+        healthy programs of the benchmark reach 0.46 decades over it (an LSTM language model's embedding as it
+        starts to learn rises 3x a logging step, 30x over its median), and their first logging steps stay within
+        one decade; a learning rate x1000 reaches 4.7 decades in one logging step, the demo CNN at lr 10 five
+        decades at its second."""
+        found = []
+        for layer, summary in results.gradients.items():
+            norm = summary.norm
+            history = self._gradients.setdefault(layer, deque(maxlen=HISTORY))
+            if not math.isfinite(norm) or norm <= 0 or summary.nonfinite:
+                continue
+            value = math.log10(norm)
+            grown = len(history) >= self.thresholds["exploding_min_history"]
+            factor = self.thresholds["exploding_factor" if grown else "exploding_early_factor"]
+            if history and value > max(history) + math.log10(factor):
+                largest = 10.0 ** max(history)
+                found.append(Alert(results.step, "exploding_gradients", layer, "gradient_norm", norm, factor * largest,
+                                   f"exploding gradients at step {results.step} in {layer!r}: gradient norm {norm:.3g} "
+                                   f"is {norm / largest:.3g}x the largest {largest:.3g} of its last {len(history)} "
+                                   f"logging steps (the limit is {factor:g}x)"))
+            history.append(value)
+        return found
+
+    def _exploding_activations(self, results: StepResults) -> list[Alert]:
+        """Exploding activations: a layer's output RMS above ``activation_factor`` (100) x the largest of its last
+        logging steps; the first such layer in forward order is named (where the blow-up enters: the first layer
+        for a batch out of range, every layer for weights blown up). The healthy programs of the benchmark move by
+        less than one decade; a batch x1000 moves the first layer by three, the demo CNN at lr 10 its output by
+        six."""
+        found = []
+        for layer, summary in results.activations.items():
+            rms = _rms(summary)
+            history = self._activations.setdefault(layer, deque(maxlen=HISTORY))
+            if not math.isfinite(rms) or rms <= 0 or summary.nonfinite:
+                continue
+            value = math.log10(rms)
+            limit = max(history, default=math.inf) + math.log10(self.thresholds["activation_factor"])
+            if value > limit and not found:
+                found.append(Alert(results.step, "exploding_activations", layer, "activation_rms", rms, 10.0 ** limit,
+                                   f"exploding activations at step {results.step} in {layer!r}: output RMS {rms:.3g} is "
+                                   f"{10.0 ** (value - max(history)):.3g}x the largest of its last {len(history)} "
+                                   "logging steps: a batch out of range, or weights blown up by a learning rate too high"))
+            history.append(value)
+        return found
+
+    def _frozen(self, results: StepResults) -> list[Alert]:
+        """Frozen parameter: a parameter whose gradient's RMS is at least 1e-4 x its own and whose values (sum, sum
+        of squares, min, max) are the same over ``frozen_steps`` + 1 (3) logging steps in a row: it is not in the
+        optimizer (a parameter group forgotten) or its learning rate is 0. A smaller gradient may move it by less
+        than float32 resolves; the healthy programs of the benchmark have none."""
+        found = []
+        same: dict[str, bool] = {}
+        for name, weights in results.weights.items():
+            fingerprint = (weights.sum, weights.sum_squares, weights.min, weights.max)
+            same[name] = fingerprint == self._fingerprints.get(name)
+            self._fingerprints[name] = fingerprint
+        others_moved = sum(not unchanged for unchanged in same.values())
+        for name, weights in results.weights.items():
+            grad = results.weight_grads.get(name)
+            # float32 cannot hold a change below 6e-8 of a value: an SGD step at lr 1e-3 needs a gradient RMS
+            # of 1e-4 x the parameter's to move it visibly
+            moving_grad = (grad is not None and not grad.nonfinite and grad.sum_squares > 0
+                           and _rms(grad) >= 1e-4 * _rms(weights))
+            frozen = same[name] and moving_grad and others_moved > 0
+            if self._streak("frozen", name, frozen) >= self.thresholds["frozen_steps"]:
+                found.append(Alert(results.step, "frozen_parameter", name, "gradient_norm", grad.norm, 0.0,
+                                   f"frozen parameter at step {results.step}: {name!r} has a gradient (norm "
+                                   f"{grad.norm:.3g}) and has not changed over {self.thresholds['frozen_steps'] + 1:g} "
+                                   "logging steps: it is not in the optimizer, or its learning rate is 0"))
+        return found
+
+
+def health_monitor(
+    thresholds: dict[str, float], relu_layers: set[str] | frozenset[str] = frozenset(),
+    matrices: Container[str] | None = None, on_alert: Callable[[Alert], None] | None = None,
+) -> HealthMonitor:
+    """A :class:`~actviz.diagnosis.alerts.HealthMonitor` with every rule, these included.
+
+    Example:
+        >>> from actviz.diagnosis.alerts import check_alerts
+        >>> health_monitor(check_alerts(True)).trends is not None
+        True
+    """
+    return HealthMonitor(thresholds, relu_layers, matrices, on_alert, LayerTrends(thresholds))

@@ -1,0 +1,55 @@
+"""The diagnosis benchmark's quick subset, and a diverged run named by the alerts and by ``actviz doctor``."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import actviz
+from actviz.diagnosis.doctor import EXIT_ALERTS, doctor
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.mark.slow
+def test_the_quick_subset_has_no_false_alarm_and_catches_every_pathology_that_happened():
+    sys.path.insert(0, str(SCRIPTS))
+    import diagnosis_benchmark
+
+    outcomes = [diagnosis_benchmark.run_program(name) for name in diagnosis_benchmark.QUICK]
+    healthy = [outcome for outcome in outcomes if not outcome.sick]
+    sick = [outcome for outcome in outcomes if outcome.sick]
+    assert len(healthy) >= 4 and len(sick) >= 6
+    assert {outcome.name: outcome.alerts for outcome in healthy if outcome.alerts} == {}
+    assert all(outcome.happened is not None for outcome in sick)  # the benchmark's own hooks saw each one
+    assert {outcome.name: outcome.verdict() for outcome in sick} == {outcome.name: "caught" for outcome in sick}
+
+
+def test_a_cnn_at_learning_rate_10_is_named_diverged_and_doctor_exits_1(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                          nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+                          nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(inplace=True), nn.Linear(32, 4))
+    images, labels = torch.randn(256, 3, 8, 8), torch.randint(0, 4, (256,))
+    optimizer = torch.optim.Adam(model.parameters(), lr=10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=5, image_every=False) as viz:
+            for _ in range(60):
+                batch = torch.randint(0, len(images), (16,))
+                loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            viz.flush()
+            alerts = viz.alerts
+    rules = {alert.rule for alert in alerts}
+    assert rules & {"diverged", "exploding_activations", "exploding_gradients"}
+    assert min(alert.step for alert in alerts) <= 10  # within two logging steps of the blow-up
+    status, report = doctor(tmp_path)
+    assert status == EXIT_ALERTS and "exploding" in report
