@@ -82,12 +82,12 @@ def test_transformer_stats_false_logs_none_of_them(read_run):
 
 
 def test_vocabulary_sized_logits_are_reduced_rows_at_a_time_with_the_same_numbers(monkeypatch):
-    import actviz.statistics.logits as logits
+    import actviz.statistics.logit_rows as logit_rows
 
     torch.manual_seed(0)
     values = torch.randn(2, 50, 300) * 4
     whole = logit_vector(values)
-    monkeypatch.setattr(logits, "PIECE", 1_000)  # three rows of 300 classes at a time: 34 pieces
+    monkeypatch.setattr(logit_rows, "PIECE", 1_000)  # three rows of 300 classes at a time: 34 pieces
     pieces = logit_vector(values)
     x = values.double().reshape(-1, 300)
     log_z = torch.logsumexp(x, -1)
