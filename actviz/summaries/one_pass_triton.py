@@ -39,7 +39,8 @@ BLOCK = 1024
 #: Elements of one tile: one program's share of a tensor.
 TILE = 32 * BLOCK
 #: Numbers a tile leaves: nonzero, finite nonzero, Σy, Σy², Σy³, Σy⁴ (y = z - shift), min, max, max|x|, outliers,
-#: and the count beyond a unit bound (saturation).
+#: and the count beyond a unit bound (saturation). The kernels get it as their constant ``WIDE`` (a kernel reads
+#: no module global but a ``tl.constexpr``).
 PARTIALS = 11
 
 
@@ -55,7 +56,7 @@ def _segment_base(values, addresses, segment, LISTED: tl.constexpr):
 def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier_threshold,
                    channel_counts, channels, spatial, channels_last, centre, bound,
                    BLOCK: tl.constexpr, TURNS: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
-                   NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr):
+                   NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr, WIDE: tl.constexpr):
     tile = tl.program_id(0)
     segment = tl.load(tiles + tile * 2)
     start = tl.load(tiles + tile * 2 + 1)
@@ -112,7 +113,7 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     if UNITS == 1:
         bins = tl.arange(0, BINS)
         tl.atomic_add(channel_counts + bins, alive, mask=bins < channels)
-    row = partials + tile * PARTIALS
+    row = partials + tile * WIDE
     tl.store(row + 10, tl.sum(beyond, 0).to(tl.float64))
     tl.store(row + 0, tl.sum(nonzero, 0).to(tl.float64))
     tl.store(row + 1, tl.sum(finite_nonzero, 0).to(tl.float64))
@@ -129,7 +130,7 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
 @triton.jit
 def _combine_tiles(values, addresses, segments, partials, rows, channel_counts, channels,
                    WIDTH: tl.constexpr, ROW: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
-                   UNITS: tl.constexpr):
+                   UNITS: tl.constexpr, WIDE: tl.constexpr):
     segment = tl.program_id(0)
     first = tl.load(segments + segment * 4)
     stop = tl.load(segments + segment * 4 + 1)
@@ -146,7 +147,7 @@ def _combine_tiles(values, addresses, segments, partials, rows, channel_counts, 
     columns = tl.arange(0, WIDTH)
     summed = (columns < 6) | (columns >= 9)
     for tile in range(tile_first, tile_stop):
-        row = tl.load(partials + tile * PARTIALS + columns, mask=columns < PARTIALS, other=0.0)
+        row = tl.load(partials + tile * WIDE + columns, mask=columns < WIDE, other=0.0)
         totals += tl.where(summed, row, 0.0)
         low = tl.minimum(low, tl.where(columns == 6, row, float("inf")))
         high = tl.maximum(high, tl.where(columns == 7, row, float("-inf")))
@@ -248,7 +249,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
         int(units[2]) if kind == 1 else 1, int(units[3]) if kind == 1 else 0,
         float(units[1]) if kind == 2 else 0.0, float(units[2]) if kind == 2 else 0.0,
         BLOCK=BLOCK, TURNS=TILE // BLOCK, LISTED=listed, OUTLIERS=outliers, NARROW=narrow, UNITS=kind,
-        BINS=triton.next_power_of_2(channels + 1) if kind == 1 else 2, num_warps=8)
+        BINS=triton.next_power_of_2(channels + 1) if kind == 1 else 2, WIDE=PARTIALS, num_warps=8)
     _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, counts, channels, WIDTH=16, ROW=row,
-                                  LISTED=listed, OUTLIERS=outliers, UNITS=kind)
+                                  LISTED=listed, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS)
     return out
