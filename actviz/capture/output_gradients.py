@@ -9,7 +9,16 @@ the output in place (an in-place ReLU). A leaf output gets a tensor hook. Module
 are never used: they raise on in-place ReLUs (pytorch#61519). A layer run without grad inside a
 training forward (``checkpoint``) is hooked when the backward pass runs it again.
 
-The first gradient of a backward pass queues a callback on the autograd engine (as DDP does), which
+Only the backward pass that trains is logged. A pass whose result goes to ``torch.autograd.grad`` (a WGAN-GP
+gradient penalty, R1, input gradients) or to ``backward(inputs=...)`` without the parameters is not the layer's
+training gradient: it is skipped, feeds no alert, and the training pass that follows is logged instead. The
+first gradient of a pass asks the autograd engine, once: the pass trains if it accumulates into a trainable
+watched parameter (:func:`~actviz.common._internals.backward_accumulates`), or else if it runs every node the
+output's node leads to, as ``loss.backward()`` does and those two do not (the layer's weight is not on their
+way: :func:`~actviz.common._internals.backward_runs_every_edge`). The second test covers a ``.backward()``
+whose leaves are not the parameters actviz sees: FSDP's gathered copies, a frozen network's input.
+
+The first gradient of a training pass queues a callback on the autograd engine (as DDP does), which
 tells the step's :class:`~actviz.capture.step_end.StepEnd` when that pass is over.
 """
 
@@ -23,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common._internals import backward_accumulates, backward_pass_id, backward_runs_every_edge
 from ..common._internals import queue_end_of_backward
 from ..common.owned_hooks import OwnedHook, Removable
 from ..options import CaptureOptions
@@ -74,6 +84,8 @@ class OutputGradients:
         # One hook object for all output gradients, partials of it per output: few Python objects per logging step.
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
+        self._pass: int | None = None  # the backward pass last judged (backward_pass_id), and whether it trains
+        self._pass_trains = True
 
     @property
     def hooked(self) -> bool:
@@ -98,7 +110,7 @@ class OutputGradients:
     def _on_node_grad(self, name: str, tag: str, index: int, grads: tuple[torch.Tensor | None, ...]) -> None:
         """The gradient with respect to a layer's output, ``grads[index]``, as a tensor hook gets it: summarized once."""
         grad = grads[index]
-        if grad is None or self._end.stage is Stage.DONE or tag in self.seen:
+        if grad is None or self._end.stage is Stage.DONE or tag in self.seen or not self._trains():
             return
         self.seen.add(tag)
         if not self._callback_queued:
@@ -111,6 +123,25 @@ class OutputGradients:
             self._on_error(name, error)
             return
         self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+
+    def _trains(self) -> bool:
+        """Whether the backward pass now running trains (the module docstring's rule), judged once per pass."""
+        try:
+            current = backward_pass_id()
+        except Exception:  # noqa: BLE001 - no such engine query: every pass is logged
+            return True
+        if current != self._pass:
+            self._pass, self._pass_trains = current, self._judge_pass()
+        return self._pass_trains
+
+    def _judge_pass(self) -> bool:
+        leaves = [param for _, param in reversed(self._parameters.trainable) if param.requires_grad]  # the last layers'
+        try:  # first: most passes that train reach them
+            if backward_accumulates(leaves) is not False:
+                return True
+            return backward_runs_every_edge() is not False
+        except Exception:  # noqa: BLE001 - a hook must never stop training: logged, as before the query
+            return True
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
         """A leaf output's gradient, from its tensor hook."""

@@ -5,10 +5,14 @@ It is a named module-level function, made from source text (:data:`_HOOK_SOURCE`
 input typed as the forward's. What it does, wherever the model goes:
 
 * eager forward of the watched model: calls the watcher (``on_forward``);
-* a copy or a pickle (``copy.deepcopy``, ``AveragedModel``, ``torch.save(model)``, spawn): left out
-  (:func:`leave_out_of_copies`), so that ``torch.load(weights_only=True)`` meets no actviz name; a
-  copy made another way that shares the function drops it at its first forward, and one pickled
-  by name unpickles as :func:`inert_step_hook` where that name is not live;
+* a copy or a pickle (``copy.deepcopy``, ``AveragedModel``, ``torch.save(model)``, spawn) of a model
+  whose class copies and pickles as ``nn.Module`` does: left out (:func:`leave_out_of_copies`), so that
+  ``torch.load(weights_only=True)`` meets no actviz name; a copy made another way (a class's own
+  ``__copy__``, ``__reduce__`` or tuple ``__getstate__``, a ``torch.fx.GraphModule``) holds the function,
+  which takes itself off the copy at its first forward, and pickled by name it unpickles as
+  :func:`inert_step_hook` where that name is not live;
+* a replica that shares the model's hook dicts (``torch.nn.parallel.replicate``, ``DataParallel``):
+  nothing, and the hook stays on the model;
 * ``torch.compile`` traces it: ``is_compiling()`` is a constant there, so no graph break; it
   leaves one op, ``actviz::forward_step``, whose Python body counts the step each time the
   graph runs (see :mod:`actviz.capture.compiled_model`);
@@ -76,9 +80,21 @@ def inert_step_hook(module: nn.Module, args: Any) -> None:
     _drop_hook(module, inert_step_hook)
 
 
-def _drop_hook(module: nn.Module, hook: Any) -> None:
-    """Take ``hook`` off a copy of a watched model (torch iterates over a snapshot of the hooks: safe here)."""
+def _drop_hook(module: nn.Module, hook: Any, state: dict[str, Any] | None = None) -> None:
+    """Take ``hook`` off a copy of a watched model (torch iterates over a snapshot of the hooks: safe here).
+
+    A replica that shares the watched model's hook dict (``torch.nn.parallel.replicate``) keeps it: taking it
+    off the replica would take it off the model. A copy of the model's ``__dict__`` also holds the model's
+    ``__getstate__`` (:func:`leave_out_of_copies`), which would pickle the model in the copy's place: dropped.
+    """
+    found = None if state is None else state.get("target")
+    target = None if found is None else found()
+    own = vars(module)
+    if isinstance(own.get("__getstate__"), _StateWithout) and module is not target:
+        del own["__getstate__"]
     hooks = forward_hooks(module, pre=True)
+    if target is not None and forward_hooks(target, pre=True) is hooks:
+        return
     for key in [key for key, value in hooks.items() if value is hook]:
         del hooks[key]
 
@@ -96,7 +112,22 @@ def leave_out_of_copies(model: nn.Module, hook: Callable[[nn.Module, Any], None]
     saved whole would not load (pytorch/examples' word_language_model does this). Pickle and
     ``copy`` ask the instance for ``__getstate__`` before its class, so one entry in the model's
     ``__dict__`` (left out of the state itself) gives them torch's state less the hook.
+
+    Only where the class copies and pickles as ``nn.Module`` does: a class with its own ``__getstate__``,
+    ``__reduce__``, ``__reduce_ex__``, ``__copy__`` or ``__deepcopy__`` (a ``torch.fx.GraphModule``) puts
+    its ``__dict__`` in its copies and pickles as it is, where the entry would pickle a weak reference
+    (``cannot pickle 'weakref.ReferenceType'``) or stand for the original in a copy. Such a model gets
+    nothing: its pickles hold the hook by name (:func:`inert_step_hook` where it is not live).
+
+    Example:
+        >>> class OwnCopy(nn.Linear):
+        ...     def __copy__(self): return self
+        >>> undo = leave_out_of_copies(nn.Linear(2, 2), inert_step_hook); undo(); undo()
+        >>> undo = leave_out_of_copies(model := OwnCopy(2, 2), inert_step_hook); "__getstate__" in vars(model)
+        False
     """
+    if not _pickles_as_a_module(type(model)):
+        return _nothing_to_undo
     getstate = _StateWithout(model, hook)
     vars(model)["__getstate__"] = getstate
 
@@ -105,6 +136,19 @@ def leave_out_of_copies(model: nn.Module, hook: Callable[[nn.Module, Any], None]
             del vars(model)["__getstate__"]
 
     return undo
+
+
+_OWN_WAYS = ("__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__")
+
+
+def _pickles_as_a_module(cls: type) -> bool:
+    """Whether ``cls`` copies and pickles as ``nn.Module`` does: by the state ``nn.Module.__getstate__`` gives."""
+    return (getattr(cls, "__getstate__", None) is nn.Module.__getstate__
+            and all(getattr(cls, name, None) is getattr(object, name, None) for name in _OWN_WAYS))
+
+
+def _nothing_to_undo() -> None:
+    """What :func:`leave_out_of_copies` returns where it left nothing on the model."""
 
 
 class _StateWithout:
@@ -178,7 +222,7 @@ def make(state, key, forward_step, is_exporting, op_ready, token, drop):
         if target is not None and module is target():
             state["on_forward"](module, args)
         else:
-            drop(module, {name})
+            drop(module, {name}, state)
         return None
     return {name}
 """

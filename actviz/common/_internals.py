@@ -9,6 +9,9 @@ instead of changing what actviz logs.
 function                               private API
 =====================================  ===========================================
 :func:`queue_end_of_backward`          the autograd engine's ``queue_callback``
+:func:`backward_pass_id`               ``torch._C._current_graph_task_id``
+:func:`backward_accumulates`           ``torch._C._will_engine_execute_node``
+:func:`backward_runs_every_edge`       ``torch._C._current_autograd_node``, ``_will_engine_execute_node``
 :func:`tensor_version`                 ``Tensor._version``
 :func:`batch_and_instance_norm_types`  ``torch.nn.modules.batchnorm._NormBase``
 :func:`event_file_writer`              ``SummaryWriter._get_file_writer``
@@ -45,7 +48,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "batch_and_instance_norm_types", "child_modules", "compiled_call", "compiled_original", "compiler_stance",
+    "backward_accumulates", "backward_pass_id", "backward_runs_every_edge", "batch_and_instance_norm_types",
+    "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "event_file_writer", "exporting_now", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
     "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_record_checksum",
@@ -60,6 +64,60 @@ def queue_end_of_backward(callback: Callable[[], None]) -> None:
     Raises ``RuntimeError`` outside a backward pass.
     """
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def backward_pass_id() -> int:
+    """A number for the backward pass now running (``-1`` outside one): a new pass, a new number.
+
+    Why private: no public API names the backward pass a hook runs in.
+    """
+    return int(torch._C._current_graph_task_id())
+
+
+def backward_accumulates(leaves: Sequence[torch.Tensor]) -> bool | None:
+    """Whether the backward pass now running accumulates a gradient into one of ``leaves`` (parameters):
+    ``True`` for ``loss.backward()``, ``False`` for ``torch.autograd.grad`` and for ``backward(inputs=...)``
+    without them, ``None`` where the engine cannot tell. Call it from a hook of the pass.
+
+    Why private: a hook sees a gradient, not what the pass does with it. The engine knows which nodes the pass
+    runs; a leaf's ``AccumulateGrad`` runs only in a pass that adds to its ``.grad``. It refuses to answer for a
+    leaf whose gradient ``torch.autograd.grad`` returns ("A leaf node was passed ..."): that pass does not add to it.
+    """
+    try:
+        will_run, gradient_edge = torch._C._will_engine_execute_node, torch.autograd.graph.get_gradient_edge
+    except AttributeError:
+        return None
+    for leaf in leaves:
+        try:
+            if will_run(gradient_edge(leaf).node):
+                return True
+        except RuntimeError as error:
+            if "autograd.grad" not in str(error):
+                return None
+    return False
+
+
+def backward_runs_every_edge() -> bool | None:
+    """Whether the backward pass now running runs every node the node it runs now leads to, as ``loss.backward()``
+    does; ``torch.autograd.grad`` and ``backward(inputs=...)`` run only those on the way to their inputs (a
+    layer's output leads to its weight's, which they skip). ``None`` where the engine cannot tell.
+
+    Why private: as :func:`backward_accumulates`, for a pass whose leaves are not the parameters actviz sees
+    (FSDP's gathered copies).
+    """
+    try:
+        will_run, node = torch._C._will_engine_execute_node, torch._C._current_autograd_node()
+    except (AttributeError, RuntimeError):
+        return None
+    if node is None:
+        return None
+    for next_node, _ in node.next_functions:
+        try:
+            if next_node is not None and not will_run(next_node):
+                return False
+        except RuntimeError as error:
+            return False if "autograd.grad" in str(error) else None
+    return True
 
 
 def tensor_version(tensor: torch.Tensor) -> int:

@@ -8,6 +8,11 @@ first time something subscribes, and keeps it for the life of the process; what 
 hear of optimizer steps subscribes here instead, as often as it likes, from any thread.
 The hook costs one call and an empty-dict check per ``optimizer.step()`` when nobody listens.
 
+A compiled ``optimizer.step`` (``torch.compile(optimizer.step)``) calls the hooks inside the frame Dynamo
+traces. They are not traced: Dynamo meets them as ``torch.compiler.disable`` made them, so the graph breaks
+there and the listeners run eagerly, at every step, with Dynamo off (no recorder of actviz's is compiled
+into a graph, none recompiles). ``fullgraph=True`` refuses that break: compile the step without it.
+
 This is one of actviz's process-wide side effects, all listed in docs/how-it-works.md ("Side effects").
 """
 
@@ -21,6 +26,8 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from ._internals import mark_trace_time_constant
 
 __all__ = ["OptimizerStepSubscription", "stepping", "subscribe"]
 
@@ -89,13 +96,36 @@ def subscribe(listener: Listener, after: Listener | None = None) -> OptimizerSte
 
 
 def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if torch.compiler.is_compiling() and _untraced_ready():  # Dynamo traces this: the call it makes runs eagerly
+        return _untraced["step"](optimizer, args, kwargs)
     _call(_listeners, optimizer)
     _stepping.depth = 1  # not counted up: a step that raised never reaches its post-hook
+    return None
 
 
 def _on_step_done(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if torch.compiler.is_compiling() and _untraced_ready():
+        return _untraced["done"](optimizer, args, kwargs)
     _stepping.depth = 0
     _call(_after, optimizer)
+    return None
+
+
+_untraced: dict[str, Callable[..., None]] = {}  # the two hooks as torch.compiler.disable makes them
+
+
+def _untraced_ready() -> bool:
+    """Make the hooks' untraced twins: Dynamo calls this for real while it traces a hook (a trace-time constant).
+
+    Made then, not at import: ``torch.compiler.disable`` imports Dynamo (seconds), which is loaded by then.
+    """
+    if not _untraced:
+        _untraced["done"] = torch.compiler.disable(_on_step_done)
+        _untraced["step"] = torch.compiler.disable(_on_step)
+    return True
+
+
+mark_trace_time_constant(_untraced_ready)
 
 
 def _call(table: dict[int, Listener], optimizer: torch.optim.Optimizer) -> None:
