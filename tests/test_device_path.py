@@ -232,7 +232,7 @@ def python_calls(step) -> int:
 
 
 def test_a_logging_step_makes_few_python_calls_per_hooked_tensor():
-    """The host cost of a logging step on a GPU is mostly Python: about 21 calls per layer output or
+    """The host cost of a logging step on a GPU is mostly Python: about 22 calls per layer output or
     gradient hooked (the hooks, the copies, the step's start and end shared out)."""
     torch.manual_seed(0)
     bare, watched = torchvision.models.resnet18(num_classes=10), torchvision.models.resnet18(num_classes=10)
@@ -251,8 +251,8 @@ def test_a_logging_step_makes_few_python_calls_per_hooked_tensor():
         step(model)
     extra = python_calls(lambda: step(watched)) - python_calls(lambda: step(bare))
     viz.close()
-    hooked = 2 * 41  # 41 watched layers' outputs and their gradients
-    assert hooked * 8 < extra <= hooked * 22, extra  # the hooks ran, and cheaply (1,754 calls: 21.4 each)
+    hooked = 2 * 41 + 9  # 41 watched layers' outputs and their gradients; 9 ReLUs' outputs for their dead channels
+    assert hooked * 8 < extra <= hooked * 23, extra  # the hooks ran, and cheaply (2,049 calls: 22.5 each)
 
 
 def test_a_logging_step_creates_few_python_objects():

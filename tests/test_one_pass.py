@@ -194,7 +194,8 @@ class BytesMeter(TorchDispatchMode):
 
 def test_a_logging_step_reads_each_watched_tensor_once(monkeypatch):
     # Large outputs (about 1.6 M elements each) on the accelerator path: the bytes actviz moves are the watched
-    # bytes once, plus the rows, samples and the one copy to the host; a few ops per watched tensor.
+    # bytes once, plus the rows, samples and the one copy to the host; a few ops per watched tensor. The ReLUs are
+    # not watched by default, and the dead-channel count reads each of their outputs once too.
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
@@ -210,9 +211,11 @@ def test_a_logging_step_reads_each_watched_tensor_once(monkeypatch):
         viz.flush()
 
     step()
-    outputs = {}
+    outputs, relus = {}, {}
     handles = [module.register_forward_hook(lambda m, a, out, name=name: outputs.setdefault(name, out))
                for name, module in viz._layers]
+    handles += [module.register_forward_hook(lambda m, a, out, name=name: relus.setdefault(name, out))
+                for name, module in model.named_children() if isinstance(module, nn.ReLU)]
     with BytesMeter() as meter:
         step()
     for handle in handles:
@@ -220,7 +223,10 @@ def test_a_logging_step_reads_each_watched_tensor_once(monkeypatch):
     viz.close()
     output_bytes = sum(out.numel() * out.element_size() for out in outputs.values())
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    watched = 2 * output_bytes + 2 * parameter_bytes  # each output and its gradient, each parameter and its gradient
+    relu_bytes = sum(out.numel() * out.element_size() for out in relus.values())
+    assert len(relus) == 2 and not set(relus) & set(outputs)
+    # Each output and its gradient, each parameter and its gradient; each unwatched ReLU's output.
+    watched = 2 * output_bytes + 2 * parameter_bytes + relu_bytes
     watched_tensors = 2 * len(outputs) + 2 * len(list(model.parameters()))
     assert meter.moved <= 1.15 * watched, (meter.moved / watched, meter.ops)
     assert len(meter.ops) <= 2 * watched_tensors, meter.ops

@@ -154,6 +154,7 @@ class StepCapture:
         self._drawn = DrawnTensors()
         self._layer_statistics: dict[int, tuple[LayerStatistic, ...]] = {}  # id(module) -> its statistics (want_stats)
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
+        self._statistics_only: set[str] | frozenset[str] = frozenset()  # hooked for their statistics alone
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
         self._eager.enter()
         try:
@@ -171,8 +172,16 @@ class StepCapture:
             stance.exit()
 
     def _attach(self, model: nn.Module) -> None:
+        hooked = self._layer_pairs
+        if self.want_stats:
+            chosen = self._history.statistics(unwrap_for_probe(model), self._layer_pairs, self.options)
+            self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
+            self._pending.layer_values.warned = chosen.warned
+            if chosen.unwatched:  # modules a statistic runs on alone (the ReLUs the default layers leave out)
+                hooked = [*self._layer_pairs, *chosen.unwatched]
+                self._statistics_only = {name for name, _ in chosen.unwatched}
         # One hook object for all layers: few Python objects per logging step.
-        self._by_module, hook_dicts = self._history.lookup(self._layer_pairs)
+        self._by_module, hook_dicts = self._history.lookup(hooked)
         layer_hooks = ForwardHooks(OwnedHook(self._on_module_output))
         self._hooks.add("forward", layer_hooks)
         layer_hooks.add_to(hook_dicts)
@@ -181,9 +190,6 @@ class StepCapture:
         if self.want_stats:
             self._parameters.reduce_values()
             self._parameters.attach(partial(self._hooks.add, "optimizer"), self.end.optimizer_step, self.end.optimizer_done)
-            chosen = self._history.statistics(unwrap_for_probe(model), self._layer_pairs, self.options)
-            self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
-            self._pending.layer_values.warned = chosen.warned
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
@@ -200,6 +206,10 @@ class StepCapture:
         if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
             return
         self._seen.add(name)
+        if name in self._statistics_only:  # not watched: its statistics alone
+            if first is not None:
+                self._run_statistics(self._layer_statistics[id(module)], name, module, first)
+            return
         if self._shapes is not None and first is not None:
             self._shapes[name] = _shape_of(first)
         if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed

@@ -292,8 +292,9 @@ class HealthMonitor:
         return []
 
     def _dead_units(self, results: StepResults) -> list[Alert]:
-        """Dead units: a ReLU-family output with ``dead_zero_fraction`` (0.99) of its elements zero, or
-        with ``dead_channel_fraction`` (0.9) of its channels zero for the whole batch. A healthy ReLU
+        """Dead units: a watched ReLU-family output with ``dead_zero_fraction`` (0.99) of its elements zero, or
+        any ReLU-family output, watched or not, with ``dead_channel_fraction`` (0.9) of its channels zero for the
+        whole batch (the dead-channel count runs on every ReLU module of the model). A healthy ReLU
         zeroes about half its inputs; a unit whose input is negative for every sample gets no gradient
         and never recovers (the "dying ReLU" of Lu et al. 2019)."""
         found = []
@@ -305,8 +306,9 @@ class HealthMonitor:
                                    self.thresholds["dead_zero_fraction"],
                                    f"dead units at step {results.step} in {layer!r}: {fraction:.1%} of its outputs "
                                    "are zero, so almost no gradient flows back through it"))
-                continue
-            channels = counted.get(layer, {}).get("dead_channel_fraction", math.nan)
+        named = {alert.layer for alert in found}
+        for layer in [layer for layer in counted if layer not in named]:  # watched ReLUs, and those not watched
+            channels = counted[layer].get("dead_channel_fraction", math.nan)
             if channels >= self.thresholds["dead_channel_fraction"] - 1e-6:  # counted in float32 on the device
                 found.append(Alert(results.step, "dead_units", layer, "dead_channel_fraction", channels,
                                    self.thresholds["dead_channel_fraction"],

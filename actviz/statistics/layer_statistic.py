@@ -63,6 +63,9 @@ class LayerStatistic:
         scope: ``"layer"``: every tensor of each watched layer it applies to; ``"model"``: the model's
             output, once per step (:meth:`select`).
         cost: What :meth:`device` costs per tensor, as measured (kernels, no sync); said in the docs.
+        unwatched_layers: Whether it also runs on the model's modules it applies to that are not watched:
+            there it runs alone (:meth:`device` on their first call of a logging step), with no summary,
+            picture or gradient of theirs.
         summary_fields: Numbers of the layer's one-pass summary it is made from
             (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`, or
             :data:`~actviz.summaries.one_pass.UNIT_FIELDS` as :meth:`summary_units` asks), or ``()``. Where
@@ -77,6 +80,7 @@ class LayerStatistic:
     scope: Literal["layer", "model"] = "layer"
     cost: str = ""
     summary_fields: tuple[str, ...] = ()
+    unwatched_layers: bool = False
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         """Whether ``watch(statistics=None)`` (the default) runs it on ``model``. Asked once per watcher."""

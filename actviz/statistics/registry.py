@@ -71,6 +71,11 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
 class Chosen:
     """The statistics one watcher runs on one set of layers, looked up once: per module, and on the model's output.
 
+    ``unwatched``: the model's modules that are not watched but that a statistic with
+    :attr:`~actviz.statistics.layer_statistic.LayerStatistic.unwatched_layers` applies to (the ReLUs of a
+    conv → BN → ReLU network, for the dead-channel count): on logging steps their first call runs those
+    statistics alone, with no summary, picture or gradient.
+
     Example:
         >>> from actviz.options import CaptureOptions
         >>> class Everywhere(LayerStatistic):
@@ -79,13 +84,18 @@ class Chosen:
         >>> chosen = Chosen.of(model, [("0", model[0]), ("1", model[1])], CaptureOptions(statistics=(Everywhere(),)))
         >>> [len(chosen.by_module[id(module)]) for module in model], chosen.on_output
         ([1, 1], ())
+        >>> from actviz.statistics.unit_counts import DeadChannels
+        >>> Chosen.of(model, [("0", model[0])], CaptureOptions(statistics=(DeadChannels(),))).unwatched
+        (('1', ReLU()),)
     """
 
-    __slots__ = ("by_module", "on_output", "warned")
+    __slots__ = ("by_module", "on_output", "unwatched", "warned")
 
-    def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...]) -> None:
+    def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...],
+                 unwatched: tuple[tuple[str, nn.Module], ...] = ()) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
         self.on_output = on_output  # scope "model": taken of the model's output
+        self.unwatched = unwatched  # (name, module) pairs run for their statistics alone
         self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
@@ -97,7 +107,19 @@ class Chosen:
             applying = tuple(statistic for statistic in per_layer if statistic.applies_to(module))
             if applying:
                 by_module[id(module)] = applying
-        return cls(by_module, tuple(statistic for statistic in running if statistic.scope == "model"))
+        unwatched = []
+        reaching = [statistic for statistic in per_layer if statistic.unwatched_layers]
+        if reaching:
+            watched = {id(module) for _, module in layers}
+            for name, module in model.named_modules():
+                if id(module) in watched or id(module) in by_module or not name:
+                    continue
+                applying = tuple(statistic for statistic in reaching if statistic.applies_to(module))
+                if applying:
+                    by_module[id(module)] = applying
+                    unwatched.append((name, module))
+        on_output = tuple(statistic for statistic in running if statistic.scope == "model")
+        return cls(by_module, on_output, tuple(unwatched))
 
 
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:

@@ -1,7 +1,8 @@
 """Two counts the health rules need, made on the device in the layer's hook: dead channels and saturation.
 
 * :class:`DeadChannels`, on ReLU-family outputs with channels (3-D and up): the fraction of channels
-  that are zero for the whole batch;
+  that are zero for the whole batch; on every ReLU-family module of the model, watched or not (one
+  not watched counts its first call of a logging step, reading its output once: ``amax``, ``eq``, ``mean``);
 * :class:`Saturation`, on Tanh and Sigmoid outputs: the fraction within :data:`SATURATION_MARGIN` of a
   bound.
 
@@ -68,6 +69,7 @@ class DeadChannels(LayerStatistic):
     cost = ("none beyond the summary's one read where the one-pass op summarizes the output; 3 kernels per "
             "ReLU-family output of 3 or more dimensions otherwise; no sync")
     summary_fields = UNIT_FIELDS
+    unwatched_layers = True  # a conv → BN → ReLU network's ReLUs, which the default layers leave out
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return bool(getattr(options, "unit_counts", True))  # with the alerts

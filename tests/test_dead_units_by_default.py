@@ -1,0 +1,85 @@
+"""Dead ReLU channels with the default options: the ReLUs of a conv → BN → ReLU network are not among the default
+layers, and the dead-channel count runs on them all the same, alone (no summary, picture or gradient of theirs)."""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+
+import pytest
+import torch
+from conftest import CountOps
+from torch import nn
+
+import actviz
+
+
+def conv_bn_relu(dead: int) -> nn.Sequential:
+    """Two conv → BN → in-place ReLU blocks; ``dead`` of the first block's 10 channels pushed below 0 by BN's bias."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 10, 3, padding=1), nn.BatchNorm2d(10), nn.ReLU(inplace=True),
+                          nn.Conv2d(10, 10, 3, padding=1), nn.BatchNorm2d(10), nn.ReLU(inplace=True),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(10, 4))
+    with torch.no_grad():
+        model[1].bias[:dead] = -10.0
+    return model
+
+
+def one_step(model: nn.Module, **watch_args):
+    inputs, labels = torch.randn(8, 3, 12, 12), torch.randint(0, 4, (8,))
+    seen = {}
+    handles = [model[i].register_forward_hook(lambda m, a, out, i=i: seen.setdefault(i, out.detach().clone()))
+               for i in (2, 5)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, **watch_args)
+        nn.functional.cross_entropy(model(inputs), labels).backward()
+        viz.flush()
+        viz.close()
+    for handle in handles:
+        handle.remove()
+    return viz, seen, [str(w.message) for w in caught]
+
+
+def test_the_default_options_count_the_dead_channels_of_relus_they_do_not_watch():
+    viz, seen, messages = one_step(conv_bn_relu(dead=9))
+    results = viz.latest
+    assert "2" not in results.activations and "5" not in results.activations  # the ReLUs are not watched
+    counted = results.layer_values["dead_channels"]
+    for name, index in (("2", 2), ("5", 5)):
+        by_hand = float((seen[index].amax(dim=(0, 2, 3)) == 0).double().mean())
+        assert counted[name]["dead_channel_fraction"] == pytest.approx(by_hand)
+    assert counted["2"]["dead_channel_fraction"] == pytest.approx(0.9)
+    assert [(alert.rule, alert.layer) for alert in viz.alerts if alert.rule == "dead_units"] == [("dead_units", "2")]
+    assert any("dead units at step 0 in '2'" in message for message in messages), messages
+
+
+def test_a_healthy_network_raises_nothing_and_alerts_false_counts_nothing():
+    viz, _, _ = one_step(conv_bn_relu(dead=0))
+    assert viz.latest.layer_values["dead_channels"]["2"]["dead_channel_fraction"] == 0.0
+    assert not [alert for alert in viz.alerts if alert.rule == "dead_units"]
+    quiet, _, _ = one_step(conv_bn_relu(dead=9), alerts=False)
+    assert "dead_channels" not in quiet.latest.layer_values
+
+
+def test_an_unwatched_relu_costs_three_small_ops_and_no_sync(monkeypatch):
+    # On the accelerator path: one read of its output (amax over all but the channels), then two ops on C numbers;
+    # and one cat that packs the step's statistics for the copy to the host.
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    model = conv_bn_relu(dead=0)
+    inputs, labels = torch.randn(8, 3, 12, 12), torch.randint(0, 4, (8,))
+    counts = {}
+    for counting in (False, True):
+        viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, alerts=counting)
+        model.zero_grad(set_to_none=True)  # both steps make their gradients afresh
+        with CountOps() as count:
+            nn.functional.cross_entropy(model(inputs), labels).backward()
+            viz.flush()
+        viz.close()
+        assert count.syncs == []
+        counts[counting] = count.kernels
+    added = list(counts[True])
+    for kernel in counts[False]:
+        added.remove(kernel)
+    assert sorted(added) == sorted(["aten.amax.default", "aten.eq.Scalar", "aten.mean.default"] * 2
+                                   + ["aten.cat.default"]), added
