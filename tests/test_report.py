@@ -560,3 +560,24 @@ def test_html_prints_one_image_per_page(tmp_path: Path, model: str, gradcam: boo
     assert len(result.images) == 3
     for paper in ("A4", "Letter"):
         assert _pdf_pages(result.html, paper) == 3, paper
+
+
+class _LongName(nn.Module):
+    """A layer with a 300-character name: longer than a file name may be."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_module("stage_" + "x" * 294, nn.Conv2d(3, 4, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return next(iter(self.children()))(x).mean()
+
+
+def test_a_300_character_layer_name_gets_its_picture(tmp_path: Path) -> None:
+    result = actviz.report(_LongName(), [CAT], logdir=None, html=tmp_path, size=SIZE, progress=False)
+    (item,) = result.images
+    (record,) = item.layers
+    page = (tmp_path / "index.html").read_text(encoding="utf-8")
+    (source,) = [src for src in re.findall(r'<img [^>]*src="([^"]+)"', page) if not src.endswith("input.png")]
+    assert len(Path(source).name) <= 104
+    assert np.array_equal(_png((tmp_path / source).read_bytes()), record.grid[0].numpy())

@@ -18,6 +18,7 @@ import html
 import math
 import os
 import re
+import zlib
 from pathlib import Path
 
 from .._version import __version__
@@ -130,19 +131,29 @@ def format_percent(fraction: float) -> str:
     return f"{fraction:.1%}" if math.isfinite(fraction) else "–"
 
 
+#: Most characters of a layer's file name stem: file systems take 255 bytes a name.
+MAX_STEM = 96
+
+
 def _file_name(layer: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", layer).strip("_") or "layer"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", layer).strip("_") or "layer"
+    if len(stem) > MAX_STEM:  # a long layer name: its start, and a checksum of all of it to keep it apart
+        stem = f"{stem[:MAX_STEM - 9]}-{zlib.crc32(layer.encode('utf-8', 'surrogatepass')):08x}"
+    return stem
 
 
 def layer_file_names(layers: list[str]) -> dict[str, str]:
     """One PNG file name per layer, each its own, in a run folder where ``input.png`` and ``gradcam.png`` are taken.
 
-    Names are made safe for any file system; two layers whose names become the same
+    Names are made safe for any file system (a stem over :data:`MAX_STEM` characters keeps its start and
+    a checksum of the whole name); two layers whose names become the same
     (``blocks.a b`` and ``blocks.a_b``), or differ only in case, get a numbered second file.
 
     Example:
         >>> layer_file_names(["blocks.a b", "blocks.a_b", "input", "Conv"])
         {'blocks.a b': 'blocks.a_b.png', 'blocks.a_b': 'blocks.a_b-2.png', 'input': 'input-2.png', 'Conv': 'Conv.png'}
+        >>> len(layer_file_names(["x" * 300])["x" * 300])
+        100
     """
     taken = {"input.png", "gradcam.png"}  # the run folder's other files
     names: dict[str, str] = {}
