@@ -60,7 +60,7 @@ class Diagnosis:
         self.record_spikes = spikes
         self.spikes: SpikeRecorder | None = None
         self._reporter = monitor or HealthMonitor(check_alerts(True) or {}, on_alert=on_alert)
-        self._spikes_written_until = -1
+        self._written_until = -1  # the last step the sink got: spike records write no step again, nor one before it
         self._failed: set[str] = set()
 
     def spike_recorder(
@@ -80,7 +80,8 @@ class Diagnosis:
     def __call__(self, results: StepResults) -> None:
         """Add this step's alerts and flow pictures to ``results``; write spike records found since the last step."""
         if self.spikes is not None:
-            self._guarded("spikes", self._write_spikes)
+            self._guarded("spikes", self._write_spikes, results)
+        self._written_until = max(self._written_until, results.step)  # the writer writes this step next
         if self.monitor is not None:
             outliers = results.layer_values.get("outliers")
             if outliers:  # after the attention rules' findings, which the step brought
@@ -90,16 +91,28 @@ class Diagnosis:
         if self.flow is not None:
             self._guarded("flow pictures", self.flow.add, results)
 
-    def _write_spikes(self) -> None:
+    def _write_spikes(self, results: StepResults) -> None:
+        """Each spike record found since the last step: its ring buffer's norms of steps after the last one
+        written, as steps of their own before ``results``; those of ``results``' step with it. Steps already
+        written are left out, so that a sink gets each step once, in order. The alert goes with its own step
+        where that is written here, else with ``results``."""
         assert self.spikes is not None
         for record in self.spikes.take_records():
             alert, values = record.resolve()
-            for step, scalars in sorted(values.items()):
-                if step > self._spikes_written_until:
-                    self.sink.write(StepResults(step, scalars=scalars))
-            self._spikes_written_until = max(self._spikes_written_until, *values) if values else self._spikes_written_until
             self._reporter.report(None, [alert])
-            self.sink.write(StepResults(alert.step, texts={ALERTS: alert.line()}))
+            carrier = results
+            for step, scalars in sorted(values.items()):
+                if step == results.step:
+                    results.scalars.update(scalars)
+                elif self._written_until < step < results.step:
+                    written = StepResults(step, scalars=scalars)
+                    if step == alert.step:
+                        written.texts[ALERTS], carrier = alert.line(), written
+                    self.sink.write(written)
+                    self._written_until = step
+            if carrier is results:
+                old = results.texts.get(ALERTS)
+                results.texts[ALERTS] = f"{old}\n\n{alert.line()}" if old else alert.line()
 
     def _guarded(self, what: str, function: Any, *args: Any) -> None:
         if what in self._failed:
