@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..transformers.attention import AttentionMode, attention_modules
-from ..transformers.attention_stats import head_numbers
+from ..transformers.attention import AttentionMode, attention_modules, may_attend
+from ..transformers.attention_stats import entropy_fractions, head_numbers
 from .compiled_model import outside_graphs
 from ..output.pending_step import PendingStep
 from ..common.results import StepResults
@@ -107,8 +107,7 @@ class TransformerStep:
         self._entered = False
         names = {id(module): name for name, module in layers.items()}
         stacked = {id(module): (names.get(id(module), name), module) for name, module in info.attention}
-        stacked.update({id(module): (name, module) for name, module in layers.items()
-                        if next(iter(module.children()), None) is not None})
+        stacked.update({id(module): (name, module) for name, module in layers.items() if may_attend(module)})
         for name, module in stacked.values():
             hooks.add("forward", module.register_forward_pre_hook(partial(_enter, self._mode, name)))
             hooks.add("forward", module.register_forward_hook(partial(_leave, self._mode, name), always_call=True))
@@ -188,13 +187,15 @@ def finish_on_host(calls: list[str], info: _ModelInfo, bins: int, results: StepR
 def _finish(calls: list[str], alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:
     attention = {}
     for name in calls:
-        max_logit, _, entropy, sink = head_numbers(next(found))  # per head: max, min and mean over rows, sink
+        stats = next(found)
+        max_logit, _, entropy, sink = head_numbers(stats)  # per head: max, min and mean over rows, sink
         # entropy_min: the most collapsed head. The lowest row would be a causal mask's first rows, which see
         # one or two keys and so have an entropy of at most log 2 however healthy the head is.
         numbers = {"max_logit": _finite(max_logit, torch.amax), "entropy_min": _finite(entropy, torch.amin),
                    "entropy_mean": _finite(entropy, torch.mean),
                    "sink_fraction": float((sink > SINK_WEIGHT).double().mean())}
-        attention[name] = numbers
+        # The entropy rule reads each row's entropy over its own row's ceiling: padding changes the ceiling.
+        attention[name] = {**numbers, "entropy_fraction_min": _finite(entropy_fractions(stats), torch.amin)}
         results.scalars.update({ATTENTION.format(layer=name, statistic=key): value for key, value in numbers.items()})
         results.histograms[ATTENTION.format(layer=name, statistic="head_max_logit")] = _histogram(max_logit, bins)
     # The outliers' alerts come from their typed values (actviz.diagnosis.step_diagnosis).

@@ -1,7 +1,7 @@
 """Transformer alerts: pure rules over one logging step's numbers and a short history.
 
 Each rule takes the step's attention statistics (``{layer: {"max_logit": ..., "entropy_min":
-...}}``) or outlier numbers (``{layer: {"max_abs": ..., "median_abs": ..., "headroom_bits":
+..., "entropy_fraction_min": ...}}``) or outlier numbers (``{layer: {"max_abs": ..., "median_abs": ..., "headroom_bits":
 ...}}``) and returns messages; none reads a device or keeps state, so another alert
 mechanism can call them as they are. :class:`TransformerAlerts` keeps the history the
 entropy rule needs, one per watched model. Each rule returns :class:`~actviz.diagnosis.alerts.Alert`
@@ -21,7 +21,8 @@ from .alerts import Alert
 
 __all__ = [
     "ENTROPY_WINDOW", "HEADROOM_MIN_BITS", "MASSIVE_RATIO", "MAX_LOGIT_LIMIT", "TransformerAlerts",
-    "entropy_collapse_alerts", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts", "outlier_alerts",
+    "entropy_collapse_alerts", "entropy_level", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts",
+    "outlier_alerts",
 ]
 
 #: Attention logits above this (Kimi K2's QK-clip threshold; Gemma 2 soft-caps at 50).
@@ -49,20 +50,50 @@ def max_logit_alerts(step: int, attention: Numbers, limit: float = MAX_LOGIT_LIM
             for layer, stats in attention.items() if stats.get("max_logit", -math.inf) > limit]
 
 
+def entropy_level(stats: Mapping[str, float]) -> tuple[str, float]:
+    """What the entropy rule follows for one layer: ``("entropy_fraction_min", value)`` where the step has it,
+    else ``("entropy_min", nats)``.
+
+    ``entropy_fraction_min`` is the lowest, over heads, of a head's mean over its sampled rows of each row's
+    entropy over its own ceiling ``log(keys the row may attend)``
+    (:func:`~actviz.transformers.attention_stats.entropy_fractions`). A padded batch gives rows different
+    ceilings, and the sample that is measured changes from step to step: the fraction compares like with
+    like where nats do not. The entropy in nats is what a run's ``entropy_min`` tag holds.
+
+    Example:
+        >>> entropy_level({"entropy_min": 0.7, "entropy_fraction_min": 0.64}), entropy_level({"entropy_min": 0.7})
+        (('entropy_fraction_min', 0.64), ('entropy_min', 0.7))
+    """
+    if "entropy_fraction_min" in stats:
+        return "entropy_fraction_min", stats["entropy_fraction_min"]
+    return "entropy_min", stats.get("entropy_min", math.nan)
+
+
 def entropy_collapse_alerts(step: int, attention: Numbers, history: Mapping[str, Sequence[float]]) -> list[Alert]:
-    """Layers whose entropy minimum fell below half its highest value over the recent logging steps (``history``).
+    """Layers whose entropy (:func:`entropy_level`) fell below half its highest value over the recent logging
+    steps (``history``, of the same measure).
+
+    One key taking all the weight brings the fraction of the ceiling to 0 whatever the row's length, while
+    a healthy head's fraction moves little from batch to batch, padded or not: half of its recent highest
+    leaves a margin that padded batches of lengths 3 to 16 of 16 stay inside.
 
     Example:
         >>> [alert.message for alert in entropy_collapse_alerts(9, {"attn": {"entropy_min": 0.4}}, {"attn": [2.0, 1.5]})]
         ["attention entropy collapse in 'attn' at step 9: minimum 0.4 nats, down from 2 over the last 2 logging steps"]
+        >>> (alert,) = entropy_collapse_alerts(9, {"a": {"entropy_min": 0.01, "entropy_fraction_min": 0.02}},
+        ...                                    {"a": [0.8, 0.7]})
+        >>> print(alert.message)
+        attention entropy collapse in 'a' at step 9: 0.02 of its ceiling log(keys), down from 0.8 over the last 2 logging steps
     """
     found = []
     for layer, stats in attention.items():
         recent = [value for value in history.get(layer, ()) if math.isfinite(value)]
-        current = stats.get("entropy_min", math.nan)
+        statistic, current = entropy_level(stats)
         if recent and math.isfinite(current) and current < 0.5 * max(recent):
-            found.append(Alert(step, "attention_entropy_collapse", layer, "entropy_min", current, 0.5 * max(recent),
-                               f"attention entropy collapse in {layer!r} at step {step}: minimum {current:.3g} nats, "
+            level = f"minimum {current:.3g} nats" if statistic == "entropy_min" else (
+                f"{current:.3g} of its ceiling log(keys)")
+            found.append(Alert(step, "attention_entropy_collapse", layer, statistic, current, 0.5 * max(recent),
+                               f"attention entropy collapse in {layer!r} at step {step}: {level}, "
                                f"down from {max(recent):.3g} over the last {len(recent)} logging steps"))
     return found
 
@@ -130,5 +161,5 @@ class TransformerAlerts:
             *headroom_alerts(step, outliers), *massive_activation_alerts(step, outliers),
         ]
         for layer, stats in attention.items():
-            self._entropy.setdefault(layer, deque(maxlen=self._window)).append(stats.get("entropy_min", math.nan))
+            self._entropy.setdefault(layer, deque(maxlen=self._window)).append(entropy_level(stats)[1])
         return found

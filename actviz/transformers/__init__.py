@@ -8,6 +8,6 @@ Example:
     >>> import torch
     >>> from actviz.transformers.attention_stats import attention_logits, attention_stats
     >>> q = torch.randn(1, 2, 5, 4)
-    >>> tuple(attention_stats(attention_logits(q, q, rows=4)).shape)  # per head: max logit, entropies, sink
-    (2, 9)
+    >>> tuple(attention_stats(attention_logits(q, q, rows=4)).shape)  # max logit; per row: entropy, sink, keys
+    (2, 13)
 """

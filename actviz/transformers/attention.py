@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
 from ..summaries.one_tensor import local_shard
 
-__all__ = ["AttentionMode", "attention_modules", "is_attention_module", "mha_call", "sdpa_call"]
+__all__ = ["AttentionMode", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,22 @@ def is_attention_module(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
 
 
+def may_attend(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s own forward may call attention: any module but a leaf of ``torch.nn``'s own
+    classes (``Linear``, ``LayerNorm``, ``Dropout``...), which never does. A subclass of one, defined
+    elsewhere, may.
+
+    Example:
+        >>> class Mixer(torch.nn.Module):  # a leaf whose forward calls scaled_dot_product_attention
+        ...     pass
+        >>> may_attend(Mixer()), may_attend(torch.nn.Linear(2, 2)), may_attend(torch.nn.Sequential(torch.nn.ReLU()))
+        (True, False, True)
+    """
+    if next(iter(module.children()), None) is not None:
+        return True
+    return not type(module).__module__.startswith("torch.nn.")
+
+
 def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The model's attention modules, by ``named_modules()`` name.
 
@@ -108,7 +124,7 @@ class AttentionMode(TorchFunctionMode):
         ...     mode.enter("attn")
         ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
         >>> [(name, tuple(stats.shape)) for name, stats in mode.calls]   # 2 heads, rows 1 to 5
-        [('attn', (2, 11))]
+        [('attn', (2, 16))]
     """
 
     def __init__(self, rows: int | None = DEFAULT_ROWS) -> None:

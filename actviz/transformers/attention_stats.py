@@ -11,16 +11,20 @@ each call they recompute a sample of attention rows:
   grouped-query layout (``enable_gqa``: query head ``h`` reads key head ``h // (H / Hk)``).
 
 :func:`attention_stats` keeps, per head, the max logit (the largest ``q·k·scale + mask``
-over the sampled rows and the keys they may attend to) and, per sampled row, ``Σ p log p``
-and the weight on key 0 (the attention sink). It stays on the device (no host sync), takes
-about ten kernels per call, and goes to the host with the rest of the step, where
-:func:`head_numbers` makes per head the max logit, the minimum and mean softmax entropy
-(nats) of the sampled rows, and their mean weight on key 0.
+over the sampled rows and the keys they may attend to) and, per sampled row, ``Σ p log p``,
+the weight on key 0 (the attention sink) and the number of keys the row may attend (its
+logits above :data:`LEFT_OUT`: a padding or causal mask leaves the others out). It stays on the
+device (no host sync), takes about ten kernels per call, and goes to the host with the rest
+of the step, where :func:`head_numbers` makes per head the max logit, the minimum and mean
+softmax entropy (nats) of the sampled rows, and their mean weight on key 0, and
+:func:`entropy_fractions` each head's entropy as a fraction of its rows' own ceilings
+``log(keys attended)``: the measure that compares like with like when padding gives
+rows different numbers of keys.
 
 Example:
     >>> q = torch.randn(1, 2, 5, 4)
-    >>> tuple(attention_stats(attention_logits(q, q, rows=4)).shape)  # per head: max logit; per row: entropy, sink
-    (2, 9)
+    >>> tuple(attention_stats(attention_logits(q, q, rows=4)).shape)  # max logit; per row: entropy, sink, keys
+    (2, 13)
 """
 
 from __future__ import annotations
@@ -30,21 +34,35 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["DEFAULT_ROWS", "STATS", "attention_logits", "attention_stats", "head_numbers", "sampled_rows"]
+__all__ = [
+    "DEFAULT_ROWS", "LEFT_OUT", "STATS", "attention_logits", "attention_stats", "entropy_fractions", "head_numbers",
+    "sampled_rows",
+]
 
 #: Query rows sampled per call.
 DEFAULT_ROWS = 64
 #: The rows of :func:`attention_stats`' result.
 STATS = ("max_logit", "entropy_min", "entropy_mean", "sink_weight")
+#: A key whose logit is at or below this counts as left out of its row. Additive masks use ``-inf``, ``-10⁴``
+#: (older BERT code) or the dtype's lowest value (Hugging Face); a trained head's logits stay far above it.
+LEFT_OUT = -1000.0
 
 _causal_cache: dict[tuple[int, int, int, int, torch.device], torch.Tensor] = {}  # a few (rows, keys) masks
 _infinities: dict[torch.device, torch.Tensor] = {}  # -inf on each device, for torch.where without a new tensor
+_zeros: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # baddbmm's ignored input (beta=0)
 
 
 def _minus_infinity(device: torch.device) -> torch.Tensor:
+    # One float32 element, not a 0-dim tensor: torch.where then promotes low-precision logits to float32 itself.
     if device not in _infinities:
-        _infinities[device] = torch.tensor(-math.inf, device=device)
+        _infinities[device] = torch.full((1,), -math.inf, device=device)
     return _infinities[device]
+
+
+def _zero(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    if (device, dtype) not in _zeros:
+        _zeros[(device, dtype)] = torch.zeros((), device=device, dtype=dtype)
+    return _zeros[(device, dtype)]
 
 
 def sampled_rows(length: int, rows: int | None) -> slice:
@@ -60,14 +78,14 @@ def sampled_rows(length: int, rows: int | None) -> slice:
 
 
 def _causal(length: int, keys: int, rows: slice, device: torch.device) -> torch.Tensor:
-    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may not see key ``j`` (``j > i``); cached."""
+    """``(rows, keys)`` bool, True where a sampled query at position ``i`` may see key ``j`` (``j <= i``); cached."""
     key = (length, keys, rows.start, rows.step, device)
     mask = _causal_cache.get(key)
     if mask is None:
         if len(_causal_cache) > 64:
             _causal_cache.clear()
         positions = torch.arange(rows.start, length, rows.step, device=device)
-        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] > positions[:, None]
+        mask = _causal_cache[key] = torch.arange(keys, device=device)[None, :] <= positions[:, None]
     return mask
 
 
@@ -104,18 +122,19 @@ def attention_logits(
     sampled = sampled_rows(length, rows)
     q = q[:, sampled]
     heads, kv_heads = q.shape[0], k.shape[0]
+    factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
+    zero = _zero(q.device, q.dtype)
     if heads != kv_heads and kv_heads > 1:
         if not enable_gqa or heads % kv_heads:
             raise ValueError(f"query has {heads} heads and key {kv_heads}: give enable_gqa=True with H % Hk == 0")
         group = heads // kv_heads
-        logits = torch.bmm(q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1))
+        logits = torch.baddbmm(zero, q.reshape(kv_heads, group * q.shape[1], width), k.transpose(-2, -1),
+                               beta=0, alpha=factor)
         logits = logits.view(heads, q.shape[1], keys)
-    else:
-        logits = torch.bmm(q, k.expand(heads, keys, width).transpose(-2, -1))
-    factor = 1.0 / math.sqrt(width) if scale is None else float(scale)
-    logits = logits.float().mul_(factor) if logits.dtype != torch.float32 else logits.mul_(factor)
+    else:  # one kernel for the product and the scale
+        logits = torch.baddbmm(zero, q, k.expand(heads, keys, width).transpose(-2, -1), beta=0, alpha=factor)
     if is_causal:
-        logits.masked_fill_(_causal(length, keys, sampled, logits.device), -math.inf)
+        logits = torch.where(_causal(length, keys, sampled, logits.device), logits, _minus_infinity(logits.device))
     for mask in masks:
         if batched and mask.dim() >= query.dim():  # it has the batch dimension: take element 0's
             mask = mask[(0,) * (mask.dim() - query.dim() + 1)]
@@ -125,19 +144,30 @@ def attention_logits(
             logits = torch.where(mask, logits, _minus_infinity(logits.device))
         else:
             logits = logits + mask
+    if logits.dtype != torch.float32:  # low precision with no float32 mask to promote it
+        logits = logits.float()
     return logits
 
 
 @torch.no_grad()
 def attention_stats(logits: torch.Tensor) -> torch.Tensor:
     """The device half: per head of ``(heads, R, S)`` logits, one row ``[max logit, Σp·log p of each
-    sampled row, the weight on key 0 of each sampled row]``, shape ``(heads, 1 + 2R)``.
+    sampled row, the weight on key 0 of each sampled row, the keys each sampled row may attend]``,
+    shape ``(heads, 1 + 3R)``.
 
-    Four kernels after the logits; :func:`head_numbers` finishes it on the host.
+    Six kernels after the logits; :func:`head_numbers` and :func:`entropy_fractions` finish it on the host.
     """
     probabilities = torch.softmax(logits, dim=-1)
     negentropy = torch.special.xlogy(probabilities, probabilities).sum(dim=-1)
-    return torch.cat([logits.amax(dim=(-2, -1))[:, None], negentropy, probabilities[..., 0]], dim=1)
+    attended = (logits > LEFT_OUT).sum(dim=-1, dtype=negentropy.dtype)
+    return torch.cat([logits.amax(dim=(-2, -1))[:, None], negentropy, probabilities[..., 0], attended], dim=1)
+
+
+def _rows(stats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(entropy, sink weight, keys attended)`` per head and sampled row, in float64."""
+    stats = stats.double()
+    rows = (stats.shape[1] - 1) // 3
+    return -stats[:, 1 : 1 + rows], stats[:, 1 + rows : 1 + 2 * rows], stats[:, 1 + 2 * rows :]
 
 
 def head_numbers(stats: torch.Tensor) -> torch.Tensor:
@@ -150,11 +180,32 @@ def head_numbers(stats: torch.Tensor) -> torch.Tensor:
         >>> [round(v, 4) for v in stats[:, 0].tolist()]   # max logit, entropy min and mean (log 4), sink
         [0.0, 1.3863, 1.3863, 0.25]
     """
-    stats = stats.double()
-    rows = (stats.shape[1] - 1) // 2
-    entropy, sink = -stats[:, 1 : 1 + rows], stats[:, 1 + rows :]
+    entropy, sink, _ = _rows(stats)
     finite = torch.isfinite(entropy)
     counts = finite.sum(-1)
     low = torch.where(finite, entropy, math.inf).amin(-1)
     mean = torch.where(finite, entropy, 0.0).sum(-1) / counts
-    return torch.stack([stats[:, 0], torch.where(counts > 0, low, math.nan), mean, sink.nanmean(-1)])
+    return torch.stack([stats[:, 0].double(), torch.where(counts > 0, low, math.nan), mean, sink.nanmean(-1)])
+
+
+def entropy_fractions(stats: torch.Tensor) -> torch.Tensor:
+    """Per head, the mean over its sampled rows of each row's entropy over its own ceiling, ``log(keys the row
+    may attend)``: 1 for uniform attention, 0 when one key takes all the weight, in float64.
+
+    A row that may attend one key (or none) has no ceiling to compare with and is left out; a head with no
+    row left is NaN. Under padding or a causal mask, rows see different numbers of keys: the fraction
+    compares them on one scale where the entropy in nats does not.
+
+    Example:
+        >>> logits = torch.zeros(1, 2, 4)
+        >>> logits[0, 0, 2:] = -math.inf   # row 0 attends 2 keys, uniformly: log 2 of log 2
+        >>> logits[0, 1] = torch.tensor([9.0, -9.0, -9.0, -9.0])  # row 1: nearly all on key 0
+        >>> [round(v, 3) for v in entropy_fractions(attention_stats(logits)).tolist()]   # the mean of 1 and 0
+        [0.5]
+    """
+    entropy, _, attended = _rows(stats)
+    fraction = entropy / attended.log()
+    kept = torch.isfinite(fraction) & (attended > 1)
+    counts = kept.sum(-1)
+    mean = torch.where(kept, fraction, 0.0).sum(-1) / counts
+    return torch.where(counts > 0, mean, math.nan)
