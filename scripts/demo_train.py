@@ -2,6 +2,8 @@
 
     python scripts/demo_train.py               # about a minute on a CPU, writes runs/demo
     python scripts/demo_train.py --seconds 10  # shorter
+    python scripts/demo_train.py --lr 10 --logdir runs/diverged --seconds 10   # a run that diverges:
+    actviz doctor runs/diverged                                                # names it, exits 1
 
 Nothing is downloaded: each image is a circle, ring, square, frame, triangle or
 cross of a random colour, size and place on a noisy background.
@@ -81,13 +83,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to train (default: 60)")
     parser.add_argument("--every", type=int, default=20, help="log histograms and scalars every N steps (default: 20)")
     parser.add_argument("--image-every", type=int, default=100, help="log feature maps every N steps (default: 100)")
+    parser.add_argument("--lr", type=float, default=5e-4,
+                        help="Adam's learning rate (default: 5e-4; 10 makes the run diverge, for the alerts)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     train_x, train_y = make_dataset(4096, 32, seed=0)
     test_x, test_y = make_dataset(512, 32, seed=1)
     model = small_cnn()
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
 
     # The one line. probe=: a fixed test picture drawn at every image step, so the feature-map slider
