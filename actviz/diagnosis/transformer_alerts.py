@@ -21,7 +21,7 @@ from .alerts import Alert
 
 __all__ = [
     "ENTROPY_WINDOW", "HEADROOM_MIN_BITS", "MASSIVE_RATIO", "MAX_LOGIT_LIMIT", "TransformerAlerts",
-    "entropy_collapse_alerts", "entropy_level", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts",
+    "COLLAPSED_FRACTION", "entropy_collapse_alerts", "entropy_level", "headroom_alerts", "massive_activation_alerts", "max_logit_alerts",
     "outlier_alerts",
 ]
 
@@ -29,6 +29,11 @@ __all__ = [
 MAX_LOGIT_LIMIT = 100.0
 #: Logging steps the entropy rule looks back over.
 ENTROPY_WINDOW = 5
+#: The fraction of its ceiling ``log(keys)`` below which a head's entropy counts as collapsed: a head whose
+#: weight one key takes is near 0 (0.003 to 0.05 in tests/test_attention_naming_and_padding.py), while
+#: healthy heads that sharpen as they learn stay above it (the word language model's Transformer of
+#: scripts/diagnosis_benchmark.py goes down to 0.30).
+COLLAPSED_FRACTION = 0.1
 #: Low-precision outputs with less headroom than this, in bits, are about to overflow.
 HEADROOM_MIN_BITS = 1.0
 #: max|x| over this many times the median |x|: massive activations (Sun et al. 2024).
@@ -71,11 +76,13 @@ def entropy_level(stats: Mapping[str, float]) -> tuple[str, float]:
 
 def entropy_collapse_alerts(step: int, attention: Numbers, history: Mapping[str, Sequence[float]]) -> list[Alert]:
     """Layers whose entropy (:func:`entropy_level`) fell below half its highest value over the recent logging
-    steps (``history``, of the same measure).
+    steps (``history``, of the same measure), and, as a fraction of its ceiling, below
+    :data:`COLLAPSED_FRACTION`.
 
     One key taking all the weight brings the fraction of the ceiling to 0 whatever the row's length, while
     a healthy head's fraction moves little from batch to batch, padded or not: half of its recent highest
-    leaves a margin that padded batches of lengths 3 to 16 of 16 stay inside.
+    leaves a margin that padded batches of lengths 3 to 16 of 16 stay inside. A head that sharpens as it
+    learns may halve its fraction over a few logging steps, and stays above :data:`COLLAPSED_FRACTION`.
 
     Example:
         >>> [alert.message for alert in entropy_collapse_alerts(9, {"attn": {"entropy_min": 0.4}}, {"attn": [2.0, 1.5]})]
@@ -89,7 +96,8 @@ def entropy_collapse_alerts(step: int, attention: Numbers, history: Mapping[str,
     for layer, stats in attention.items():
         recent = [value for value in history.get(layer, ()) if math.isfinite(value)]
         statistic, current = entropy_level(stats)
-        if recent and math.isfinite(current) and current < 0.5 * max(recent):
+        collapsed = statistic == "entropy_min" or current < COLLAPSED_FRACTION
+        if recent and math.isfinite(current) and current < 0.5 * max(recent) and collapsed:
             level = f"minimum {current:.3g} nats" if statistic == "entropy_min" else (
                 f"{current:.3g} of its ceiling log(keys)")
             found.append(Alert(step, "attention_entropy_collapse", layer, statistic, current, 0.5 * max(recent),
