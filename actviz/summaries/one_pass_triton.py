@@ -109,7 +109,7 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
         if UNITS == 2:
             beyond += (inside & (tl.abs(x - centre) > bound)).to(tl.int32)
         taken = inside & (position % stride == 0)
-        tl.store(sample + sample_start + position // stride, raw.to(tl.float64), mask=taken)
+        tl.store(sample + sample_start + position // stride, x.to(tl.float64), mask=taken)  # x: raw, exactly
     if UNITS == 1:
         bins = tl.arange(0, BINS)
         tl.atomic_add(channel_counts + bins, alive, mask=bins < channels)
