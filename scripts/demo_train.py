@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import time
 
@@ -121,7 +122,7 @@ def main() -> None:
     print(f"\ntrained {step} steps in {time.monotonic() - start:.0f} s; the run is in {args.logdir}")
     print(f"health alerts: {len(viz.alerts)}" + "".join(f"\n  {alert.message}" for alert in viz.alerts))
     print(f"check it without TensorBoard:\n\n    actviz doctor {args.logdir}\n")
-    print("view it with:\n\n    tensorboard --logdir runs\n")
+    print(f"view it with:\n\n    tensorboard --logdir {os.path.dirname(os.path.normpath(args.logdir)) or '.'}\n")
 
 
 if __name__ == "__main__":
