@@ -17,7 +17,11 @@ import torch
 
 from ..common.pixels import PaletteImage
 
-__all__ = ["encode_png"]
+__all__ = ["RGB_STRATEGY", "encode_png"]
+
+#: zlib's strategy for RGB pictures: full matching. A flow picture (text on every row, a colour bar that
+#: changes every pixel row) is 24 KB with it against 34 KB with run-length matching only, at level 1.
+RGB_STRATEGY = zlib.Z_DEFAULT_STRATEGY
 
 
 def encode_png(image: torch.Tensor | PaletteImage, compress_level: int = 1) -> bytes:
@@ -27,9 +31,11 @@ def encode_png(image: torch.Tensor | PaletteImage, compress_level: int = 1) -> b
     A minimal encoder for pictures enlarged by repeating pixels. A row equal to the
     one above it is stored with PNG's "Up" filter, which turns it into zeros; other
     rows use the "Sub" filter, which turns a repeated pixel into zeros. zlib then
-    compresses with run-length matching only, at a fast level. On feature-map grids
-    and heat maps the files are within about 10% of PIL's level-1 PNGs, made in
-    under half the time.
+    compresses at a fast level: grayscale grids and indexed heat maps with run-length
+    matching only (their files are within about 10% of PIL's level-1 PNGs, made in under
+    half the time); RGB pictures (the flow pictures with their text and colour bars, the
+    probe, Grad-CAM) with zlib's full matching, which makes a flow picture about a third
+    smaller in about the same time (:data:`RGB_STRATEGY`).
 
     Example:
         >>> encode_png(torch.zeros(1, 2, 3, dtype=torch.uint8))[:8]
@@ -44,15 +50,17 @@ def encode_png(image: torch.Tensor | PaletteImage, compress_level: int = 1) -> b
             raise ValueError(f"expected (H, W) uint8 indices into at most 256 colours, got "
                              f"{tuple(indices.shape)} {indices.dtype} into {len(palette)}")
         plte = bytes(palette.to(torch.uint8).contiguous().numpy())
-        return _encode(indices.cpu().numpy(), 1, 3, compress_level, plte=plte)
+        return _encode(indices.cpu().numpy(), 1, 3, compress_level, zlib.Z_RLE, plte=plte)
     if image.dtype != torch.uint8 or image.dim() != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"expected a (1 or 3, H, W) uint8 image, got {tuple(image.shape)} {image.dtype}")
     channels, height, width = image.shape
     pixels = image.cpu().permute(1, 2, 0).numpy()
-    return _encode(pixels.reshape(height, width * channels), channels, 0 if channels == 1 else 2, compress_level)
+    strategy = zlib.Z_RLE if channels == 1 else RGB_STRATEGY
+    return _encode(pixels.reshape(height, width * channels), channels, 0 if channels == 1 else 2, compress_level, strategy)
 
 
-def _encode(pixels: np.ndarray, channels: int, colour_type: int, compress_level: int, plte: bytes | None = None) -> bytes:
+def _encode(pixels: np.ndarray, channels: int, colour_type: int, compress_level: int, strategy: int,
+            plte: bytes | None = None) -> bytes:
     """PNG bytes of ``(H, W * channels)`` samples: "Up" for a row equal to the one above, else "Sub"."""
     height, width = pixels.shape[0], pixels.shape[1] // channels
     rows = np.empty((height, width * channels + 1), dtype=np.uint8)  # a filter-type byte, then the row
@@ -64,7 +72,7 @@ def _encode(pixels: np.ndarray, channels: int, colour_type: int, compress_level:
     rows[:, 0] = np.where(repeated, _FILTER_UP, _FILTER_SUB)
     rows[repeated, 1:] = 0  # "Up": each byte minus the byte above it
     header = struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0)
-    compressor = zlib.compressobj(compress_level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_RLE)
+    compressor = zlib.compressobj(compress_level, zlib.DEFLATED, zlib.MAX_WBITS, 9, strategy)
     return b"".join([
         _PNG_SIGNATURE,
         _png_chunk(b"IHDR", header),
