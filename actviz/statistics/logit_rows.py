@@ -17,10 +17,10 @@ Example:
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from ..common.torch_ops import define_op, triton_runs_on
 from ..summaries.piecewise import PIECE
 
 __all__ = ["LOGIT_ROWS", "eager_logit_rows", "logit_rows"]
@@ -38,9 +38,7 @@ def _triton_body():
 def _takes_triton(rows: torch.Tensor) -> bool:
     if rows.dtype not in (torch.float16, torch.bfloat16, torch.float32) or rows.stride(-1) != 1:
         return False
-    if rows.device.type == "cuda":
-        return _triton_body() is not None
-    return rows.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and _triton_body() is not None
+    return triton_runs_on(rows.device) and _triton_body() is not None
 
 
 def logit_rows(rows: torch.Tensor) -> torch.Tensor:
@@ -71,14 +69,5 @@ def _fake_logit_rows(rows: torch.Tensor) -> torch.Tensor:
     return rows.new_empty((3, rows.shape[0]), dtype=torch.float32)
 
 
-_library = torch.library.Library("actviz", "FRAGMENT")
-try:
-    _library.define("logit_rows(Tensor rows) -> Tensor")
-except RuntimeError:  # a second copy of this module in one process uses the op defined first
-    pass
-else:
-    _library.impl("logit_rows", logit_rows, "CompositeExplicitAutograd")
-    torch.library.register_fake("actviz::logit_rows", _fake_logit_rows, lib=_library)
-
-#: The op, as the logit statistic calls it.
-LOGIT_ROWS = torch.ops.actviz.logit_rows.default
+#: The op, as the logit statistic calls it (:func:`~actviz.common.torch_ops.define_op`).
+LOGIT_ROWS = define_op("logit_rows", "logit_rows(Tensor rows) -> Tensor", logit_rows, _fake_logit_rows)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIELDS", "HEADER", "PIECE_FIELDS", "Reduction", "decode", "finite_bounds", "merge_pieces", "wide_dtype"]
+__all__ = ["FIELDS", "HEADER", "PIECE_FIELDS", "Reduction", "decode", "merge_pieces", "wide_dtype"]
 
 #: The header's columns, in order. Adding one is adding a name here and computing it where rows are made.
 FIELDS = ("nonzero", "finite_nonzero", "mean", "variance", "min", "max")
@@ -92,11 +92,14 @@ class Reduction:
         return flat[self.index * HEADER : self.index * HEADER + HEADER]
 
     def extra_fields(self, names: tuple[str, ...]) -> torch.Tensor | None:
-        """The numbers ``names`` of those after the header, a view on the device; ``None`` unless the row has them."""
-        if not names or not set(names) <= set(self.extra):
+        """The numbers ``names`` of those after the header, a view on the device; ``None`` unless the row has
+        them, in that order."""
+        if not names or names[0] not in self.extra:
             return None
-        start = HEADER + self.extra.index(names[0])
-        return self.header[start : start + len(names)]
+        start = self.extra.index(names[0])
+        if self.extra[start : start + len(names)] != names:
+            return None
+        return self.header[HEADER + start : HEADER + start + len(names)]
 
     def sample_values(self) -> torch.Tensor:
         """The sample, a 1-D view of the tensor that holds it."""
@@ -165,18 +168,6 @@ def merge_pieces(partials: torch.Tensor, numel: int) -> torch.Tensor:
     offset = total / numel
     variance = (squares / numel - offset * offset).clamp_min(0)
     return torch.stack([nonzero, finite_nonzero, shift + offset, variance, table[:, 4].amin(), table[:, 5].amax()])
-
-
-def finite_bounds(values: torch.Tensor) -> list[torch.Tensor]:
-    """The ``min`` and ``max`` fields: of the finite elements of a 1-D tensor, as two 1-element tensors;
-    ``+inf``/``-inf`` if none. Every path that takes them from a tensor's own values calls this.
-
-    Example:
-        >>> [bound.item() for bound in finite_bounds(torch.tensor([2.0, float("nan"), 3.0, -float("inf")]))]
-        [2.0, 3.0]
-    """
-    low = torch.nan_to_num(values, math.inf, math.inf, math.inf).amin(0, keepdim=True)
-    return [low, torch.nan_to_num(values, -math.inf, -math.inf, -math.inf).amax(0, keepdim=True)]
 
 
 def wide_dtype(device: torch.device) -> torch.dtype:

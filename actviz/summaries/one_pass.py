@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Sequence
 
 import torch
 
+from ..common.torch_ops import define_op, triton_runs_on
 from . import piecewise
 from .header import HEADER, PIECE_FIELDS, merge_pieces, wide_dtype
 from .outlier_moments import OUTLIER_THRESHOLD, outlier_moments
@@ -77,9 +77,7 @@ def _takes_triton(tensors: Sequence[torch.Tensor]) -> bool:
     first = tensors[0]
     if first.dtype not in TRITON_DTYPES or not all(tensor.is_contiguous() for tensor in tensors):
         return False
-    if first.device.type == "cuda":
-        return triton_body() is not None
-    return first.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1" and triton_body() is not None
+    return triton_runs_on(first.device) and triton_body() is not None
 
 
 def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
@@ -99,19 +97,9 @@ def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
     return tensors[0].new_empty(total, dtype=wide_dtype(tensors[0].device))
 
 
-# Defined with torch.library's low-level API, one body for every device: the dispatcher calls it straight away,
-# without the Python frames of the custom_op wrapper (about 20 a call), since actviz calls it for every large tensor.
-_library = torch.library.Library("actviz", "FRAGMENT")
-try:
-    _library.define("summarize(Tensor[] tensors, int[] strides, bool outliers, float[] units=[]) -> Tensor")
-except RuntimeError:  # a second copy of this module in one process (reloaded, vendored) uses the op defined first
-    pass
-else:
-    _library.impl("summarize", summarize, "CompositeExplicitAutograd")
-    torch.library.register_fake("actviz::summarize", _fake_summarize, lib=_library)
-
-#: The op, as actviz's reductions call it.
-SUMMARIZE = torch.ops.actviz.summarize.default
+#: The op, as actviz's reductions call it (:func:`~actviz.common.torch_ops.define_op`).
+SUMMARIZE = define_op("summarize", "summarize(Tensor[] tensors, int[] strides, bool outliers, float[] units=[]) -> Tensor",
+                      summarize, _fake_summarize)
 
 
 def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
@@ -147,8 +135,10 @@ def unit_fraction(values: torch.Tensor, units: Sequence[float]) -> torch.Tensor:
     """
     if int(units[0]) == 1:
         channels, spatial, channels_last = int(units[1]), int(units[2]), bool(units[3])
-        grouped = values.view(-1, channels) if channels_last else values.view(-1, channels, spatial).transpose(0, 1)
-        alive = (grouped != 0).reshape(channels, -1).any(dim=1) if not channels_last else (grouped != 0).any(dim=0)
+        if channels_last:  # (positions, channels) in memory
+            alive = (values.view(-1, channels) != 0).any(dim=0)
+        else:  # (samples, channels, positions)
+            alive = (values.view(-1, channels, spatial) != 0).any(dim=2).any(dim=0)
         return torch.mean(~alive, dtype=wide_dtype(values.device))
     return torch.mean((values - units[1]).abs() > units[2], dtype=wide_dtype(values.device))
 

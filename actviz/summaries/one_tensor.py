@@ -30,11 +30,11 @@ from . import fused, one_pass, piecewise
 from .one_pass import SUMMARIZE
 from .one_pass import header_sums
 from .cpu_shortcut import reduce_on_cpu
-from .header import HEADER, Reduction, finite_bounds, wide_dtype
+from .header import HEADER, Reduction, wide_dtype
 from .small_tensors import SmallTensors
 
 __all__ = [
-    "HEADER_SIZE", "Reduction", "finish", "finite_bounds", "flat_view", "reduce_in_one_pass", "reduce_tensor",
+    "HEADER_SIZE", "Reduction", "finish", "flat_view", "reduce_in_one_pass", "reduce_tensor",
     "sample_stride",
     "summarize",
 ]
