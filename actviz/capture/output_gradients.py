@@ -47,7 +47,6 @@ __all__ = ["OutputGradients"]
 logger = logging.getLogger(__name__)
 
 
-
 class OutputGradients:
     """The hooks on a logging step's layer outputs' gradients, and their reductions.
 
@@ -140,7 +139,7 @@ class OutputGradients:
             if backward_accumulates(leaves) is not False:
                 return True
             return backward_runs_every_edge() is not False
-        except Exception:  # noqa: BLE001 - a hook must never stop training: logged, as before the query
+        except Exception:  # noqa: BLE001 - a hook must never stop training: logged, as when the engine cannot be asked
             return True
 
     def _on_output_grad(self, name: str, tag: str, grad: torch.Tensor) -> None:
