@@ -157,6 +157,42 @@ def unit_mismatches(name: str, flat: torch.Tensor, units: list[float], wanted: f
     return problems
 
 
+def strength_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[int]]]:
+    """``(name, shaped output, its elements in memory order, channel layout)`` for the channel strengths: each
+    layout branch of the kernel (long channels, short channels, channels last) and a channel over two tiles."""
+    generator = torch.Generator().manual_seed(3)
+    long = torch.randn(3, 70, 30, 30, generator=generator) * 3  # 900 per channel: a sum per channel and block
+    long[0, 1, 0, 2], long[0, 2, 1, 1], long[0, 3, 0, 0] = math.nan, math.inf, -math.inf
+    short = torch.randn(4, 100, 5, 5, generator=generator)  # 25 per channel: an add per element
+    huge = (torch.randn(2, 65, 128, 128, generator=generator) * 2).to(torch.float16)  # a channel over two tiles
+    last = (torch.randn(2, 80, 40, 40, generator=generator) * 4).to(torch.bfloat16).contiguous(
+        memory_format=torch.channels_last)
+    return [
+        ("channel strengths, long channels with NaN and ±Inf", long, long.reshape(-1), [70, 900, 0]),
+        ("channel strengths, short channels", short, short.reshape(-1), [100, 25, 0]),
+        ("channel strengths, float16 over two tiles", huge, huge.reshape(-1), [65, 128 * 128, 0]),
+        ("channel strengths, bfloat16 channels last", last, last.permute(0, 2, 3, 1).reshape(-1), [80, 1600, 1]),
+    ]
+
+
+def strength_mismatches(name: str, shaped: torch.Tensor, flat: torch.Tensor, channels: list[int]) -> list[str]:
+    """The op's channel strengths against sample 0's mean ``|x|`` per channel by float64 (NaN and ±Inf as 0); and
+    the row and sample unchanged by them."""
+    import actviz.summaries.one_pass  # noqa: F401 - defines the op
+
+    with_strengths = torch.ops.actviz.summarize.default([flat], [7], False, [], channels)
+    without = torch.ops.actviz.summarize.default([flat], [7], False)
+    magnitudes = shaped[0].cpu().double().abs()
+    wanted = torch.where(torch.isfinite(magnitudes), magnitudes, 0.0).mean(dim=(1, 2))
+    found = with_strengths[without.numel():].cpu()
+    problems = []
+    if found.shape != wanted.shape or not torch.allclose(found, wanted, rtol=1e-12, atol=0.0):
+        problems.append(f"{name}: strengths off by {(found - wanted).abs().max().item() if found.shape == wanted.shape else found.shape}")
+    if not torch.equal(with_strengths[: without.numel()].cpu().nan_to_num(), without.cpu().nan_to_num()):
+        problems.append(f"{name}: the row or the sample changed with the strengths")
+    return problems
+
+
 def logit_cases() -> list[tuple[str, torch.Tensor]]:
     """``(name, (n, classes) logits)`` for ``torch.ops.actviz.logit_rows``."""
     generator = torch.Generator().manual_seed(1)
@@ -193,6 +229,8 @@ def main() -> int:
     problems = []
     for name, _, flat, units, wanted in unit_cases():
         problems += unit_mismatches(name, flat, units, wanted)
+    for case in strength_cases():
+        problems += strength_mismatches(*case)
     for name, logits in logit_cases():
         if not logit_rows._takes_triton(logits):
             print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")

@@ -122,6 +122,23 @@ def test_the_one_pass_kernels_match_float64_on_the_gpu(outliers):
     assert problems == []
 
 
+def test_the_unit_counts_and_channel_strengths_match_by_hand_on_the_gpu():
+    # The Triton body's dead-channel and saturation counts (histogram and atomic adds) and each channel's strength in
+    # sample 0 (atomic adds), on CUDA tensors, against counts and float64 by hand.
+    from one_pass_cases import strength_cases, strength_mismatches, unit_cases, unit_mismatches
+
+    from actviz.summaries import one_pass
+
+    if one_pass.triton_body() is None:
+        pytest.skip("Triton is not installed: the op's eager body runs on this GPU")
+    problems = []
+    for name, _, flat, units, wanted in unit_cases():
+        problems += unit_mismatches(name, flat.cuda(), units, wanted)
+    for name, shaped, flat, channels in strength_cases():
+        problems += strength_mismatches(name, shaped.cuda(), flat.cuda(), channels)
+    assert problems == []
+
+
 def test_the_logit_rows_kernel_matches_float64_on_the_gpu():
     from one_pass_cases import logit_cases, logit_mismatches
 

@@ -15,9 +15,11 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from one_pass_cases import cases, logit_cases, logit_mismatches, mismatches, unit_cases, unit_mismatches
+from one_pass_cases import (cases, logit_cases, logit_mismatches, mismatches, strength_cases, strength_mismatches, unit_cases,
+                            unit_mismatches)
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -42,6 +44,11 @@ def test_the_eager_body_matches_float64(case, outliers):
 def test_the_unit_fractions_of_the_eager_body_match_counts_by_hand(case):
     name, _, flat, units, wanted = case
     assert unit_mismatches(name, flat, units, wanted) == []
+
+
+@pytest.mark.parametrize("case", strength_cases(), ids=lambda case: case[0])
+def test_the_channel_strengths_of_the_eager_body_match_float64(case):
+    assert strength_mismatches(*case) == []
 
 
 @pytest.mark.parametrize("case", logit_cases(), ids=lambda case: case[0])
@@ -231,3 +238,40 @@ def test_a_logging_step_reads_each_watched_tensor_once(monkeypatch):
     assert meter.moved <= 1.15 * watched, (meter.moved / watched, meter.ops)
     assert len(meter.ops) <= 2 * watched_tensors, meter.ops
     assert meter.ops.count("actviz.summarize.default") == 4  # the two large outputs and their gradients
+
+
+class ShapeMeter(TorchDispatchMode):
+    """Every op dispatched, with the shapes of its tensor inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[tuple[int, ...]]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [tuple(t.shape) for t in tree_flatten((args, kwargs or {}))[0] if isinstance(t, torch.Tensor)]
+        self.calls.append((str(func), inputs))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_feature_map_grid_picks_its_channels_from_the_summary_read(monkeypatch, tmp_path, read_run):
+    # A conv output of 96 channels, more than the 64 a grid draws: on the accelerator path the summary's one read
+    # gives each channel's strength, so the only op that reads sample 0 for the picture is the copy of the chosen
+    # channels; and the grid is the one feature_map_grid draws from sample 0 by hand.
+    from actviz.pictures.rendering import feature_map_grid
+
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 96, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(96, 4))
+    inputs = torch.randn(4, 3, 40, 40)
+    outputs = []
+    model[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach().clone()))
+    with actviz.watch(model, tmp_path, every=1, image_every=1) as viz:
+        with ShapeMeter() as meter:
+            model(inputs).sum().backward()
+            viz.flush()
+    sample_reads = [name for name, shapes in meter.calls if (96, 40, 40) in shapes]
+    assert sample_reads == ["aten.index_select.default"], sample_reads
+    expected = feature_map_grid(outputs[0][0]).squeeze(0).numpy()
+    drawn = read_run(tmp_path).image("feature_maps/0", 0)
+    assert np.array_equal(drawn if drawn.ndim == 2 else drawn[..., 0], expected)

@@ -20,7 +20,9 @@ from ..common._internals import batch_and_instance_norm_types, tensor_version
 from ..options import CaptureOptions
 from ..output.pending_step import Draw
 from ..pictures.rendering import draw_first_grid, picture_source
+from ..common.distributed_types import is_dtensor
 from ..summaries.header import Reduction
+from ..summaries.one_pass import channel_layout
 from ..summaries.one_tensor import reduce_tensor
 
 __all__ = [
@@ -151,8 +153,13 @@ def reduce_output(
     :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host.
     In a watcher's step a tensor its sample covers whole is copied once instead (:func:`copied_picture`).
     """
-    reduction = reduce_tensor(tensor, options.histogram_sample_size, outliers=outliers, units=units) if stats else None
-    picture = picture_source(tensor, options.max_channels, batch_dim) if draw else None
+    # A grid of a few of many channels picks them by the strengths the summary's read gives (where the one-pass op makes it).
+    many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels and not is_dtensor(tensor)
+    channels = channel_layout(tensor) if many else None
+    reduction = reduce_tensor(tensor, options.histogram_sample_size, outliers=outliers, units=units,
+                              channels=channels or ()) if stats else None
+    strengths = reduction.strengths if reduction is not None else None
+    picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths) if draw else None
     return reduction, picture
 
 

@@ -77,8 +77,11 @@ def grid_layout(channels: int, tile_height: int, tile_width: int, padding: int =
     return rows * (tile_height + padding) + padding, columns * (tile_width + padding) + padding
 
 
-def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
+def select_channels(fmap: torch.Tensor, max_channels: int, strengths: torch.Tensor | None = None) -> torch.Tensor:
     """Indices of the channels to draw: all, or the ``max_channels`` strongest by mean |activation|, in channel order.
+
+    ``strengths``: each channel's mean |activation|, where the summary's one read gave them
+    (:func:`~actviz.summaries.one_pass.channel_strength`); otherwise they are taken of ``fmap`` here.
 
     Example:
         >>> fmap = torch.stack([torch.full((2, 2), v) for v in (0.1, -5.0, 0.2, 3.0)])
@@ -88,8 +91,9 @@ def select_channels(fmap: torch.Tensor, max_channels: int) -> torch.Tensor:
     channels = fmap.shape[0]
     if channels <= max_channels:
         return torch.arange(channels, device=fmap.device)
-    strength = torch.nan_to_num(fmap.abs(), nan=0.0, posinf=0.0).mean(dim=(1, 2))
-    return strength.topk(max_channels).indices.sort().values
+    if strengths is None:
+        strengths = torch.nan_to_num(fmap.abs(), nan=0.0, posinf=0.0).mean(dim=(1, 2))
+    return strengths.topk(max_channels).indices.sort().values
 
 
 def _resize(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -146,11 +150,13 @@ def feature_map_grid(
     return draw_grid(grid_channels(fmap.detach(), max_channels), min_tile, max_tile, padding)
 
 
-def grid_channels(fmap: torch.Tensor, max_channels: int, copied: bool = False) -> torch.Tensor:
+def grid_channels(fmap: torch.Tensor, max_channels: int, copied: bool = False,
+                  strengths: torch.Tensor | None = None) -> torch.Tensor:
     """The device half of :func:`feature_map_grid`: a copy of the channels to draw, in their dtype
-    (``fmap`` itself if it is a copy already, ``copied``, and has no more than ``max_channels``)."""
+    (``fmap`` itself if it is a copy already, ``copied``, and has no more than ``max_channels``), picked by
+    ``strengths`` where given (:func:`select_channels`)."""
     if fmap.shape[0] > max_channels:
-        return fmap.index_select(0, select_channels(fmap, max_channels))
+        return fmap.index_select(0, select_channels(fmap, max_channels, strengths))
     return fmap if copied else fmap.clone()
 
 
@@ -188,7 +194,8 @@ def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
 
 
 def picture_source(
-    tensor: torch.Tensor, max_channels: int, batch_dim: int = 0, copied: bool = False
+    tensor: torch.Tensor, max_channels: int, batch_dim: int = 0, copied: bool = False,
+    strengths: torch.Tensor | None = None,
 ) -> tuple[Callable[[torch.Tensor], torch.Tensor | PaletteImage], torch.Tensor] | None:
     """How to draw one layer output, split at the host: ``(draw, source)``, or ``None`` for no picture.
 
@@ -199,7 +206,8 @@ def picture_source(
     ``draw(source)`` is :func:`feature_map_grid` of sample 0, or its :func:`heatmap` as a
     :class:`~actviz.common.pixels.PaletteImage` (the same pixels, a byte each). With ``copied``, ``tensor``
     is a private copy off autograd's tape (a watcher's :meth:`~actviz.summaries.small_tensors.SmallTensors.whole_copy`):
-    a grid of all its channels is a view of it, no second copy.
+    a grid of all its channels is a view of it, no second copy. ``strengths``, where the summary's read gave them,
+    pick a 4-D output's channels (:func:`select_channels`) without a read of their own.
 
     Example:
         >>> draw, source = picture_source(torch.randn(2, 100, 5, 5), max_channels=64)
@@ -213,7 +221,7 @@ def picture_source(
         return None
     values = tensor if copied else tensor.detach()
     if tensor.dim() == 4:
-        return draw_grid, grid_channels(values[0], max_channels, copied)
+        return draw_grid, grid_channels(values[0], max_channels, copied, strengths)
     return heatmap_source(values.select(batch_dim, 0))
 
 

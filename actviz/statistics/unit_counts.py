@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..common.distributed_types import is_dtensor
-from ..summaries.one_pass import UNIT_FIELDS
+from ..summaries.one_pass import UNIT_FIELDS, channel_layout
 from .layer_statistic import LayerStatistic
 
 __all__ = ["SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
@@ -85,15 +85,10 @@ class DeadChannels(LayerStatistic):
         return torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32)
 
     def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
-        if not tensor.is_floating_point() or tensor.dim() < 3 or tensor.numel() == 0 or is_dtensor(tensor):
+        if not tensor.is_floating_point() or is_dtensor(tensor):
             return None
-        channels = tensor.shape[1]
-        spatial = tensor.numel() // (tensor.shape[0] * channels)
-        if tensor.is_contiguous():
-            return (1, channels, spatial, 0)
-        if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
-            return (1, channels, spatial, 1)
-        return None
+        layout = channel_layout(tensor)
+        return (1, *layout) if layout is not None else None
 
     def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         return fields

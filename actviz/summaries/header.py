@@ -29,16 +29,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIELDS", "HEADER", "PIECE_FIELDS", "Reduction", "decode", "merge_pieces", "wide_dtype"]
+__all__ = ["FIELDS", "HEADER", "Reduction", "decode", "wide_dtype"]
 
 #: The header's columns, in order. Adding one is adding a name here and computing it where rows are made.
 FIELDS = ("nonzero", "finite_nonzero", "mean", "variance", "min", "max")
 #: Numbers in a header row.
 HEADER = len(FIELDS)
-#: A tensor reduced in pieces (:func:`~actviz.summaries.piecewise.reduce_in_pieces`) leaves, instead of a row, a shift
-#: and then these numbers of each piece, about ``z - shift`` (in float64: counts, sum, 2-norm; bounds of the finite values), added up by
-#: :func:`merge_pieces` when the row is read: on the host, so that the device spends no kernel on it.
-PIECE_FIELDS = ("nonzero", "finite_nonzero", "sum", "norm", "min", "max")
 
 
 class Reduction:
@@ -50,10 +46,10 @@ class Reduction:
         header: The tensor (or, on the CPU shortcut, a list of floats) holding the row.
         index: Which row of ``header`` (a 2-D matrix), or 0 for a 1-D row.
         sample: The tensor holding the sample, flat, at ``[start, stop)``.
-        zeroed: The sample is ``z`` (NaN and ±Inf replaced by 0), the whole tensor.
-        pieces: If not 0, ``header`` holds a shift and this many pieces' :data:`PIECE_FIELDS` (:func:`merge_pieces`).
         extra: The names of the numbers after the header in a 1-D row: the one-pass op's outlier fields
             (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`) and unit fraction, read by :meth:`extra_fields`.
+        strengths: Where the one-pass op was asked for them, each channel's mean ``|x|`` over sample 0, on the tensor's
+            device (:func:`~actviz.summaries.one_pass.channel_strength`): what picks the channels of its picture.
 
     Example:
         >>> row = torch.tensor([3.0, 2.0, 0.25, 1.1875, -1.0, 2.0], dtype=torch.float64)
@@ -62,11 +58,11 @@ class Reduction:
         (1, 1, -1.0, 2.0)
     """
 
-    __slots__ = ("counts", "extra", "header", "index", "numel", "pieces", "sample", "start", "stop", "stride", "zeroed")
+    __slots__ = ("counts", "extra", "header", "index", "numel", "sample", "start", "stop", "stride", "strengths")
 
     def __init__(
         self, numel: int, stride: int, header: Any, index: int, sample: Any, start: int, stop: int,
-        zeroed: bool = False, pieces: int = 0, extra: tuple[str, ...] = (),
+        extra: tuple[str, ...] = (), strengths: Any = None,
     ) -> None:
         self.numel = numel
         self.stride = stride
@@ -75,9 +71,8 @@ class Reduction:
         self.sample = sample
         self.start = start
         self.stop = stop
-        self.zeroed = zeroed
-        self.pieces = pieces
         self.extra = extra
+        self.strengths = strengths
         self.counts: Any = None  # bucket counts merged across ranks (actviz.summaries.merge_ranks), else counted from the sample
 
     def row(self) -> list[float]:
@@ -85,10 +80,8 @@ class Reduction:
         return self.row_tensor().tolist() if isinstance(self.header, torch.Tensor) else list(self.header)
 
     def row_tensor(self) -> torch.Tensor:
-        """The header row as a 1-D tensor where the header tensor is (added up first if in pieces)."""
+        """The header row as a 1-D tensor where the header tensor is."""
         flat = self.header.reshape(-1)
-        if self.pieces:
-            return merge_pieces(flat[: 1 + len(PIECE_FIELDS) * self.pieces], self.numel)
         return flat[self.index * HEADER : self.index * HEADER + HEADER]
 
     def extra_fields(self, names: tuple[str, ...]) -> torch.Tensor | None:
@@ -150,24 +143,6 @@ def decode(row: list[float], numel: int) -> tuple[int, int | None, float, float,
         finite_mean = total / finite if finite else 0.0
         spread = max(0.0, centered - nonfinite * mean * mean - finite * (finite_mean - mean) ** 2)
     return nonfinite, zeros, low, high, total, squares, spread
-
-
-def merge_pieces(partials: torch.Tensor, numel: int) -> torch.Tensor:
-    """The header row of a tensor of ``numel`` elements reduced in pieces, from ``partials``: its shift, then each
-    piece's :data:`PIECE_FIELDS`. Moments about the shift, so that a large offset cancels nothing.
-
-    Example:
-        >>> # [1, 2] and [NaN, 1], shifted by 1: z - 1 is [0, 1] and [-1, 0]
-        >>> pieces = [[2, 2, 1.0, 1.0, 1.0, 2.0], [2, 1, -1.0, 1.0, 1.0, 1.0]]
-        >>> merge_pieces(torch.tensor([1.0] + pieces[0] + pieces[1], dtype=torch.float64), 4).tolist()
-        [4.0, 3.0, 1.0, 0.5, 1.0, 2.0]
-    """
-    shift, table = partials[0], partials[1:].view(-1, len(PIECE_FIELDS))
-    nonzero, finite_nonzero, total = table[:, :3].sum(0)
-    squares = torch.dot(table[:, 3], table[:, 3])  # the norms squared, added
-    offset = total / numel
-    variance = (squares / numel - offset * offset).clamp_min(0)
-    return torch.stack([nonzero, finite_nonzero, shift + offset, variance, table[:, 4].amin(), table[:, 5].amax()])
 
 
 def wide_dtype(device: torch.device) -> torch.dtype:

@@ -82,7 +82,6 @@ def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> b
     ], dim=1)
     for index, reduction in enumerate(reductions):
         reduction.numel, reduction.header, reduction.index, reduction.counts = merged[index], header, index, counts
-        reduction.pieces = 0  # a row of the merged matrix now, whatever it was
     return True
 
 

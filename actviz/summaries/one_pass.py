@@ -7,7 +7,9 @@ tensor's strided sample (``tensor[::stride]``). A row is the summary header of :
 ``outliers=True``, by :data:`OUTLIER_FIELDS`: the device half of :class:`~actviz.statistics.outliers.Outliers`,
 and, where ``units`` asks (one tensor), by one unit fraction: the device half of
 :class:`~actviz.statistics.unit_counts.DeadChannels` or :class:`~actviz.statistics.unit_counts.Saturation`
-(:func:`unit_fraction`).
+(:func:`unit_fraction`). Where ``channels`` gives a 4-D output's channel layout (:func:`channel_layout`), the
+op's output ends with the strength of each channel of sample 0 (:func:`channel_strength`): what picks the
+channels of its feature-map grid, from the same read.
 
 It is a ``torch.library`` op, so a ``TorchDispatchMode`` (the op and byte budgets of the tests,
 ``shared/bench/realsize/ops_bytes.py``) sees one op with the tensors as its inputs and the rows as its output.
@@ -37,12 +39,12 @@ import torch
 
 from ..common.torch_ops import define_op, triton_runs_on
 from . import piecewise
-from .header import HEADER, PIECE_FIELDS, merge_pieces, wide_dtype
+from .header import HEADER, wide_dtype
 from .outlier_moments import OUTLIER_THRESHOLD, outlier_moments
 
 __all__ = [
-    "OUTLIER_FIELDS", "OUTLIER_THRESHOLD", "SUMMARIZE", "TRITON_DTYPES", "UNIT_FIELDS", "eager_summarize", "header_sums", "row_width",
-    "summarize", "triton_body", "unit_fraction",
+    "OUTLIER_FIELDS", "OUTLIER_THRESHOLD", "SUMMARIZE", "TRITON_DTYPES", "UNIT_FIELDS", "channel_layout", "channel_strength",
+    "eager_summarize", "header_sums", "row_width", "summarize", "triton_body", "unit_fraction",
 ]
 
 #: The numbers ``outliers=True`` adds to a row: ``max |x|`` (NaN left out), the count of ``|x| >=``
@@ -81,29 +83,49 @@ def _takes_triton(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
-              units: Sequence[float] = ()) -> torch.Tensor:
+              units: Sequence[float] = (), channels: Sequence[int] = ()) -> torch.Tensor:
     """Rows and samples of ``tensors`` (see the module docstring): 1-D, non-empty, of one device and dtype."""
-    if units and len(tensors) != 1:
-        raise ValueError(f"units are counted for one tensor at a time, got {len(tensors)}")
+    if (units or channels) and len(tensors) != 1:
+        raise ValueError(f"units and channel strengths are counted for one tensor at a time, got {len(tensors)}")
     width = row_width(outliers, bool(units))
     if _takes_triton(tensors):
-        return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units))
-    return eager_summarize(tensors, strides, outliers, units)
+        return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units), tuple(channels))
+    return eager_summarize(tensors, strides, outliers, units, channels)
 
 
 def _fake_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
-                    units: Sequence[float] = ()) -> torch.Tensor:
+                    units: Sequence[float] = (), channels: Sequence[int] = ()) -> torch.Tensor:
     total = len(tensors) * row_width(outliers, bool(units)) + sum(map(_sample_size, (t.numel() for t in tensors), strides))
-    return tensors[0].new_empty(total, dtype=wide_dtype(tensors[0].device))
+    return tensors[0].new_empty(total + (channels[0] if channels else 0), dtype=wide_dtype(tensors[0].device))
 
 
 #: The op, as actviz's reductions call it (:func:`~actviz.common.torch_ops.define_op`).
-SUMMARIZE = define_op("summarize", "summarize(Tensor[] tensors, int[] strides, bool outliers, float[] units=[]) -> Tensor",
-                      summarize, _fake_summarize)
+SUMMARIZE = define_op(
+    "summarize", "summarize(Tensor[] tensors, int[] strides, bool outliers, float[] units=[], int[] channels=[]) -> Tensor",
+    summarize, _fake_summarize)
+
+
+def channel_layout(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+    """How a layer output's channels lie in its memory order: ``(channels, spatial, channels_last)``, or ``None`` for
+    a layout the one-pass op does not read by channel (fewer than 3 dimensions, neither contiguous nor channels-last).
+
+    Example:
+        >>> channel_layout(torch.zeros(2, 3, 4, 5)), channel_layout(torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last))
+        ((3, 20, 0), (3, 20, 1))
+    """
+    if tensor.dim() < 3 or tensor.numel() == 0:
+        return None
+    channels = tensor.shape[1]
+    spatial = tensor.numel() // (tensor.shape[0] * channels)
+    if tensor.is_contiguous():
+        return channels, spatial, 0
+    if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last):
+        return channels, spatial, 1
+    return None
 
 
 def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
-                    units: Sequence[float] = ()) -> torch.Tensor:
+                    units: Sequence[float] = (), channels: Sequence[int] = ()) -> torch.Tensor:
     """The op's eager body: per tensor, :func:`header_sums` (a tensor over
     :data:`~actviz.summaries.piecewise.PIECE` elements a piece at a time, so that its float64 temporaries stay
     a piece's size) and, with ``outliers``, :func:`~actviz.summaries.outlier_moments.outlier_moments`."""
@@ -112,8 +134,7 @@ def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
     for segment, stride in zip(tensors, strides):
         readable = segment if segment.dtype in TRITON_DTYPES else segment.float()  # float8: no nan_to_num, no abs
         if readable.numel() > piecewise.PIECE:
-            partials = piecewise.reduce_in_pieces(readable, readable.numel(), wide)  # stride numel: a 1-element sample
-            rows.append(merge_pieces(partials.header[: 1 + len(PIECE_FIELDS) * partials.pieces], readable.numel()))
+            rows.append(piecewise.reduce_in_pieces(readable, wide))
         else:
             rows.append(header_sums(readable))
         if outliers:
@@ -121,7 +142,27 @@ def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
         if units:
             rows.append(unit_fraction(readable, units).to(wide).view(1))
         samples.append(segment[::stride].to(wide))
+    if channels:
+        samples.append(channel_strength(tensors[0], channels).to(wide))
     return torch.cat(rows + samples)
+
+
+def channel_strength(values: torch.Tensor, channels: Sequence[int]) -> torch.Tensor:
+    """The mean ``|x|`` of each channel of sample 0 (NaN and ±Inf count as 0), from a 1-D tensor in memory order
+    laid out as ``channels`` says (:func:`channel_layout`), in float64 (float32 on MPS): the strongest channels are the ones a
+    feature-map grid draws (:func:`~actviz.pictures.rendering.select_channels`).
+
+    Example:
+        >>> values = torch.tensor([1.0, -3.0, float("nan"), 2.0, 9.0, 9.0, 9.0, 9.0])  # 2 samples of (2 channels, 2)
+        >>> channel_strength(values, (2, 2, 0)).tolist(), channel_strength(values, (2, 2, 1)).tolist()
+        ([2.0, 1.0], [0.5, 2.5])
+    """
+    count, spatial, channels_last = int(channels[0]), int(channels[1]), bool(channels[2])
+    first = values[: count * spatial].abs()
+    magnitudes = torch.where(first < math.inf, first, 0).to(wide_dtype(values.device))
+    if channels_last:  # (positions, channels) in memory
+        return magnitudes.view(spatial, count).sum(dim=0) / spatial
+    return magnitudes.view(count, spatial).sum(dim=1) / spatial
 
 
 def unit_fraction(values: torch.Tensor, units: Sequence[float]) -> torch.Tensor:

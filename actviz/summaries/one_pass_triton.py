@@ -55,8 +55,10 @@ def _segment_base(values, addresses, segment, LISTED: tl.constexpr):
 @triton.jit
 def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier_threshold,
                    channel_counts, channels, spatial, channels_last, centre, bound,
+                   strengths, strength_channels, strength_spatial, strength_last,
                    BLOCK: tl.constexpr, TURNS: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
-                   NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr, WIDE: tl.constexpr):
+                   NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr, WIDE: tl.constexpr,
+                   STRENGTH: tl.constexpr):
     tile = tl.program_id(0)
     segment = tl.load(tiles + tile * 2)
     start = tl.load(tiles + tile * 2 + 1)
@@ -110,6 +112,24 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
             beyond += (inside & (tl.abs(x - centre) > bound)).to(tl.int32)
         taken = inside & (position % stride == 0)
         tl.store(sample + sample_start + position // stride, x.to(tl.float64), mask=taken)  # x: raw, exactly
+        if STRENGTH:  # Σ|x| per channel of sample 0, its first strength_channels * strength_spatial elements
+            head = strength_channels * strength_spatial
+            block_start = start + turn * BLOCK - first
+            if block_start < head:
+                in_head = inside & (position < head)
+                value = tl.where(in_head & finite, magnitude, 0.0).to(tl.float64)
+                if strength_last != 0:  # channels-last: channel = position % channels, each block touches all
+                    tl.atomic_add(strengths + position % strength_channels, value, mask=in_head)
+                else:
+                    lowest = block_start // strength_spatial
+                    spans = (BLOCK - 1) // strength_spatial + 2  # the most channels one block touches
+                    if spans <= 4:  # long channels: a sum per channel, one atomic add each
+                        owner = position // strength_spatial
+                        for k in range(0, spans):
+                            part = tl.sum(tl.where(owner == lowest + k, value, 0.0), 0)
+                            tl.atomic_add(strengths + lowest + k, part, mask=lowest + k < strength_channels)
+                    else:  # short channels: an add per element, at most strength_spatial to one address a block
+                        tl.atomic_add(strengths + position // strength_spatial, value, mask=in_head)
     if UNITS == 1:
         bins = tl.arange(0, BINS)
         tl.atomic_add(channel_counts + bins, alive, mask=bins < channels)
@@ -129,8 +149,9 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
 
 @triton.jit
 def _combine_tiles(values, addresses, segments, partials, rows, channel_counts, channels,
+                   strengths, strength_channels, strength_spatial, strength_start,
                    WIDTH: tl.constexpr, ROW: tl.constexpr, LISTED: tl.constexpr, OUTLIERS: tl.constexpr,
-                   UNITS: tl.constexpr, WIDE: tl.constexpr):
+                   UNITS: tl.constexpr, WIDE: tl.constexpr, STRENGTH: tl.constexpr):
     segment = tl.program_id(0)
     first = tl.load(segments + segment * 4)
     stop = tl.load(segments + segment * 4 + 1)
@@ -183,6 +204,11 @@ def _combine_tiles(values, addresses, segments, partials, rows, channel_counts, 
         tl.store(out + ROW - 1, tl.sum(dead, 0) / channels)
     if UNITS == 2:  # the fraction of elements farther than the bound from the centre
         tl.store(out + ROW - 1, beyond / count)
+    if STRENGTH:  # each channel's mean |x| over sample 0, after the samples
+        for begin in range(0, strength_channels, WIDTH):
+            inside = begin + columns < strength_channels
+            sums = tl.load(strengths + begin + columns, mask=inside, other=0.0)
+            tl.store(rows + strength_start + begin + columns, sums / strength_spatial, mask=inside)
 
 
 _tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = {}
@@ -223,14 +249,16 @@ def _addresses(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row: int, outlier_threshold: float,
-                      outliers: bool = False, units: tuple[float, ...] = ()) -> torch.Tensor:
+                      outliers: bool = False, units: tuple[float, ...] = (), channels: tuple[int, ...] = ()) -> torch.Tensor:
     """Rows and samples of ``tensors`` (1-D, contiguous, non-empty, one device and dtype), in two launches.
 
     Returns one float64 tensor: a row of ``row`` numbers per tensor (see :mod:`actviz.summaries.one_pass`),
     then each tensor's sample, ``tensor[::stride]``. Several tensors are read where they are, through a table
     of their addresses: no copy end to end. ``units``, for one tensor: ``(1, channels, spatial, channels_last)``
     for the fraction of channels with no non-zero element, ``(2, centre, bound)`` for the fraction farther than
-    ``bound`` from ``centre``, in the row's last place.
+    ``bound`` from ``centre``, in the row's last place. ``channels``, for one tensor: ``(channels, spatial,
+    channels_last)`` adds each channel's mean ``|x|`` over sample 0 after the samples
+    (:func:`~actviz.summaries.one_pass.channel_strength`).
     """
     first = tensors[0]
     listed = len(tensors) > 1
@@ -239,17 +267,23 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
     addresses = _addresses(tensors) if listed else segments  # unread with one tensor
     tile_count = tiles.numel() // 2
     partials = torch.empty(tile_count * PARTIALS, dtype=torch.float64, device=first.device)
-    out = torch.empty(total, dtype=torch.float64, device=first.device)
+    strength_channels, strength_spatial, strength_last = channels if channels else (1, 1, 0)
+    out = torch.empty(total + (strength_channels if channels else 0), dtype=torch.float64, device=first.device)
+    strengths = torch.zeros(strength_channels, dtype=torch.float64, device=first.device) if channels else partials
     kind = int(units[0]) if units else 0
-    channels = int(units[1]) if kind == 1 else 1
-    counts = torch.zeros(channels, dtype=torch.int32, device=first.device) if kind == 1 else partials
+    unit_channels = int(units[1]) if kind == 1 else 1
+    counts = torch.zeros(unit_channels, dtype=torch.int32, device=first.device) if kind == 1 else partials
     narrow = tl.float64 if first.dtype == torch.float64 else tl.float32
     _tile_partials[(tile_count,)](
-        first, addresses, segments, tiles, partials, out, outlier_threshold, counts, channels,
+        first, addresses, segments, tiles, partials, out, outlier_threshold, counts, unit_channels,
         int(units[2]) if kind == 1 else 1, int(units[3]) if kind == 1 else 0,
         float(units[1]) if kind == 2 else 0.0, float(units[2]) if kind == 2 else 0.0,
+        strengths, strength_channels, strength_spatial, strength_last,
         BLOCK=BLOCK, TURNS=TILE // BLOCK, LISTED=listed, OUTLIERS=outliers, NARROW=narrow, UNITS=kind,
-        BINS=triton.next_power_of_2(channels + 1) if kind == 1 else 2, WIDE=PARTIALS, num_warps=8)
-    _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, counts, channels, WIDTH=16, ROW=row,
-                                  LISTED=listed, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS)
+        BINS=triton.next_power_of_2(unit_channels + 1) if kind == 1 else 2, WIDE=PARTIALS, STRENGTH=bool(channels),
+        num_warps=8)
+    _combine_tiles[(len(sizes),)](first, addresses, segments, partials, out, counts, unit_channels,
+                                  strengths, strength_channels, strength_spatial, total,
+                                  WIDTH=16, ROW=row, LISTED=listed, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS,
+                                  STRENGTH=bool(channels))
     return out

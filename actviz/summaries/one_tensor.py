@@ -88,6 +88,7 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
 def reduce_tensor(
     tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
     small: SmallTensors | None = None, outliers: bool = False, units: tuple[float, ...] = (),
+    channels: tuple[int, ...] = (),
 ) -> Reduction:
     """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
 
@@ -100,6 +101,8 @@ def reduce_tensor(
         outliers, units: Where the one-pass op summarizes it, add the outlier numbers, or a unit fraction
             (:func:`~actviz.summaries.one_pass.unit_fraction`), to its row
             (:meth:`~actviz.summaries.header.Reduction.extra_fields`).
+        channels: Where the one-pass op summarizes it, its :func:`~actviz.summaries.one_pass.channel_layout`: the
+            reduction's ``strengths`` are then each channel's mean ``|x|`` over sample 0, for its picture.
 
     Raises:
         TypeError: A complex tensor.
@@ -125,19 +128,21 @@ def reduce_tensor(
         found = reduce_on_cpu(values, stride, count_zeros)
         if found is not None:
             return found
-    return reduce_in_one_pass(values, stride, outliers, units)
+    return reduce_in_one_pass(values, stride, outliers, units, channels)
 
 
 def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False,
-                       units: tuple[float, ...] = ()) -> Reduction:
+                       units: tuple[float, ...] = (), channels: tuple[int, ...] = ()) -> Reduction:
     """The device half of a summary of a non-empty 1-D tensor by the one-pass op (:mod:`actviz.summaries.one_pass`):
     one op, its row (with ``outliers``, the outlier numbers after the header) and its sample in one tensor.
     Integer and bool tensors are counted and summed as they are (:func:`~actviz.summaries.piecewise.reduce_integers`)."""
     if not values.is_floating_point():
         return piecewise.reduce_integers(values, stride, wide_dtype(values.device))
-    row = SUMMARIZE([values], [stride], outliers, list(units))
+    row = SUMMARIZE([values], [stride], outliers, list(units), list(channels))
     extra = (one_pass.OUTLIER_FIELDS if outliers else ()) + (one_pass.UNIT_FIELDS if units else ())
-    return Reduction(values.numel(), stride, row, 0, row, HEADER + len(extra), row.numel(), extra=extra)
+    stop = row.numel() - (channels[0] if channels else 0)
+    strengths = row[stop:] if channels else None
+    return Reduction(values.numel(), stride, row, 0, row, HEADER + len(extra), stop, extra=extra, strengths=strengths)
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
@@ -153,11 +158,7 @@ def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
     sample = reduction.sample_values() if reduction.numel else torch.empty(0)
     sample = sample.to(torch.float64).numpy()
     if nonfinite:
-        if reduction.zeroed:  # z: the 0s put in for NaN/Inf out, the true zeros back
-            sample = sample[sample != 0]
-            sample = np.concatenate([sample, np.zeros(zeros or 0)])
-        else:
-            sample = sample[np.isfinite(sample)]
+        sample = sample[np.isfinite(sample)]
     if finite_count == 0:  # the row's +inf/-inf placeholders
         low = high = math.nan
     counts = np.zeros(bins)
