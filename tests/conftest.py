@@ -123,6 +123,23 @@ def small_cnn(inplace: bool = True) -> nn.Sequential:
     )
 
 
+def train(model: nn.Module, steps: int = 1, inputs=None, lr: float = 0.01, optimizer: bool = True) -> None:
+    """``steps`` training steps of ``model`` on the loss ``model(x).square().mean()``, with SGD at ``lr`` unless
+    ``optimizer=False`` (backward only). ``x``: ``inputs(step)`` if it is callable, ``inputs[step]`` if it is a list,
+    else a fresh ``torch.randn(3, 4)``."""
+    sgd = torch.optim.SGD(model.parameters(), lr=lr) if optimizer else None
+    for step in range(steps):
+        if sgd is not None:
+            sgd.zero_grad()
+        if inputs is None:
+            batch = torch.randn(3, 4)
+        else:
+            batch = inputs(step) if callable(inputs) else inputs[step]
+        model(batch).square().mean().backward()
+        if sgd is not None:
+            sgd.step()
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None = None, batch: int = 4, size: int = 8) -> torch.Tensor:
     inputs = torch.randn(batch, 3, size, size)
     loss = model(inputs).square().mean()

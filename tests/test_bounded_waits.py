@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import train
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
@@ -74,14 +75,6 @@ class ListSink:
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-def train(model: nn.Module, steps: int) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(torch.randn(3, 4)).square().mean().backward()
-        optimizer.step()
 
 
 def within(seconds: float, work: Callable[[], Any]) -> float:

@@ -13,7 +13,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import NO_HOOKS, hooks_left
+from conftest import NO_HOOKS, hooks_left, train
 from torch import nn
 
 import actviz
@@ -166,14 +166,6 @@ def test_the_engine_query_tells_a_training_backward_from_autograd_grad():
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-def train(model: nn.Module, steps: int = 1) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(torch.randn(3, 4)).square().mean().backward()
-        optimizer.step()
 
 
 class CopiesItself(nn.Sequential):

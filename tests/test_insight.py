@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import NO_HOOKS, hooks_left, small_cnn
+from conftest import NO_HOOKS, hooks_left, small_cnn, train
 from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import nn
 
@@ -20,14 +20,6 @@ from actviz.pictures.rendering import feature_map_grid
 def batches(count: int, seed: int = 0) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(4, 3, 8, 8, generator=generator) for _ in range(count)]
-
-
-def train(model: nn.Module, data: list[torch.Tensor]) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for batch in data:
-        optimizer.zero_grad()
-        model(batch).square().mean().backward()
-        optimizer.step()
 
 
 # -- the probe ------------------------------------------------------------------------------------
@@ -43,9 +35,9 @@ def test_the_probe_draws_the_same_input_and_changes_nothing(tmp_path, read_run):
     twin.train()
     data = batches(4)
     with actviz.watch(model, tmp_path, every=2, probe=probe):
-        train(model, data)
+        train(model, len(data), data, lr=0.1)
         assert model.training and all(module.training for module in model.modules())
-    train(twin, data)
+    train(twin, len(data), data, lr=0.1)
     run = read_run(tmp_path)
     assert run.image_steps("feature_maps/0") == [0, 2]
     for name, grid in expected.items():
@@ -209,8 +201,8 @@ def test_gradcam_during_training_draws_over_the_probe_and_leaves_training_gradie
     probe = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     data = batches(2)
     with actviz.watch(model, tmp_path, every=1, probe=probe, gradcam=True):
-        train(model, data)
-    train(twin, data)
+        train(model, len(data), data, lr=0.1)
+    train(twin, len(data), data, lr=0.1)
     for param, twin_param in zip(model.parameters(), twin.parameters()):
         assert torch.equal(param.grad, twin_param.grad) and torch.equal(param, twin_param)
     run = read_run(tmp_path)
@@ -255,7 +247,7 @@ def test_the_custom_scalars_layout_covers_the_real_tags(tmp_path, read_run):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with actviz.watch(model, tmp_path, every=1, update_ratio=True, layers=["conv", "relu", nn.Linear]):
-            train(model, inputs)
+            train(model, len(inputs), inputs, lr=0.1)
     run = read_run(tmp_path)
     layout_events = run.events.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(layout_events[0].tensor_proto.string_val[0])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NO_HOOKS, hooks_left
+from conftest import NO_HOOKS, hooks_left, train
 from torch import nn
 
 import actviz
@@ -43,11 +43,6 @@ def run_script(source: str, timeout: float = 120) -> str:
 def mlp() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-def train(model: nn.Module, steps: int = 1) -> None:
-    for _ in range(steps):
-        model(torch.randn(3, 4)).square().mean().backward()
 
 
 # -- one optimizer hook per process: several steps end at one optimizer.step() -----------------------------------
@@ -136,18 +131,18 @@ def copies_of(model: nn.Module) -> dict[str, nn.Module]:
 def test_copies_and_pickles_of_a_watched_model_carry_nothing_live(tmp_path, read_run):
     model = mlp()
     viz = actviz.watch(model, tmp_path / "original", every=1)
-    train(model)  # during and after a logging step
+    train(model, optimizer=False)  # during and after a logging step
     copies = copies_of(model)
     for name, twin in copies.items():
-        train(twin, 3)
+        train(twin, 3, optimizer=False)
         assert viz.step == 1, name  # the copies' forwards are not the original's steps
         assert torch.equal(twin[0].weight, model[0].weight)
     second = actviz.watch(copies["deepcopy"], tmp_path / "copy", every=1)  # watch() on a copy works
-    train(copies["deepcopy"], 2)
+    train(copies["deepcopy"], 2, optimizer=False)
     second.close()
     viz.close()
     for twin in copies.values():
-        train(twin)  # trained after close(): nothing waits on the closed writer
+        train(twin, optimizer=False)  # trained after close(): nothing waits on the closed writer
     assert hooks_left(model) == NO_HOOKS and hooks_left(copies["deepcopy"]) == NO_HOOKS
     assert read_run(tmp_path / "copy").histogram_steps("activations/0") == [0, 1]
     assert read_run(tmp_path / "original").histogram_steps("activations/0") == [0]
@@ -186,10 +181,10 @@ def test_a_shallow_copy_runs_unwatched_and_leaves_the_original_watched(tmp_path,
     # copy.copy shared the model's hook dict: the root hook, finding itself on a copy, took itself off both.
     model = mlp()
     with actviz.watch(model, tmp_path, every=1) as viz:
-        train(model, 1)
+        train(model, 1, optimizer=False)
         shallow = copy.copy(model)
-        train(shallow, 1)
-        train(model, 2)
+        train(shallow, 1, optimizer=False)
+        train(model, 2, optimizer=False)
         assert viz.step == 3  # the original's three forwards, not the copy's
     assert len(shallow._forward_pre_hooks) == 0
     assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1, 2]
@@ -261,7 +256,7 @@ def test_on_step_may_raise_system_exit_and_training_goes_on(tmp_path, read_run):
     model = mlp()
     with pytest.warns(RuntimeWarning, match="on_step callback raised SystemExit"):
         with actviz.watch(model, tmp_path, every=1, on_step=on_step):
-            train(model, 6)  # more steps than the queue holds: a dead thread would hang here
+            train(model, 6, optimizer=False)  # more steps than the queue holds: a dead thread would hang here
     assert read_run(tmp_path).histogram_steps("activations/0") == list(range(6))
 
 
@@ -274,7 +269,7 @@ def test_on_step_may_call_flush_or_close(call, tmp_path, read_run):
         getattr(viz, call)()
 
     viz = actviz.watch(model, tmp_path, every=1, on_step=on_step)
-    train(model, 4)
+    train(model, 4, optimizer=False)
     viz.flush()
     viz.close()
     assert hooks_left(model) == NO_HOOKS
@@ -308,7 +303,7 @@ def test_a_forked_child_writes_nothing_and_exits_at_once():
 def test_flush_and_close_warn_about_a_write_error_instead_of_raising(tmp_path):
     model = mlp()
     viz = actviz.watch(model, tmp_path, every=1)
-    train(model)
+    train(model, optimizer=False)
 
     def broken(*args):
         raise OSError(28, "No space left on device")
@@ -334,7 +329,7 @@ def test_a_second_close_after_an_interrupted_one_writes_what_was_queued(tmp_path
     background.sink.write = slow_write
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for _ in range(3):
-        train(model)
+        train(model, optimizer=False)
         optimizer.step()  # each step ends here, and is queued
     queue_put = background._queue.put
     interrupted = []
@@ -535,7 +530,7 @@ def test_warnings_as_errors_never_raise_in_training(tmp_path):
             for _ in range(3):
                 model(torch.randn(3, 4))  # no backward: actviz warns about it, through a log record
             model[0].weight.data[0, 0] = float("nan")
-            train(model, 2)  # NaN alert: also a warning
+            train(model, 2, optimizer=False)  # NaN alert: also a warning
 
 
 def test_per_sample_gradients_skip_the_transformed_call_not_the_layer(tmp_path, read_run):
@@ -550,10 +545,10 @@ def test_per_sample_gradients_skip_the_transformed_call_not_the_layer(tmp_path, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with actviz.watch(model, tmp_path, every=1) as viz:
-            train(model)
+            train(model, optimizer=False)
             per_sample = vmap(grad(loss), in_dims=(None, 0))(params, torch.randn(6, 4))
             assert viz.step == 1  # the transformed calls are not steps
-            train(model)
+            train(model, optimizer=False)
     assert per_sample["0.weight"].shape == (6, 8, 4)
     assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1]
 
@@ -562,10 +557,10 @@ def test_a_layer_replaced_after_watch_is_followed_with_one_warning(tmp_path, rea
     model = mlp()
     optimizer_steps = 3
     with actviz.watch(model, tmp_path, every=1):
-        train(model)
+        train(model, optimizer=False)
         model[2] = nn.Linear(8, 5)
         with pytest.warns(RuntimeWarning, match="follows '2'") as caught:
-            train(model, optimizer_steps)
+            train(model, optimizer_steps, optimizer=False)
     assert sum("follows" in str(w.message) for w in caught) == 1
     run = read_run(tmp_path)
     assert run.histogram("weights/2.weight", 1).num == 40  # the new layer's weights, not the old one's 16

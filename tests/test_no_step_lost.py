@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import train
 from torch import nn
 
 import actviz
@@ -45,15 +46,14 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
 
-def _train(model: nn.Module, steps: int, nan_at: int | None = None) -> None:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(steps):
-        batch = torch.randn(8, 4)
+def _batches(nan_at: int | None = None):
+    """``train``'s inputs: a batch of 8 × 4 per step, with a NaN in sample 0 at step ``nan_at``."""
+    def batch(step: int) -> torch.Tensor:
+        values = torch.randn(8, 4)
         if step == nan_at:
-            batch[0, 0] = float("nan")
-        model(batch).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
+            values[0, 0] = float("nan")
+        return values
+    return batch
 
 
 def test_on_alert_that_exits_leaves_its_step_on_disk_and_doctor_finds_the_alert(tmp_path, read_run):
@@ -67,7 +67,7 @@ def test_on_alert_that_exits_leaves_its_step_on_disk_and_doctor_finds_the_alert(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with actviz.watch(model, tmp_path, every=1, image_every=False, on_alert=stop) as viz:
-            _train(model, NAN_STEP + 2, nan_at=NAN_STEP)
+            train(model, NAN_STEP + 2, _batches(nan_at=NAN_STEP))
     assert heard == [NAN_STEP] and viz.dropped_steps == 0
     messages = [str(warning.message) for warning in caught]
     assert sum("on_alert callback raised SystemExit" in message for message in messages) == 1
@@ -81,10 +81,11 @@ def test_on_alert_that_exits_leaves_its_step_on_disk_and_doctor_finds_the_alert(
 _STRICT_EXIT_SCRIPT = """
 import sys, torch, actviz
 sys.path.insert(0, sys.argv[2])
-from test_no_step_lost import _model, _train
+from conftest import train
+from test_no_step_lost import _batches, _model
 model = _model()
 viz = actviz.watch(model, sys.argv[1], every=1, image_every=False, strict=True, on_alert=lambda alert: sys.exit(7))
-_train(model, 6, nan_at=3)
+train(model, 6, _batches(nan_at=3))
 print("not stopped")
 """
 
@@ -102,7 +103,7 @@ def test_an_on_step_that_exits_runs_after_its_step_is_written(tmp_path, read_run
     model = _model()
     with pytest.warns(RuntimeWarning, match="on_step callback raised SystemExit"):
         with actviz.watch(model, tmp_path, every=1, image_every=False, on_step=lambda results: sys.exit(1)):
-            _train(model, 3)
+            train(model, 3, _batches())
     assert read_run(tmp_path).histogram_steps("activations/0") == [0, 1, 2]
 
 
@@ -140,7 +141,7 @@ def _writer_threads() -> int:
 def _watch_and_drop(folder: Path) -> None:
     model = _model()
     actviz.watch(model, folder, every=2, image_every=False)  # the returned watcher is not kept, nor closed
-    _train(model, 2)  # step 0 logged and handed to the writer at step 1's forward
+    train(model, 2, _batches())  # step 0 logged and handed to the writer at step 1's forward
 
 
 def test_dropped_watchers_end_their_writer_threads(tmp_path, read_run):
