@@ -154,6 +154,48 @@ def test_a_sequence_dimension_sums_each_examples_positions(dtype):
             assert written[step][tag] == pytest.approx(expected[step][tag], rel=1e-5 if dtype == torch.float32 else 1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")  # vmap over attention, on the CPU
+def test_a_transformer_layer_counts_its_linear_and_norm_calls():
+    # MultiheadAttention uses its projections' weights without calling them: its out_proj is watched, never called.
+    # The reference takes the per-example gradients of the counted parameters alone.
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x, y = torch.randn(8, 5, 16), torch.randn(8, 5, 16)
+    unwatched = copy.deepcopy(model)
+    for name, parameter in unwatched.named_parameters():
+        parameter.requires_grad_(name.split(".")[0] in ("linear1", "linear2", "norm1", "norm2"))
+    expected = reference(per_example_gradients(unwatched, nn.functional.mse_loss, x, y))
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True) as viz:
+        nn.functional.mse_loss(model(x), y).backward()
+        viz.flush()
+    assert {tag: viz.latest.scalars[tag] for tag in GRADIENT_NOISE} == pytest.approx(expected, rel=1e-5)
+
+
+class Twice(nn.Module):
+    """One Linear called twice (tied weights), or, untied, two copies of it."""
+
+    def __init__(self, tied: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Linear(6, 6)
+        self.second = self.first if tied else copy.deepcopy(self.first)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.tanh(self.first(x)))
+
+
+def test_a_layer_called_twice_counts_its_first_call():
+    x, y = torch.randn(16, 6), torch.randn(16, 6)
+    untied = Twice(tied=False)
+    untied.second.requires_grad_(False)  # the reference: the first call's share alone
+    expected = reference(per_example_gradients(untied, nn.functional.mse_loss, x, y))
+    model = Twice()
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True) as viz:
+        nn.functional.mse_loss(model(x), y).backward()
+        viz.flush()
+    assert {tag: viz.latest.scalars[tag] for tag in GRADIENT_NOISE} == pytest.approx(expected, rel=1e-5)
+
+
 def test_the_loss_scale_is_taken_out():
     x, y = regression(noise=0.5)
     found = []
@@ -197,6 +239,28 @@ def test_off_by_default_and_a_bad_value_names_the_argument(tmp_path, read_run, m
         with pytest.raises(TypeError, match=r"gradient_noise must be True or False, got"):
             actviz.watch(model, tmp_path / "bad", gradient_noise=bad)
     assert hooks_left(model) == NO_HOOKS and not (tmp_path / "bad").exists()
+
+
+def test_a_failure_warns_once_and_turns_the_option_off(monkeypatch, tmp_path):
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("no norms")
+
+    monkeypatch.setattr(gradient_noise, "squared_norms", broken)
+    model = mlp()
+    with pytest.warns(RuntimeWarning, match=r"'\(gradient_noise\)'.*RuntimeError: no norms") as caught:
+        with actviz.watch(model, tmp_path, every=1, image_every=False, gradient_noise=True) as viz:
+            for _ in range(3):
+                model(torch.randn(4, 8)).square().mean().backward()
+                viz.flush()
+    assert len([w for w in caught if "gradient_noise" in str(w.message)]) == 1
+    assert len(calls) == 1  # the step took no more layers, and the later steps no input
+    assert sorted(viz.latest.gradients) == ["0", "2", "3"] and "gradient_noise/simple" not in viz.latest.scalars
+    with pytest.raises(RuntimeError, match="no norms"):
+        with actviz.watch(model, tmp_path / "strict", every=1, gradient_noise=True, strict=True):
+            model(torch.randn(4, 8)).square().mean().backward()
 
 
 def _count_step(model: nn.Module, **options) -> CountOps:

@@ -3,8 +3,8 @@
 McCandlish et al. (2018), "An Empirical Model of Large-Batch Training" (arXiv:1812.06162), define the simple
 noise scale ``B_simple = tr(Σ) / |G|²``: ``G`` is the true gradient and ``Σ`` the covariance of one example's
 gradient. Their appendix A estimates both without bias from the squared norms of gradients taken over two batch
-sizes; here the sizes are 1 and the batch ``B``, as Gray et al. (2024), "Normalization Layer Per-Example Gradients
-are Sufficient to Predict Gradient Noise Scale in Transformers" (arXiv:2411.00999), take them::
+sizes; here the sizes are 1 and the batch ``B``, as Gray et al., "Normalization Layer Per-Example Gradients are
+Sufficient to Predict Gradient Noise Scale in Transformers" (NeurIPS 2024), take them::
 
     |G_1|² = mean_b ‖∇ℓ_b‖²           |G_B|² = ‖mean_b ∇ℓ_b‖²
     |G|²   ≈ (B·|G_B|² − |G_1|²) / (B − 1)        tr(Σ) ≈ (|G_1|² − |G_B|²) / (1 − 1/B)
@@ -62,12 +62,14 @@ from torch import nn
 from ..common.distributed_types import is_dtensor
 from ..tags import GRAD_SCALE, GRADIENT_NOISE
 
-__all__ = ["COUNTED", "GradientNoise", "noise_scale", "squared_norms"]
+__all__ = ["COUNTED", "FAILED", "GradientNoise", "noise_scale", "squared_norms"]
 
 _NORMS = (nn.LayerNorm, nn.RMSNorm)
 #: The layer types whose parameters count.
 COUNTED = (nn.Linear, *_NORMS)
 SIMPLE, GRAD_SQUARED, TRACE_SIGMA = GRADIENT_NOISE
+#: The name a failure is reported under (the watcher turns the option off for its later steps).
+FAILED = "(gradient_noise)"
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -193,7 +195,7 @@ class GradientNoise:
 
     Args:
         add_host_work: The step's :meth:`PendingStep.add_host_work <actviz.output.pending_step.PendingStep.add_host_work>`.
-        on_error: Called with ``"(gradient_noise)"`` and the exception when a hook's part fails.
+        on_error: Called with :data:`FAILED` and the exception when a hook's part fails; the step then takes no more.
 
     Example:
         >>> carried = []
@@ -214,11 +216,12 @@ class GradientNoise:
         self._inputs: dict[str, tuple[nn.Module, torch.Tensor | None]] = {}
         self._carried: list[torch.Tensor] = []
         self._batch: int | None = None  # B, set by the first layer counted
+        self._failed = False
 
     def take_input(self, tag: str, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         """A counted layer's forward hook: keep its input (for the weight's share) until its output's gradient comes."""
         weight, bias = counts(module)
-        if not (weight or bias) or not inputs or not torch.is_grad_enabled():
+        if not (weight or bias) or not inputs or self._failed or not torch.is_grad_enabled():
             return
         x = inputs[0]
         if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2) or x.is_nested:
@@ -238,7 +241,9 @@ class GradientNoise:
         try:
             self._carried.extend(squared_norms(module, x, grad))
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
-            self._on_error("(gradient_noise)", error)
+            self._failed = True
+            self._inputs.clear()
+            self._on_error(FAILED, error)
 
     def hand_over(self) -> None:
         """The step is over: drop the inputs still kept, and carry the norms to the writer thread."""
