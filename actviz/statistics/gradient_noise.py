@@ -70,7 +70,6 @@ COUNTED = (nn.Linear, *_NORMS)
 SIMPLE, GRAD_SQUARED, TRACE_SIGMA = GRADIENT_NOISE
 #: The name a failure is reported under (the watcher turns the option off for its later steps).
 FAILED = "(gradient_noise)"
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _trainable(parameter: Any) -> bool:
@@ -99,7 +98,8 @@ def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor) ->
     """
     weight, bias = counts(module)
     weight = weight and x is not None
-    dtype = torch.float32 if g.dtype in _LOW_PRECISION else g.dtype
+    wide = g.dtype == torch.float64 or (x is not None and x.dtype == torch.float64)
+    dtype = torch.float64 if wide else torch.float32  # float32 at least, one dtype for both (autocast mixes them)
     batch = g.shape[0]
     width = math.prod(module.normalized_shape) if isinstance(module, _NORMS) else g.shape[-1]
     g = g.reshape(batch, -1, width).to(dtype)
