@@ -117,6 +117,7 @@ def watch(
     alerts: bool | dict[str, float] = True,
     on_alert: Callable[[Alert], None] | None = None,
     spikes: bool = False,
+    gradient_noise: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -208,6 +209,10 @@ def watch(
             and ``KeyboardInterrupt`` are warned about once, or raised on the training thread with ``strict=True``.
         spikes: Check the global gradient norm at every optimizer step (a few ops, no sync); on a
             spike, name the layers, write their last 16 gradient norms and log the next 3 steps in full.
+        gradient_noise: Log the gradient noise scale of each stats step, ``gradient_noise/simple`` (B_simple of
+            McCandlish et al. 2018) with ``/grad_squared`` and ``/trace_sigma``, from the per-example gradient
+            norms of the watched ``nn.Linear``, ``nn.LayerNorm`` and ``nn.RMSNorm`` layers, taken in their hooks
+            (:mod:`actviz.statistics.gradient_noise`; docs/gradient-noise.md). A few ops per such layer and step.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -236,7 +241,7 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
-        transformer_stats=transformer_stats, statistics=check_statistics(statistics),
+        transformer_stats=transformer_stats, statistics=check_statistics(statistics), gradient_noise=gradient_noise,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge

@@ -66,6 +66,7 @@ class CaptureOptions:
         statistics: The per-layer statistics to run (:mod:`actviz.statistics`): ``None`` for each built-in
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
+        gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -89,6 +90,7 @@ class CaptureOptions:
     unit_counts: bool = False  # set by watch(alerts=...): the default of actviz.statistics.unit_counts
     transformer_stats: bool | None = None
     statistics: tuple[Any, ...] | None = None
+    gradient_noise: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS, MAX_BINS)
@@ -97,7 +99,7 @@ class CaptureOptions:
             check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
         if self.outputs not in ("first", "all"):
             raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
-        for name in ("update_ratio", "merge_ranks", "unit_counts"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

@@ -73,6 +73,7 @@ UPDATE_RATIO = "update_ratio/{param}"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
+GRADIENT_NOISE = ("gradient_noise/simple", "gradient_noise/grad_squared", "gradient_noise/trace_sigma")
 
 #: Written only from the first step where they are not zero (with ``shown``): a healthy run never shows
 #: a card that stays at zero.
@@ -117,6 +118,8 @@ ROWS = (
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
         "attention health, with `transformer_stats` ([transformers](transformers.md))"),
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `transformer_stats`"),
+    Row("Scalars", GRADIENT_NOISE, "with `gradient_noise=True`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
+        "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
         "outliers of the layer's output, with `transformer_stats`"),
     Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),

@@ -9,6 +9,7 @@ writer thread). Data flows one way: model → hook → capture → deliver → s
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
 from .diagnosis.spikes import SpikeRecorder
+from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
@@ -344,6 +346,8 @@ class Watcher:
             raise error
         self._skipped.add(name)
         self._notices.skipped(name, error)
+        if name == GRADIENT_NOISE_FAILED:  # watch(gradient_noise=True): off for the steps to come
+            self._options = dataclasses.replace(self._options, gradient_noise=False)
 
 
 def _collect(errors: list[Exception], part: Callable[[], object]) -> None:

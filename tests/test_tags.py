@@ -69,7 +69,7 @@ def all_tags(run: Run) -> set[str]:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every tag of two runs that turn everything on: a CNN (probe, Grad-CAM, AMP, update ratio, a spike, a NaN)
-    and a transformer (attention, logits, outliers, attention maps)."""
+    and a transformer (attention, logits, outliers, attention maps, gradient noise)."""
     folder = tmp_path_factory.mktemp("runs")
     model = small_cnn(inplace=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -87,7 +87,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 scaler.update()
         assert {"gradient_spike", "nonfinite"} <= {alert.rule for alert in viz.alerts}
         transformer = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
-        with actviz.watch(transformer, folder / "transformer", every=1, probe=torch.randn(1, 6, 16)):
+        with actviz.watch(transformer, folder / "transformer", every=1, probe=torch.randn(1, 6, 16), gradient_noise=True):
             with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
                 output = transformer(torch.randn(2, 6, 16))
             output.float().sum().backward()

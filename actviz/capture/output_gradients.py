@@ -37,6 +37,7 @@ from ..common._internals import queue_end_of_backward
 from ..common.owned_hooks import OwnedHook, Removable
 from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
+from ..statistics.gradient_noise import GradientNoise
 from ..summaries.one_tensor import reduce_tensor
 from .layer_outputs import output_tensors
 from .step_end import Stage, StepEnd
@@ -57,6 +58,8 @@ class OutputGradients:
         options: The histogram sample size and which outputs of a layer count.
         on_error: Called with the layer's name when a hook fails.
         handles: The list the hooks' handles go into, removed with the step's other hooks.
+        noise: With ``watch(gradient_noise=True)``, what takes each output gradient's per-example norms
+            (:class:`~actviz.statistics.gradient_noise.GradientNoise`).
 
     Attributes:
         seen: The tags whose gradient was logged: a second call (a layer run twice) logs nothing.
@@ -72,7 +75,8 @@ class OutputGradients:
     """
 
     def __init__(self, end: StepEnd, pending: PendingStep, parameters: StepParameters, options: CaptureOptions,
-                 on_error: Callable[[str, BaseException], None], handles: list[Removable]) -> None:
+                 on_error: Callable[[str, BaseException], None], handles: list[Removable],
+                 noise: GradientNoise | None = None) -> None:
         self.seen: set[str] = set()
         self._end = end
         self._pending = pending
@@ -80,6 +84,7 @@ class OutputGradients:
         self._options = options
         self._on_error = on_error
         self._handles = handles
+        self._noise = noise
         # One hook object for all output gradients, partials of it per output: few Python objects per logging step.
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
@@ -122,6 +127,8 @@ class OutputGradients:
             self._on_error(name, error)
             return
         self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+        if self._noise is not None:
+            self._noise.take_gradient(tag, grad)
 
     def _trains(self) -> bool:
         """Whether the backward pass now running trains (the module docstring's rule), judged once per pass."""

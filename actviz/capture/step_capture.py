@@ -12,7 +12,8 @@ gradients, and a :class:`~actviz.capture.step_end.StepEnd` that holds the step's
    (:meth:`OutputGradients.hook <actviz.capture.output_gradients.OutputGradients.hook>`);
 3. end of forward (``_on_forward_done``): forward hooks off, then :meth:`StepEnd.forward_done
    <actviz.capture.step_end.StepEnd.forward_done>`: over now if nothing waits for a backward;
-4. output gradient (:class:`~actviz.capture.output_gradients.OutputGradients`): the gradient flowing into each layer, reduced;
+4. output gradient (:class:`~actviz.capture.output_gradients.OutputGradients`): the gradient flowing into each layer, reduced
+   (with ``gradient_noise``, and its per-example norms: :mod:`actviz.statistics.gradient_noise`);
 5. end of backward (:meth:`StepEnd.backward_done <actviz.capture.step_end.StepEnd.backward_done>`): the gradients
    kept as left, unless an optimizer applies them;
 6. optimizer step (:meth:`StepEnd.optimizer_step <actviz.capture.step_end.StepEnd.optimizer_step>`): the gradients
@@ -54,6 +55,7 @@ from ..summaries.one_tensor import reduce_tensor
 from ..tags import LAYERS
 from .probe import unwrap_for_probe
 from ..selection import ROOT_NAME
+from ..statistics.gradient_noise import GradientNoise
 from ..statistics.layer_statistic import LayerStatistic, summary_request, warn_statistic_failed
 from .transformer_step import TransformerStep
 
@@ -145,8 +147,10 @@ class StepCapture:
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
+        # watch(gradient_noise=True): layer inputs kept until their output's gradient comes, on stats steps alone
+        self._noise = GradientNoise(self._pending.add_host_work, on_error) if options.gradient_noise and want_stats else None
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
-                                         self._hooks.group("gradients"))
+                                         self._hooks.group("gradients"), self._noise)
         self._seen: set[str] = set()  # layers logged: a module called twice logs its first call
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
@@ -218,6 +222,8 @@ class StepCapture:
         draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
         try:
             if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
+                if self._noise is not None and output.requires_grad:
+                    self._noise.take_input(name, module, inputs, output)
                 self._capture_tensor(name, name, batch_dim, module, output, draw)
             else:
                 self._capture_output(name, batch_dim, module, output, draw)
@@ -316,6 +322,8 @@ class StepCapture:
         self._hooks.remove()
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
+        if self._noise is not None:
+            self._noise.hand_over()
         if self._shapes is not None:
             self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:

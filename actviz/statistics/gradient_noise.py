@@ -1,0 +1,253 @@
+"""The gradient noise scale B_simple of a logging step, from per-example gradient norms (``watch(gradient_noise=True)``).
+
+McCandlish et al. (2018), "An Empirical Model of Large-Batch Training" (arXiv:1812.06162), define the simple
+noise scale ``B_simple = tr(Σ) / |G|²``: ``G`` is the true gradient and ``Σ`` the covariance of one example's
+gradient. Their appendix A estimates both without bias from the squared norms of gradients taken over two batch
+sizes; here the sizes are 1 and the batch ``B``, as Gray et al., "Normalization Layer Per-Example Gradients are
+Sufficient to Predict Gradient Noise Scale in Transformers" (NeurIPS 2024), take them::
+
+    |G_1|² = mean_b ‖∇ℓ_b‖²           |G_B|² = ‖mean_b ∇ℓ_b‖²
+    |G|²   ≈ (B·|G_B|² − |G_1|²) / (B − 1)        tr(Σ) ≈ (|G_1|² − |G_B|²) / (1 − 1/B)
+
+A step writes ``gradient_noise/simple`` (their ratio), ``gradient_noise/grad_squared`` (``|G|²``) and
+``gradient_noise/trace_sigma`` (``tr(Σ)``).
+
+**Which parameters count.** The weight and bias of each watched ``nn.Linear``, ``nn.LayerNorm`` and ``nn.RMSNorm``
+(subclasses included) that require grad, in the layer's first call of the step's forward. Other layers'
+parameters (convolutions, embeddings, BatchNorm, whose batch statistics tie the examples together) are not in the
+sums: the estimate is that of the counted parameters' gradient. A layer called again in the same forward (tied
+weights) counts its first call only, a layer run without grad (``checkpoint``) and one whose input's first
+dimension is not the step's batch size ``B`` (that of the first counted layer) are left out.
+
+**Per-example norms, no per-example gradient.** A layer's forward hook keeps its input ``x``, the tensor autograd
+keeps for the layer's own backward anyway, until the pre-hook on its output's gradient ``g`` (the step's existing
+hooks, :mod:`actviz.capture.output_gradients`) takes it and drops it. The first dimension is the batch; every
+other dimension but the last is a sequence ``T`` (flattened). Example ``b``'s share of a ``Linear``'s gradient is
+``c_b = Σ_t g_bt x_btᵀ`` (and ``Σ_t g_bt`` for the bias), and ``‖c_b‖² = sum((G_b G_bᵀ) ⊙ (X_b X_bᵀ + 1))``:
+two ``T × T`` Gram matrices per example, ``+ 1`` for the bias. The batch's ``‖Σ_b c_b‖²`` is the squared norm of
+``gᵀx`` (one matmul of the layer's own weight-gradient size), or, where it costs fewer operations, the same
+Gram sum over all ``B·T`` rows, whose diagonal blocks give the per-example norms in the same ops. A norm layer's
+share is ``Σ_t g_bt ⊙ x̂_bt`` (``x̂`` the normalised input, computed again from ``x``) and ``Σ_t g_bt``: vectors of
+the layer's width. Everything runs on the device, in float32 at least, with no sync; each layer leaves a
+``(B,)`` tensor and a 0-dim one, which go to the host in the step's one copy, and :func:`noise_scale` makes the
+three values on the writer thread.
+
+**Scale.** The backward gives ``c_b = s·∇ℓ_b`` with ``s = 1/B`` for a mean-reduced loss, 1 for a sum.
+``B_simple`` is the same for any ``s``; ``grad_squared`` and ``trace_sigma`` assume a mean-reduced loss. With a
+``grad_scaler``, they are divided by the loss scale squared. Under DDP the batch is rank 0's own (per-rank)
+batch, before the all-reduce; with gradient accumulation, the step's first micro-batch.
+
+Example:
+    >>> layer = torch.nn.Linear(3, 2)
+    >>> x, g = torch.randn(4, 3), torch.randn(4, 2)
+    >>> per_example, batch = squared_norms(layer, x, g)
+    >>> contributions = g[:, :, None] * x[:, None, :]  # each example's weight-gradient share, for the check
+    >>> torch.allclose(per_example, contributions.square().sum((1, 2)) + g.square().sum(1))
+    True
+    >>> values = noise_scale([1.0, 1.0, 1.0, 1.0], 16.0)  # four equal shares c, ‖4c‖² = 16: no noise
+    >>> values["gradient_noise/trace_sigma"], values["gradient_noise/simple"]
+    (0.0, 0.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..common.distributed_types import is_dtensor
+from ..tags import GRAD_SCALE, GRADIENT_NOISE
+
+__all__ = ["COUNTED", "FAILED", "GradientNoise", "noise_scale", "squared_norms"]
+
+_NORMS = (nn.LayerNorm, nn.RMSNorm)
+#: The layer types whose parameters count.
+COUNTED = (nn.Linear, *_NORMS)
+SIMPLE, GRAD_SQUARED, TRACE_SIGMA = GRADIENT_NOISE
+#: The name a failure is reported under (the watcher turns the option off for its later steps).
+FAILED = "(gradient_noise)"
+
+
+def _trainable(parameter: Any) -> bool:
+    return isinstance(parameter, torch.Tensor) and parameter.requires_grad
+
+
+def counts(module: nn.Module) -> tuple[bool, bool]:
+    """Whether ``module``'s weight and its bias count (see the module docstring)."""
+    if not isinstance(module, COUNTED):
+        return False, False
+    return _trainable(getattr(module, "weight", None)), _trainable(getattr(module, "bias", None))
+
+
+@torch.no_grad()
+def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's squared norm of its share of ``module``'s parameter gradient, and the batch's.
+
+    Args:
+        module: An ``nn.Linear``, ``nn.LayerNorm`` or ``nn.RMSNorm``; its parameters that require grad count.
+        x: The layer's input, ``(B, ..., features)``; ``None`` where the weight does not count.
+        g: The gradient with respect to its output, as the backward gives it: the shape of the output.
+
+    Returns:
+        ``(B,)``: ``‖c_b‖²`` summed over the counted parameters, and a 0-dim tensor: ``‖Σ_b c_b‖²``, both in
+        float32 at least, on ``g``'s device.
+    """
+    weight, bias = counts(module)
+    weight = weight and x is not None
+    wide = g.dtype == torch.float64 or (x is not None and x.dtype == torch.float64)
+    dtype = torch.float64 if wide else torch.float32  # float32 at least, one dtype for both (autocast mixes them)
+    batch = g.shape[0]
+    width = math.prod(module.normalized_shape) if isinstance(module, _NORMS) else g.shape[-1]
+    g = g.reshape(batch, -1, width).to(dtype)
+    if weight:
+        assert x is not None
+        x = x.reshape(batch, -1, width if isinstance(module, _NORMS) else x.shape[-1]).to(dtype)
+    if isinstance(module, _NORMS):
+        return _norm_layer(module, x, g, weight, bias)
+    return _linear(x, g, weight, bias)
+
+
+def _linear(x: torch.Tensor | None, g: torch.Tensor, weight: bool, bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, steps, d_out = g.shape
+    d_in = x.shape[-1] if x is not None and weight else 0
+    if (batch - 1) * steps * (d_in + d_out) <= d_in * d_out:  # the whole batch's Gram costs less than gᵀx
+        rows_g = g.reshape(batch * steps, d_out)
+        products = torch.mm(rows_g, rows_g.T)
+        if weight:
+            assert x is not None
+            rows_x = x.reshape(batch * steps, d_in)
+            grams = torch.mm(rows_x, rows_x.T)
+            products.mul_(grams.add_(1.0) if bias else grams)
+        blocks = products.view(batch, steps, batch, steps).diagonal(dim1=0, dim2=2)  # (T, T, B): same example
+        return blocks.sum((0, 1)), products.sum()
+    products = torch.bmm(g, g.transpose(1, 2))  # (B, T, T)
+    total = None
+    if weight:
+        assert x is not None
+        grams = torch.bmm(x, x.transpose(1, 2))
+        products.mul_(grams.add_(1.0) if bias else grams)
+        summed = torch.mm(g.reshape(-1, d_out).T, x.reshape(-1, d_in)).reshape(-1)
+        total = torch.dot(summed, summed)
+    if bias:
+        summed = g.sum((0, 1))
+        total = torch.dot(summed, summed) if total is None else total.add_(torch.dot(summed, summed))
+    assert total is not None
+    return products.sum((1, 2)), total
+
+
+def _norm_layer(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor, weight: bool,
+                bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    parts = []
+    if weight:
+        assert x is not None
+        width = (x.shape[-1],)
+        normalised = (F.layer_norm(x, width, eps=module.eps) if isinstance(module, nn.LayerNorm)
+                      else F.rms_norm(x, width, eps=module.eps))
+        parts.append(g * normalised)
+    if bias:
+        parts.append(g)
+    shares = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).sum(1)  # (B, width or 2 width)
+    summed = shares.sum(0)
+    return (shares * shares).sum(-1), torch.dot(summed, summed)
+
+
+def noise_scale(per_example: Sequence[float], batch: float, loss_scale: float = 1.0) -> dict[str, float]:
+    """The three values from the summed squared norms of :func:`squared_norms` (a mean-reduced loss).
+
+    Args:
+        per_example: ``‖c_b‖²`` of each example ``b``, summed over the counted parameters.
+        batch: ``‖Σ_b c_b‖²``, summed likewise.
+        loss_scale: The AMP loss scale the gradients carry.
+
+    Returns:
+        ``{tag: value}``; ``gradient_noise/simple`` is left out where the ``|G|²`` estimate is 0.
+    """
+    size = len(per_example)
+    squared_scale = loss_scale * loss_scale
+    mean_one = size * math.fsum(per_example) / squared_scale  # mean_b ‖∇ℓ_b‖², with ∇ℓ_b = B·c_b
+    mean_batch = batch / squared_scale  # ‖mean_b ∇ℓ_b‖² = ‖Σ_b c_b‖²
+    grad_squared = (size * mean_batch - mean_one) / (size - 1)
+    trace_sigma = (mean_one - mean_batch) / (1 - 1 / size)
+    values = {GRAD_SQUARED: grad_squared, TRACE_SIGMA: trace_sigma}
+    if grad_squared != 0:
+        values[SIMPLE] = trace_sigma / grad_squared
+    return {tag: values[tag] for tag in GRADIENT_NOISE if tag in values}
+
+
+def finish_on_host(results: Any, carried: list[torch.Tensor]) -> None:
+    """The writer thread's half: sum the layers' norms (``carried``: per-example, batch, ...) into the step's scalars."""
+    per_example = carried[0].double().clone()
+    batch = 0.0
+    for index in range(0, len(carried), 2):
+        if index:
+            per_example += carried[index].double()
+        batch += float(carried[index + 1])
+    scale = results.scalars.get(GRAD_SCALE, 1.0)
+    results.scalars.update(noise_scale(per_example.tolist(), batch, scale))
+
+
+class GradientNoise:
+    """One logging step's device half: inputs kept from the forward hooks, squared norms from the gradient hooks.
+
+    Args:
+        add_host_work: The step's :meth:`PendingStep.add_host_work <actviz.output.pending_step.PendingStep.add_host_work>`.
+        on_error: Called with :data:`FAILED` and the exception when a hook's part fails; the step then takes no more.
+
+    Example:
+        >>> carried = []
+        >>> noise = GradientNoise(lambda work, *tensors: carried.extend(tensors), print)
+        >>> layer = torch.nn.Linear(3, 2)
+        >>> x = torch.randn(4, 3)
+        >>> y = layer(x)
+        >>> noise.take_input("fc", layer, (x,), y)
+        >>> noise.take_gradient("fc", torch.ones(4, 2))
+        >>> noise.hand_over()
+        >>> [tuple(tensor.shape) for tensor in carried]
+        [(4,), ()]
+    """
+
+    def __init__(self, add_host_work: Callable[..., None], on_error: Callable[[str, BaseException], None]) -> None:
+        self._add_host_work = add_host_work
+        self._on_error = on_error
+        self._inputs: dict[str, tuple[nn.Module, torch.Tensor | None]] = {}
+        self._carried: list[torch.Tensor] = []
+        self._batch: int | None = None  # B, set by the first layer counted
+        self._failed = False
+
+    def take_input(self, tag: str, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        """A counted layer's forward hook: keep its input (for the weight's share) until its output's gradient comes."""
+        weight, bias = counts(module)
+        if not (weight or bias) or not inputs or self._failed or not torch.is_grad_enabled():
+            return
+        x = inputs[0]
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2) or x.is_nested:
+            return
+        size = x.shape[0]
+        if size < 2 or output.shape[0] != size or is_dtensor(x) or size != (self._batch or size):
+            return
+        self._batch = size
+        self._inputs[tag] = (module, x.detach() if weight else None)  # autograd keeps the same tensor for the weight
+
+    def take_gradient(self, tag: str, grad: torch.Tensor) -> None:
+        """The gradient with respect to the output of a layer whose input was kept: its squared norms, input dropped."""
+        entry = self._inputs.pop(tag, None)
+        if entry is None:
+            return
+        module, x = entry
+        try:
+            self._carried.extend(squared_norms(module, x, grad))
+        except Exception as error:  # noqa: BLE001 - a hook must never stop training
+            self._failed = True
+            self._inputs.clear()
+            self._on_error(FAILED, error)
+
+    def hand_over(self) -> None:
+        """The step is over: drop the inputs still kept, and carry the norms to the writer thread."""
+        self._inputs.clear()
+        if self._carried:
+            self._add_host_work(finish_on_host, *self._carried)
+            self._carried = []
