@@ -274,6 +274,9 @@ def test_the_dead_experts_rule_follows_the_same_experts_and_judges_big_enough_ba
     assert rule.check(2, {"r": [128.0, 0.0, 0.0, 0.0]})[0].message.startswith("dead experts in 'r' at step 2: expert 3 ")
     assert rule.check(3, {"r": [128.0, 0.0, 0.0, 0.0]}) == []  # once a streak
     assert rule.check(4, {"r": busy}) == []
+    for step in range(5, 5 + DEAD_EXPERT_STEPS):  # expert 1 dead from the step expert 3's streak ends
+        found = rule.check(step, {"r": [64.0, 0.0, 64.0, 0.0] if step == 5 else [64.0, 0.0, 64.0, 64.0]})
+    assert [alert.step for alert in found] == [7]  # a streak of its own
     small = [2.0, 2.0, 0.0, 0.0]  # 1 token per expert on average: experts left out by chance
     assert [rule.check(step, {"s": small}) for step in range(4)] == [[], [], [], []]
 

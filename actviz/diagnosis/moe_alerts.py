@@ -53,8 +53,11 @@ class DeadExperts:
             judged = len(load) > 0 and math.fsum(load) / len(load) >= MIN_MEAN_LOAD
             dead = frozenset(expert for expert, tokens in enumerate(load) if tokens == 0) if judged else frozenset()
             before, count = self._dead.get(layer, (frozenset(), 0))
-            still = dead & before if count else dead
-            count = count + 1 if still else 0
+            still = dead & before
+            if still:
+                count += 1
+            else:  # a new streak, or none
+                still, count = dead, int(bool(dead))
             self._dead[layer] = (still, count)
             if count == self._steps:  # once a streak
                 experts = ", ".join(str(expert) for expert in sorted(still))
