@@ -175,6 +175,17 @@ def test_hugging_face_moe_models_get_every_tag_for_every_router(tmp_path, read_r
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []  # healthy: no alarm
 
 
+@pytest.mark.parametrize(("transformer_stats", "moe"), [(None, None), (False, None), (None, False)])
+def test_one_mode_serves_attention_and_routers_each_turned_off_alone(tmp_path, read_run, transformer_stats, moe):
+    model, ids = hugging_face_moe("qwen2_moe").train(), torch.randint(0, 64, (2, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head", transformer_stats=transformer_stats, moe=moe):
+            model(input_ids=ids, labels=ids).loss.backward()
+    kinds = {tag.split("/", 1)[0] for tag in read_run(tmp_path).scalar_tags}
+    assert ("attention" in kinds, "moe" in kinds) == (transformer_stats is None, moe is None)
+
+
 def test_deepseek_v3s_group_limited_router_logs_its_choice_over_every_expert(tmp_path, read_run):
     transformers = pytest.importorskip("transformers")
     config = transformers.DeepseekV3Config(
@@ -241,6 +252,21 @@ def test_a_router_call_costs_ten_kernels_and_no_sync():
         with CountOps() as watched:
             x.topk(TOP_K)  # the logits themselves: one softmax more
     assert len(watched.kernels) - len(bare.kernels) == 11 and watched.syncs == [] and len(calls.calls) == 1
+
+
+def test_a_logging_forward_of_mixtral_adds_ten_kernels_per_router(tmp_path):
+    ids, kernels, syncs = torch.randint(0, 64, (2, 16)), {}, {}
+    for moe in (False, None):
+        model = hugging_face_moe("mixtral").train()  # the same weights: the same experts run
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with actviz.watch(model, tmp_path / str(moe), every=1, layers="lm_head", moe=moe):
+                for _ in range(2):  # the second: a process's first logging forward makes a few things once
+                    with CountOps() as counted:
+                        loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+        kernels[moe], syncs[moe] = len(counted.kernels), counted.syncs
+    assert kernels[None] - kernels[False] == 2 * 10 and syncs[None] == syncs[False]  # the model's own nonzero
 
 
 def test_experts_dead_for_three_logging_steps_raise_one_alert_and_doctor_lists_it(tmp_path, capsys):
