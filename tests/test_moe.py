@@ -283,6 +283,20 @@ def test_experts_dead_for_three_logging_steps_raise_one_alert_and_doctor_lists_i
     assert "dead_experts" in out and "1.router" in out
 
 
+def test_experts_that_recover_and_die_again_are_named_again(tmp_path):
+    model = moe_model()
+    batches = [torch.randn(4, 32, WIDTH) for _ in range(2 * DEAD_EXPERT_STEPS + 1)]
+
+    def bias(step: int, module: nn.Module, args: tuple) -> None:  # expert 5 dead but at step 3
+        with torch.no_grad():
+            module.router.bias[5] = 0.0 if step == DEAD_EXPERT_STEPS else -1e4
+
+    steps = iter(range(len(batches)))
+    model[1].register_forward_pre_hook(lambda module, args: bias(next(steps), module, args))
+    viz = train(model, tmp_path, batches)
+    assert [alert.step for alert in viz.alerts if alert.rule == "dead_experts"] == [2, 6]
+
+
 def test_a_healthy_router_raises_no_alert(tmp_path):
     model = moe_model()
     with torch.no_grad():  # Hugging Face's router init: near-uniform load. At nn.Linear's own init this router

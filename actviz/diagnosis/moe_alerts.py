@@ -3,8 +3,9 @@
 :class:`DeadExperts` follows each router's experts over the logging steps of one watched model and
 returns :class:`~actviz.diagnosis.alerts.Alert` objects; the step carries them (``StepResults.alerts``)
 to the health monitor (:class:`~actviz.diagnosis.alerts.HealthMonitor`), which reports them as it
-reports its own: once per rule and layer, in ``viz.alerts``, to ``on_alert``, as a ``RuntimeWarning``
-and a line of the step's ``alerts`` text. ``watch(alerts=False)`` turns it off with the others.
+reports its own, in ``viz.alerts``, to ``on_alert``, as a ``RuntimeWarning`` and a line of the step's
+``alerts`` text: once per streak of a router (``dead_experts`` is one of
+:data:`~actviz.diagnosis.alerts.ONCE_AN_EPISODE`), again if its experts die again after they recovered. ``watch(alerts=False)`` turns it off with the others.
 """
 
 from __future__ import annotations
