@@ -329,3 +329,21 @@ def test_moe_is_checked_and_class_names_pick_the_default():
              "TopKGate": True, "OlmoeExperts": True, "GatedMLP": False, "Aggregate": False, "Linear": False}
     for name, want in names.items():
         assert is_moe_module(type(name, (nn.Module,), {})()) is want, name
+
+
+def test_a_failing_router_statistic_warns_once_and_training_goes_on(tmp_path, read_run, monkeypatch):
+    import actviz.transformers.moe as moe
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(moe, "router_vector", broken)
+    model = moe_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, tmp_path, every=1):
+            for _ in range(2):
+                model(torch.randn(2, 8, WIDTH)).sum().backward()
+    assert len([w for w in caught if "broken on purpose" in str(w.message)]) == 1
+    run = read_run(tmp_path)
+    assert run.scalar_events("activation_stats/1.router/mean") and not any(t.startswith("moe/") for t in run.scalar_tags)
