@@ -109,6 +109,7 @@ def watch(
     grad_scaler: Any = None,
     merge_ranks: bool = False,
     transformer_stats: bool | None = None,
+    moe: bool | None = None,
     statistics: Sequence[str | LayerStatistic] | None = None,
     on_step: Callable[[StepResults], None] | None = None,
     probe: Any = None,
@@ -179,6 +180,10 @@ def watch(
             ``strict=True``); the step is written before it runs.
         transformer_stats: Attention, output-logit and outlier statistics (docs/transformers.md): ``None``
             (the default) for models with an attention module, ``True`` always, ``False`` never.
+        moe: Mixture-of-experts router health (docs/moe.md): per router, the load of the busiest expert over
+            the mean, the experts no token chose, the router's entropy and top-k margin, and the tokens per expert.
+            ``None`` (the default) for models with a module whose class name says MoE, router, gate or expert,
+            ``True`` always, ``False`` never.
         statistics: The per-layer statistics (:mod:`actviz.statistics`): ``None`` (the default) runs each
             built-in one where it is on by default; a list of built-in names (``"dead_channels"``,
             ``"saturation"``, ``"outliers"``, ``"logits"``) and :class:`~actviz.statistics.layer_statistic.LayerStatistic`
@@ -241,7 +246,8 @@ def watch(
     options = CaptureOptions(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
-        transformer_stats=transformer_stats, statistics=check_statistics(statistics), gradient_noise=gradient_noise,
+        transformer_stats=transformer_stats, moe=moe, statistics=check_statistics(statistics),
+        gradient_noise=gradient_noise,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge

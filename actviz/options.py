@@ -63,6 +63,8 @@ class CaptureOptions:
             where ``statistics`` is ``None``: their default, set by ``watch(alerts=...)``.
         transformer_stats: Attention, output-logit and outlier statistics (:mod:`actviz.capture.transformer_step`):
             ``None`` for models with an attention module, ``True`` always, ``False`` never.
+        moe: Mixture-of-experts router statistics (:mod:`actviz.transformers.moe`): ``None`` for models with a
+            module whose class name says MoE, router, gate or expert, ``True`` always, ``False`` never.
         statistics: The per-layer statistics to run (:mod:`actviz.statistics`): ``None`` for each built-in
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
@@ -89,6 +91,7 @@ class CaptureOptions:
     merge_ranks: bool = False
     unit_counts: bool = False  # set by watch(alerts=...): the default of actviz.statistics.unit_counts
     transformer_stats: bool | None = None
+    moe: bool | None = None
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
 
@@ -104,6 +107,9 @@ class CaptureOptions:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):
             raise TypeError(f"transformer_stats must be None (auto), True or False, got {self.transformer_stats!r}")
+        if self.moe is not None and not isinstance(self.moe, bool):
+            raise TypeError(f"moe must be None (auto), True or False, got {type(self.moe).__name__}: {self.moe!r}; "
+                            "for example moe=True")
         if self.statistics is not None and not isinstance(self.statistics, tuple):
             raise TypeError(f"statistics must be None or a tuple of LayerStatistic objects, got {self.statistics!r}")
 

@@ -69,6 +69,7 @@ PROBE_INPUT = "probe/input"
 GRADCAM = "gradcam/{layer}"
 ATTENTION_MAPS = "attention_maps/{layer}"
 ATTENTION = "attention/{layer}/{statistic}"
+MOE = "moe/{layer}/{statistic}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
@@ -107,6 +108,7 @@ ROWS = (
     Row("Histograms", (GRADIENTS,), "the gradient of the loss with respect to that output", readme=True),
     Row("Histograms", (WEIGHTS, WEIGHT_GRADS), "each parameter of the watched layers, and its gradient", readme=True),
     Row("Histograms", _stats(ATTENTION, "head_max_logit"), "each attention head's largest logit"),
+    Row("Histograms", _stats(MOE, "expert_load"), "a router's tokens per expert ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "mean", "std", *ONCE_NOT_ZERO), "of the layer's output; `nonfinite` "
         "counts NaN and ±Inf, the others use the finite values", readme=True),
     Row("Scalars", _stats(GRADIENT_STAT, "norm", "nonfinite"),
@@ -120,6 +122,8 @@ ROWS = (
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `transformer_stats`"),
     Row("Scalars", GRADIENT_NOISE, "with `gradient_noise=True`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
+    Row("Scalars", _stats(MOE, "load_max_over_mean", "dead_experts", "router_entropy", "topk_margin"),
+        "router health of a mixture of experts, with `moe` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
         "outliers of the layer's output, with `transformer_stats`"),
     Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),

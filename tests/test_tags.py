@@ -66,10 +66,21 @@ def all_tags(run: Run) -> set[str]:
     return run.image_tags | run.histogram_tags | run.scalar_tags | set(tags["tensors"])
 
 
+class TopTwo(torch.nn.Module):
+    """A router's top 2 of 4 experts, in a class no name says is one: ``moe=True`` finds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.router(x).softmax(-1).topk(2).values
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every tag of two runs that turn everything on: a CNN (probe, Grad-CAM, AMP, update ratio, a spike, a NaN)
-    and a transformer (attention, logits, outliers, attention maps, gradient noise)."""
+    and a transformer (attention, logits, outliers, attention maps, gradient noise), and a mixture of experts' router."""
     folder = tmp_path_factory.mktemp("runs")
     model = small_cnn(inplace=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -91,7 +102,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
             with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
                 output = transformer(torch.randn(2, 6, 16))
             output.float().sum().backward()
-    return all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer"))
+        router = TopTwo()
+        with actviz.watch(router, folder / "moe", every=1, moe=True):
+            router(torch.randn(8, 16)).sum().backward()
+    return all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer")) | all_tags(Run(folder / "moe"))
 
 
 def test_every_tag_written_is_in_the_vocabulary(written):

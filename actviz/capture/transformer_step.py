@@ -1,4 +1,4 @@
-"""A logging step's attention statistics and their alerts.
+"""A logging step's attention and mixture-of-experts router statistics, and their alerts.
 
 The :class:`~actviz.capture.step_capture.StepCapture` of a stats step calls :meth:`TransformerStep.start`
 when it attaches; the step's hooks go into the capture's own hook handles. Until the model's
@@ -18,6 +18,10 @@ the host in the step's one copy; :func:`finish_on_host` writes the tags on the w
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
 get them on every stats step (``watch(transformer_stats=None)``, the default);
 ``transformer_stats=True`` forces them on (hand-written attention elsewhere), ``False`` off.
+The same mode sees the routers of a mixture of experts (:mod:`actviz.transformers.moe`), whose
+tags are ``moe/{layer}/load_max_over_mean``, ``/dead_experts``, ``/router_entropy``, ``/topk_margin``
+and the histogram ``moe/{layer}/expert_load`` (``watch(moe=None)``: models with a module whose
+class name says MoE, router, gate or expert; ``True`` any model; ``False`` off).
 Steps that do not log run nothing of this: no mode, no hook. The output logits and the layers'
 outliers are per-layer statistics like any other (:mod:`actviz.statistics.logits`,
 :mod:`actviz.statistics.outliers`), taken in the step's one layer hook.
@@ -46,6 +50,7 @@ from torch import nn
 
 from ..transformers.attention import AttentionMode, attention_modules, may_attend
 from ..transformers.attention_stats import entropy_fractions, head_numbers
+from ..transformers.moe import RouterCalls, moe_modules, router_numbers
 from .compiled_model import outside_graphs
 from ..output.pending_step import PendingStep
 from ..common.results import StepResults
@@ -53,7 +58,8 @@ from ..common.owned_hooks import HookHandles
 from .probe import unwrap_for_probe
 from ..common.safe_warnings import warn_safely
 from ..summaries.one_tensor import finish, reduce_tensor
-from ..tags import ATTENTION
+from ..tags import ATTENTION, MOE
+from ..diagnosis.moe_alerts import DeadExperts
 from ..diagnosis.transformer_alerts import TransformerAlerts
 
 __all__ = ["SINK_WEIGHT", "TransformerStep", "finish_on_host"]
@@ -65,11 +71,16 @@ SINK_WEIGHT = 0.3
 
 
 class _ModelInfo:
-    """What a model's steps share, found once: its attention modules, its alert history."""
+    """What a model's steps share, found once: its attention and MoE modules, its alert history."""
 
     def __init__(self, model: nn.Module) -> None:
         self.attention = attention_modules(model)
+        # Without the model itself: a topk in its own forward is no router's (Hugging Face's load-balancing
+        # loss takes one over every layer's logits), and a value that holds its key would keep the model alive.
+        self.moe = [(name, module) for name, module in moe_modules(model) if name]
+        self.everything = [(name, module) for name, module in model.named_modules() if name]  # moe=True
         self.alerts = TransformerAlerts()
+        self.dead_experts = DeadExperts()
         self.warned: set[str] = set()  # kinds of failure warned about
 
 
@@ -81,6 +92,10 @@ def _info(model: nn.Module) -> _ModelInfo:
     if info is None:
         info = _models[model] = _ModelInfo(model)
     return info
+
+
+def _made_by(routers: RouterCalls, name: str, module: nn.Module, args: Any, output: Any) -> None:
+    routers.made_by(name, output)
 
 
 def _enter(mode: AttentionMode, name: str, module: nn.Module, args: Any) -> None:
@@ -99,18 +114,27 @@ class TransformerStep:
     """
 
     def __init__(self, model: nn.Module, info: _ModelInfo, layers: dict[str, nn.Module], pending: PendingStep,
-                 options: Any, hooks: HookHandles) -> None:
+                 options: Any, hooks: HookHandles, attention: bool = True, moe: bool | None = None) -> None:
         self._info = info
         self._pending = pending
         self._options = options
-        self._mode = AttentionMode()
-        self._entered = False
         names = {id(module): name for name, module in layers.items()}
+        routers = {True: info.everything, None: info.moe}.get(moe, [])  # the modules that may be routers
+        candidates = {names.get(id(module), name) for name, module in routers}
+        self._routers = None if moe is False else RouterCalls(None if moe else candidates)
+        self._mode = AttentionMode(attention=attention, routers=self._routers)
+        self._entered = False
         stacked = {id(module): (names.get(id(module), name), module) for name, module in info.attention}
+        stacked.update({id(module): (names.get(id(module), name), module) for name, module in routers
+                        if may_attend(module)})  # where a router's topk may run
         stacked.update({id(module): (name, module) for name, module in layers.items() if may_attend(module)})
         for name, module in stacked.values():
             hooks.add("forward", module.register_forward_pre_hook(partial(_enter, self._mode, name)))
             hooks.add("forward", module.register_forward_hook(partial(_leave, self._mode, name), always_call=True))
+        if self._routers is not None:
+            for name, module in routers:  # the router is the module whose output goes to topk
+                made = partial(_made_by, self._routers, names.get(id(module), name))
+                hooks.add("forward", module.register_forward_hook(made))
         done = outside_graphs(partial(self._guard, self._forward_done, ""))
         hooks.add("forward", model.register_forward_hook(done, prepend=True, always_call=True))
         hooks.add("forward", self)  # remove() leaves the mode
@@ -120,14 +144,18 @@ class TransformerStep:
     @classmethod
     def start(cls, model: nn.Module, layers: dict[str, nn.Module], pending: PendingStep, options: Any,
               hooks: HookHandles) -> TransformerStep | None:
-        """Start for a stats step of ``model``; ``None`` where ``options.transformer_stats`` leaves it off."""
-        wanted = getattr(options, "transformer_stats", None)
-        if wanted is False:
+        """Start for a stats step of ``model``; ``None`` where ``options.transformer_stats`` and ``options.moe``
+        leave it off."""
+        wanted, moe = getattr(options, "transformer_stats", None), getattr(options, "moe", None)
+        if wanted is False and moe is False:
             return None
         info = _info(unwrap_for_probe(model))  # DDP's and torch.compile's wrapped module
-        if wanted is None and not info.attention:
+        attention = wanted is True or (wanted is None and bool(info.attention))
+        if moe is None and not info.moe:
+            moe = False
+        if not attention and moe is False:
             return None
-        return cls(model, info, layers, pending, options, hooks)
+        return cls(model, info, layers, pending, options, hooks, attention, moe)
 
     def _guard(self, function: Callable[..., None], name: str, module: nn.Module, args: Any, output: Any) -> None:
         try:
@@ -138,13 +166,15 @@ class TransformerStep:
     def _forward_done(self, name: str, output: Any) -> None:
         """The forward ended (``output`` is ``None`` if it raised): leave the mode and hand the step its work."""
         self.remove()
-        carried = [stats for _, stats in self._mode.calls]
-        if not carried:
-            return
-        work = partial(finish_on_host, [name for name, _ in self._mode.calls], self._info, self._pending.bins)
-        self._pending.add_host_work(work, *carried)
-        if self._mode.failed is not None:
-            _warn_once(self._mode.failed, self._info.warned)
+        routers = self._routers.calls if self._routers is not None else []
+        carried = [stats for _, stats in self._mode.calls] + [call.vector for call in routers]
+        if carried:
+            work = partial(finish_on_host, [name for name, _ in self._mode.calls], self._info, self._pending.bins,
+                           routers=[(call.name, call.k) for call in routers])
+            self._pending.add_host_work(work, *carried)
+        for failed in (self._mode.failed, self._routers and self._routers.failed):
+            if failed is not None:
+                _warn_once(failed, self._info.warned)
 
     def remove(self) -> None:
         """Leave the mode, if still in it. Safe to call more than once."""
@@ -173,15 +203,29 @@ def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
 
 
 def finish_on_host(calls: list[str], info: _ModelInfo, bins: int, results: StepResults,
-                   host: list[torch.Tensor]) -> None:
+                   host: list[torch.Tensor], routers: list[tuple[str, int]] = ()) -> None:
     """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``.
 
     If it fails, the step keeps everything else and the failure is warned once.
     """
     try:
-        _finish(calls, info.alerts, bins, results, iter(host))
+        found = iter(host)
+        _finish(calls, info.alerts, bins, results, found)
+        _finish_routers(routers, info.dead_experts, bins, results, found)
     except Exception as error:  # noqa: BLE001 - the rest of the step must still be written
         _warn_once(error, info.warned)
+
+
+def _finish_routers(routers: list[tuple[str, int]], dead_experts: DeadExperts, bins: int, results: StepResults,
+                    found: Any) -> None:
+    loads = {}
+    for name, k in routers:
+        numbers, load = router_numbers(next(found), k)
+        loads[name] = load.tolist()
+        results.scalars.update({MOE.format(layer=name, statistic=key): value for key, value in numbers.items()})
+        results.histograms[MOE.format(layer=name, statistic="expert_load")] = _histogram(load, bins)
+    if loads:
+        results.alerts.extend(dead_experts.check(results.step, loads))
 
 
 def _finish(calls: list[str], alerts: TransformerAlerts, bins: int, results: StepResults, found: Any) -> None:

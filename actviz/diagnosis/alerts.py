@@ -2,7 +2,7 @@
 
 :class:`HealthMonitor` looks at each step's :class:`~actviz.common.results.StepResults` once it is on the host
 and keeps a short history per layer (a few floats), so the rules cost the training thread nothing and never
-wait for a device. Each rule fires once per layer and run: an :class:`Alert` kept in ``viz.alerts`` (the latest
+wait for a device. Each rule fires once per layer and run (:data:`ONCE_AN_EPISODE` once per episode): an :class:`Alert` kept in ``viz.alerts`` (the latest
 :data:`KEPT_ALERTS`), passed to ``on_alert``, a line of the ``alerts`` text at its step, and a ``RuntimeWarning``.
 ``watch(alerts={...})`` overrides the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says
 where its comes from. Two counts come from the device, made in the layer's hook
@@ -24,7 +24,7 @@ from ..common.safe_warnings import warn_safely
 from ..common.suggestions import did_you_mean
 from ..tags import ALERTS, UPDATE_RATIO
 
-__all__ = ["DEFAULT_THRESHOLDS", "KEPT_ALERTS", "Alert", "HealthMonitor", "check_alerts", "escape",
+__all__ = ["DEFAULT_THRESHOLDS", "KEPT_ALERTS", "ONCE_AN_EPISODE", "Alert", "HealthMonitor", "check_alerts", "escape",
            "parse_alert_lines", "unescape"]
 
 #: Every threshold a rule uses; ``watch(alerts={"vanishing_ratio": 1e-4})`` overrides one.
@@ -46,6 +46,9 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "update_ratio_steps": 3,  # ... for this many logging steps in a row
 }
 
+#: Rules that fire once per episode, which they end themselves (an expert chosen again ends its dead streak):
+#: the monitor reports each of their alerts, where it reports other rules once per layer and run.
+ONCE_AN_EPISODE = frozenset({"dead_experts"})
 #: Logging steps of gradient norms kept per layer for the exploding-gradient rule.
 HISTORY = 32
 #: The latest alerts kept in memory (``viz.alerts``); every alert is also in the ``alerts`` text and ``on_alert``.
@@ -245,7 +248,8 @@ class HealthMonitor:
         self._streaks: dict[tuple[str, str], int] = {}
 
     def check(self, results: StepResults) -> list[Alert]:
-        """Run every rule on one step; return the new alerts (each rule fires once per layer and run)."""
+        """Run every rule on one step; return the new alerts (each rule fires once per layer and run, those of
+        :data:`ONCE_AN_EPISODE` once per episode)."""
         found = [*self._nonfinite(results), *self._dead_units(results), *self._saturation(results),
                  *results.alerts]  # found while the step was finished (actviz.diagnosis.transformer_alerts)
         results.alerts = []
@@ -253,7 +257,7 @@ class HealthMonitor:
         found += self._update_ratio(results)
         fresh = []
         for alert in found:
-            if (alert.rule, alert.layer) not in self._fired:
+            if alert.rule in ONCE_AN_EPISODE or (alert.rule, alert.layer) not in self._fired:
                 self._fired.add((alert.rule, alert.layer))
                 fresh.append(alert)
         self.report(results, fresh)

@@ -41,7 +41,9 @@ fraction, NaN/Inf count) and every alert actviz raised while it trained, with it
 
 Alerts are raised during training by actviz.watch(model, "runs/x") (alerts=True is the
 default): non-finite values, vanishing and exploding gradients, dead ReLUs, saturated
-Tanh/Sigmoid, update ratios out of range, gradient spikes (spikes=True).
+Tanh/Sigmoid, update ratios out of range, gradient spikes (spikes=True), attention
+and outlier alerts of transformers, and experts of a mixture of experts that no token
+chooses (dead_experts).
 """
 
 DOCTOR_EPILOG = """\

@@ -7,7 +7,8 @@ models, timm, hand-written code) and of ``F.multi_head_attention_forward``
 each call recomputes a sample of attention rows from the call's own ``q`` and ``k``
 (:mod:`actviz.transformers.attention_stats`: which rows, the logits with the call's scale, mask and
 grouped-query layout, and the per-head numbers). This module finds the calls and the
-attention modules; the numbers are made there.
+attention modules; the numbers are made there. The same mode tells a mixture of experts'
+:class:`~actviz.transformers.moe.RouterCalls` of the softmax and topk calls it sees.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
+from .moe import ROUTER_FUNCTIONS, RouterCalls
 from ..summaries.one_tensor import local_shard
 
 __all__ = ["AttentionMode", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
@@ -112,6 +114,9 @@ class AttentionMode(TorchFunctionMode):
 
     Args:
         rows: Query rows sampled per call (:func:`attention_logits`).
+        attention: Whether to keep the attention calls' statistics.
+        routers: Told of every call of :data:`~actviz.transformers.moe.ROUTER_FUNCTIONS` (softmax, topk and the
+            ops between them) with its result and the innermost named module: a mixture of experts' routers.
 
     Calls are named by :meth:`enter`/:meth:`leave` (forward pre-hooks and hooks push and pop
     the enclosing modules' names); a call outside every named module is ``sdpa.{i}``. A name
@@ -127,9 +132,12 @@ class AttentionMode(TorchFunctionMode):
         [('attn', (2, 16))]
     """
 
-    def __init__(self, rows: int | None = DEFAULT_ROWS) -> None:
+    def __init__(self, rows: int | None = DEFAULT_ROWS, attention: bool = True,
+                 routers: RouterCalls | None = None) -> None:
         super().__init__()
         self.rows = rows
+        self.attention = attention
+        self.routers = routers
         self.calls: list[tuple[str, torch.Tensor]] = []
         self.failed: BaseException | None = None
         self._stack: list[str] = []
@@ -146,8 +154,12 @@ class AttentionMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if (func is _SDPA or func is _MHA) and self.failed is None:
+        if (func is _SDPA or func is _MHA) and self.attention and self.failed is None:
             self._record(func, args, kwargs)
+        if self.routers is not None and func in ROUTER_FUNCTIONS:
+            result = func(*args, **kwargs)
+            self.routers.see(func, args, kwargs, result, self._stack[-1] if self._stack else None)
+            return result
         return func(*args, **kwargs)
 
     def reduce(self, query: torch.Tensor, key: torch.Tensor, options: dict[str, Any]) -> torch.Tensor:

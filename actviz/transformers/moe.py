@@ -1,0 +1,246 @@
+"""Mixture-of-experts router health, from the ``torch.topk`` calls of a logging forward.
+
+A **router** is a module whose output's last dimension is the experts and whose output, or its
+softmax, goes to ``torch.topk`` during the forward. :class:`RouterCalls` is told, by the
+:class:`~actviz.transformers.attention.AttentionMode` of a logging forward, of the calls in
+:data:`ROUTER_FUNCTIONS` and their results:
+
+* a softmax over the last dimension, and the ops that keep the last dimension and the values
+  (``float``, ``to``, ``view``, ``reshape``, ``flatten``...), carry their input's origin: the
+  module whose output it was (told by :meth:`RouterCalls.made_by`, a forward hook) and whether
+  it is a softmax's output (probabilities);
+* a ``torch.topk(x, k, dim=-1)`` (largest, ``0 < k < experts``) is a router's call. Its router is
+  **the module whose output** ``x`` **was made from**, where a module made it (a hand-written
+  ``logits = self.router(h)``, an ``nn.Linear``, then softmax and topk in the block's forward),
+  **else the innermost running module** (Hugging Face's ``MixtralTopKRouter``,
+  ``Qwen2MoeTopKRouter`` and ``OlmoeTopKRouter`` call softmax and topk in their own forward).
+  The probabilities are ``x`` where ``x`` is a softmax's output, else ``softmax(x)`` in float32.
+  Of a router's calls in one forward the first over the most experts is kept (DeepSeek-V3's
+  router takes a topk over groups of experts before the one over every expert).
+
+With ``watch(moe=None)`` (the default) only the modules whose class name says MoE, router,
+gate or expert (:func:`is_moe_module`), and the modules inside them, can be routers, the model
+itself excepted (Hugging Face's load-balancing loss takes a topk over every layer's logits in
+the model's forward); with ``moe=True`` any module can, and a topk outside every module is
+``topk.{i}``.
+
+Each call leaves one float32 vector of ``experts + 2`` numbers on the device, with no host
+sync (:func:`router_vector`): the tokens that chose each expert, then the sums over tokens
+of the softmax entropy and of the gap between the k-th and (k+1)-th probability.
+:func:`router_numbers` turns it into the logged values on the writer thread.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "ROUTER_FUNCTIONS", "RouterCall", "RouterCalls", "is_moe_module", "moe_modules", "router_numbers", "router_vector",
+]
+
+_MOE_NAME = re.compile(r"(?i:moe|router|expert)|(?:^|(?<=[^a-z]))[Gg]ate(?!d)")  # not Aggregate, not GatedMLP
+_TOPK = frozenset({torch.topk, torch.Tensor.topk})
+_SOFTMAX = frozenset({F.softmax, torch.softmax, torch.Tensor.softmax})
+#: Ops that keep a tensor's values and its last dimension: the router's output through them is still its output.
+_SAME_VALUES = frozenset({
+    torch.Tensor.float, torch.Tensor.to, torch.Tensor.type_as, torch.Tensor.view, torch.Tensor.reshape,
+    torch.reshape, torch.Tensor.flatten, torch.flatten, torch.Tensor.contiguous, torch.Tensor.detach,
+})
+#: The calls :class:`RouterCalls` is told of; every other op passes through the mode untouched.
+ROUTER_FUNCTIONS = _TOPK | _SOFTMAX | _SAME_VALUES
+
+
+def is_moe_module(module: nn.Module) -> bool:
+    """Whether the class name says MoE, router, gate or expert (``*MoE*``, ``*Moe*``, ``*Router*``,
+    ``*Gate*``, ``*Expert*``); ``Gate`` as a word: not ``Aggregate``, not ``GatedMLP``.
+
+    Example:
+        >>> class TopKGate(nn.Linear): pass
+        >>> class Aggregate(nn.Module): pass
+        >>> is_moe_module(TopKGate(2, 2)), is_moe_module(Aggregate()), is_moe_module(nn.Linear(2, 2))
+        (True, False, False)
+    """
+    return _MOE_NAME.search(type(module).__name__) is not None
+
+
+def moe_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules that may be routers with ``moe=None``: each MoE-named module and every module inside it,
+    by ``named_modules()`` name (the model itself is ``""``).
+
+    Example:
+        >>> class SparseMoeBlock(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.router = nn.Linear(4, 8)
+        >>> [name for name, _ in moe_modules(nn.Sequential(nn.Linear(4, 4), SparseMoeBlock()))]
+        ['1', '1.router']
+    """
+    found: dict[str, nn.Module] = {}
+    for name, module in model.named_modules():
+        if is_moe_module(module):
+            found.update(module.named_modules(prefix=name))
+    return list(found.items())
+
+
+def router_vector(probabilities: torch.Tensor, indices: torch.Tensor, k: int) -> torch.Tensor:
+    """One router call on the device: ``experts + 2`` float32 numbers, no host sync.
+
+    ``[tokens per expert..., Σ entropy, Σ (p_k - p_{k+1})]``: how many rows chose each expert among
+    their ``k``, then the sums over rows of the softmax entropy (nats) and of the gap between the
+    k-th and (k+1)-th largest probability: 10 kernels, none of which waits for the device.
+
+    Example:
+        >>> p = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]])
+        >>> router_vector(p, p.topk(1).indices, 1)
+        tensor([2.0000, 0.0000, 0.0000, 1.9276, 0.5000])
+    """
+    experts = probabilities.shape[-1]
+    p = probabilities.detach().reshape(-1, experts).float()
+    chosen = indices.reshape(-1)
+    out = torch.zeros(experts + 2, device=p.device)
+    out.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=out.dtype))
+    top = torch.topk(p, k + 1, dim=-1).values
+    out[experts:] = torch.stack([torch.special.entr(p).sum(), (top[:, k - 1] - top[:, k]).sum()])
+    return out
+
+
+def router_numbers(vector: torch.Tensor, k: int) -> tuple[dict[str, float], torch.Tensor]:
+    """On the host: ``({statistic: value}, tokens per expert)`` of a :func:`router_vector`.
+
+    ``load_max_over_mean`` is the busiest expert's tokens over the mean (1 when balanced, ``experts / k``
+    when every row chooses the same ``k``), ``dead_experts`` the experts no row chose, ``router_entropy`` and
+    ``topk_margin`` the means over rows.
+
+    Example:
+        >>> numbers, load = router_numbers(torch.tensor([3.0, 1.0, 0.0, 0.0, 2.4, 0.8], dtype=torch.float64), 1)
+        >>> numbers
+        {'load_max_over_mean': 3.0, 'dead_experts': 2.0, 'router_entropy': 0.6, 'topk_margin': 0.2}
+    """
+    load = vector[:-2].double()
+    rows = float(load.sum()) / k
+    mean = float(load.mean())
+    return {
+        "load_max_over_mean": float(load.max()) / mean if mean > 0 else float("nan"),
+        "dead_experts": float((load == 0).sum()),
+        "router_entropy": float(vector[-2]) / rows if rows else float("nan"),
+        "topk_margin": float(vector[-1]) / rows if rows else float("nan"),
+    }, load
+
+
+class RouterCall:
+    """One router's call of a forward: its name, its ``k`` and its :func:`router_vector` on the device."""
+
+    __slots__ = ("name", "k", "vector")
+
+    def __init__(self, name: str, k: int, vector: torch.Tensor) -> None:
+        self.name, self.k, self.vector = name, k, vector
+
+
+class RouterCalls:
+    """The router calls of one logging forward (see the module docstring for the rule).
+
+    Args:
+        candidates: The names that may be routers (``moe=None``: :func:`moe_modules` but the model itself), or
+            ``None`` for any (``moe=True``).
+
+    Example:
+        >>> calls = RouterCalls(None)
+        >>> logits = torch.tensor([[2.0, 0.0, 1.0, -1.0], [0.0, 3.0, 1.0, -2.0]])
+        >>> calls.made_by("block.router", logits)                     # the router's forward hook
+        >>> probs = torch.softmax(logits, -1)
+        >>> calls.see(torch.softmax, (logits, -1), {}, probs, "block")
+        >>> calls.see(torch.topk, (probs, 2), {}, probs.topk(2), "block")
+        >>> [(call.name, call.k, call.vector[:4].tolist()) for call in calls.calls]
+        [('block.router', 2, [1.0, 1.0, 2.0, 0.0])]
+    """
+
+    def __init__(self, candidates: set[str] | None) -> None:
+        self.candidates = candidates
+        self.calls: list[RouterCall] = []
+        self.failed: BaseException | None = None
+        # id(tensor) -> (weak reference to it, the module whose output it was or None, whether probabilities)
+        self._origins: dict[int, tuple[weakref.ref[torch.Tensor], str | None, bool]] = {}
+        self._kept: dict[str, int] = {}  # router -> its call's place in calls
+        self._unnamed = 0
+
+    def made_by(self, name: str, output: Any) -> None:
+        """A module's forward hook: ``output`` (its first tensor) was made by the module ``name``."""
+        first = output
+        if isinstance(output, (tuple, list)):  # Hugging Face's routers return (logits, weights, indices)
+            first = next((item for item in output if isinstance(item, torch.Tensor)), None)
+        if isinstance(first, torch.Tensor) and first.dim() > 0:
+            origin = self._origin(first)  # a router that returns its softmax: still probabilities
+            self._remember(first, name, origin is not None and origin[1])
+
+    def see(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+            innermost: str | None) -> None:
+        """One call of :data:`ROUTER_FUNCTIONS` and its ``result``; ``innermost``: the innermost running module."""
+        if self.failed is not None:
+            return
+        try:
+            source = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            if not isinstance(source, torch.Tensor) or source.dim() == 0:
+                return
+            if func in _TOPK:
+                self._topk(source, args, kwargs, result, innermost)
+            elif isinstance(result, torch.Tensor) and result.dim() > 0 and result.shape[-1] == source.shape[-1]:
+                origin = self._origin(source)
+                if func in _SOFTMAX and _last_dimension(args, kwargs, source.dim()):
+                    self._remember(result, origin[0] if origin else None, True)
+                elif origin is not None and func not in _SOFTMAX:
+                    self._remember(result, *origin)
+        except Exception as error:  # noqa: BLE001 - kept and warned once by the step; training goes on
+            self.failed = error
+
+    def _remember(self, tensor: torch.Tensor, name: str | None, probabilities: bool) -> None:
+        self._origins[id(tensor)] = (weakref.ref(tensor), name, probabilities)
+
+    def _origin(self, tensor: torch.Tensor) -> tuple[str | None, bool] | None:
+        found = self._origins.get(id(tensor))
+        if found is None or found[0]() is not tensor:  # an id reused by a tensor made since
+            return None
+        return found[1], found[2]
+
+    def _topk(self, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+              innermost: str | None) -> None:
+        k = args[1] if len(args) > 1 else kwargs.get("k")
+        dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
+        largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+        experts = x.shape[-1]
+        if (not isinstance(k, int) or not 0 < k < experts or dim not in (-1, x.dim() - 1) or not largest
+                or not x.is_floating_point()):
+            return
+        origin = self._origin(x)
+        name = origin[0] if origin and origin[0] is not None else innermost
+        if name is None:
+            if self.candidates is not None:
+                return
+            name, self._unnamed = f"topk.{self._unnamed}", self._unnamed + 1
+        elif self.candidates is not None and name not in self.candidates:
+            return
+        kept = self._kept.get(name)
+        if kept is not None and self.calls[kept].vector.numel() >= experts + 2:
+            return
+        with torch.no_grad():
+            probabilities = x if origin and origin[1] else torch.softmax(x.detach().float(), dim=-1)
+            call = RouterCall(name, k, router_vector(probabilities, result[1], k))
+        if kept is None:
+            self._kept[name] = len(self.calls)
+            self.calls.append(call)
+        else:  # a topk over groups of experts came first (DeepSeek-V3's group-limited routing)
+            self.calls[kept] = call
+
+
+def _last_dimension(args: tuple[Any, ...], kwargs: dict[str, Any], dims: int) -> bool:
+    """Whether a softmax call's ``dim`` is the last one (``F.softmax``'s implicit dim as it picks it)."""
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is None:
+        dim = 0 if dims in (0, 1, 3) else 1
+    return isinstance(dim, int) and dim in (-1, dims - 1)

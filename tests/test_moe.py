@@ -1,0 +1,349 @@
+"""Mixture-of-experts router health: the router rule, the values read back against the batch's own
+choices, Hugging Face MoE models from small configs, the dead-experts alert and ``actviz doctor``."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import NO_HOOKS, CountOps, hooks_left
+from torch import nn
+
+import actviz
+from actviz.cli import main
+from actviz.diagnosis.moe_alerts import DEAD_EXPERT_STEPS, DeadExperts
+from actviz.transformers.attention import AttentionMode
+from actviz.transformers.moe import RouterCalls, is_moe_module, router_vector
+
+EXPERTS, TOP_K, WIDTH = 8, 2, 16
+STATISTICS = ("load_max_over_mean", "dead_experts", "router_entropy", "topk_margin")
+
+
+class TopKMoE(nn.Module):
+    """A hand-written top-k block: ``self.router`` (an ``nn.Linear``) makes the logits, softmax and topk run here."""
+
+    def __init__(self, logits_to_topk: bool = False) -> None:
+        super().__init__()
+        self.router = nn.Linear(WIDTH, EXPERTS)
+        self.experts = nn.ModuleList(nn.Linear(WIDTH, WIDTH) for _ in range(EXPERTS))
+        self.logits_to_topk = logits_to_topk  # Mixtral's older shape: topk of the logits, softmax of the k chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x)
+        if self.logits_to_topk:
+            top, chosen = torch.topk(logits, TOP_K, dim=-1)
+            weights = F.softmax(top, dim=-1)
+        else:
+            weights, chosen = torch.softmax(logits, dim=-1).topk(TOP_K, dim=-1)
+        out = torch.zeros_like(x)
+        for expert, layer in enumerate(self.experts):  # dense, for a test: every expert sees every token
+            out = out + layer(x) * (weights * (chosen == expert)).sum(-1, keepdim=True)
+        return out
+
+
+class Router(nn.Module):
+    """Hugging Face's shape: linear, softmax and topk inside the router's own forward, which returns the choices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(EXPERTS, WIDTH) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.reshape(-1, WIDTH), self.weight)
+        weights, chosen = torch.topk(F.softmax(logits.float(), dim=-1), TOP_K, dim=-1)
+        return logits, weights, chosen
+
+
+class SparseBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = Router()
+        self.expert = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, weights, _ = self.gate(x)
+        return self.expert(x) * weights.sum(-1).reshape(*x.shape[:-1], 1)
+
+
+def moe_model(**kwargs) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), TopKMoE(**kwargs))
+
+
+def expected(logits: torch.Tensor) -> dict[str, float]:
+    """The four values of a batch's router logits, computed here in float64 from the definitions."""
+    p = torch.softmax(logits.double().reshape(-1, EXPERTS), dim=-1)
+    chosen = p.topk(TOP_K, dim=-1).indices
+    load = torch.stack([(chosen == expert).sum() for expert in range(EXPERTS)]).double()
+    entropy = -(p * p.log()).nan_to_num().sum(-1).mean()
+    ranked = p.sort(dim=-1, descending=True).values
+    return {"load_max_over_mean": float(load.max() / load.mean()), "dead_experts": float((load == 0).sum()),
+            "router_entropy": float(entropy), "topk_margin": float((ranked[:, TOP_K - 1] - ranked[:, TOP_K]).mean()),
+            "load": load.tolist()}
+
+
+def train(model: nn.Module, log_dir, batches: list[torch.Tensor], **kwargs) -> actviz.Watcher:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=1, **kwargs) as viz:
+            for x in batches:
+                model(x).square().mean().backward()
+    return viz
+
+
+@pytest.mark.parametrize("logits_to_topk", [False, True], ids=["softmax then topk", "topk of the logits"])
+def test_a_router_that_leaves_one_expert_out_logs_the_batchs_own_numbers(tmp_path, read_run, logits_to_topk):
+    model = moe_model(logits_to_topk=logits_to_topk)
+    with torch.no_grad():
+        model[1].router.bias[3] = -1e4  # expert 3: chosen by no token
+    x = torch.randn(4, 32, WIDTH)
+    with torch.no_grad():
+        want = expected(model[1].router(model[0](x)))
+    assert want["dead_experts"] == 1 and want["load"][3] == 0
+    train(model, tmp_path, [x])
+    run = read_run(tmp_path)
+    for statistic in STATISTICS:
+        assert run.scalar(f"moe/1.router/{statistic}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6)
+    assert run.scalar("moe/1.router/load_max_over_mean", 0) == pytest.approx(max(want["load"]) / 32.0, rel=1e-7)
+    load = run.histogram("moe/1.router/expert_load", 0)
+    assert (load.num, load.sum, load.min, load.max) == (EXPERTS, 4 * 32 * TOP_K, 0, max(want["load"]))
+    assert hooks_left(model) == NO_HOOKS
+
+
+def test_a_router_that_calls_topk_in_its_own_forward_is_named_after_itself():
+    block = SparseBlock()
+    calls = RouterCalls({"gate", ""})
+    x = torch.randn(3, 5, WIDTH)
+    with AttentionMode(attention=False, routers=calls) as mode:
+        mode.enter("gate")  # the step's pre-hook on the router
+        block(x)
+    (call,) = calls.calls
+    with torch.no_grad():
+        probabilities = torch.softmax(F.linear(x.reshape(-1, WIDTH), block.gate.weight), -1)
+    assert (call.name, call.k) == ("gate", TOP_K)
+    assert call.vector[:EXPERTS].sum() == 15 * TOP_K
+    assert float(call.vector[EXPERTS]) == pytest.approx(float(torch.special.entr(probabilities).sum()), rel=1e-5)
+
+
+def test_a_topk_outside_every_router_candidate_is_left_out():
+    calls = RouterCalls({"moe.router"})
+    with AttentionMode(attention=False, routers=calls) as mode:
+        mode.enter("attn")
+        torch.randn(4, 10).topk(3, dim=-1)  # in an attention module: no router's
+        torch.randn(4, 10).topk(3, dim=0)  # not over the last dimension
+    assert calls.calls == []
+
+
+def hugging_face_moe(name: str) -> nn.Module:
+    """A Mixtral, Qwen2-MoE or OLMoE causal LM of a small config, 2 layers of 4 experts, top 2, random init."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    if name == "mixtral":  # with the load-balancing loss, whose topk over every layer's logits is no router's
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            **small, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True))
+    if name == "qwen2_moe":
+        return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+            **small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32))
+    return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
+        **small, num_experts=4, num_experts_per_tok=2, eos_token_id=None, pad_token_id=None, bos_token_id=None))
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "olmoe"])
+def test_hugging_face_moe_models_get_every_tag_for_every_router(tmp_path, read_run, name):
+    model, ids = hugging_face_moe(name).train(), torch.randint(0, 64, (4, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head") as viz:  # routers are found whatever is watched
+            for _ in range(DEAD_EXPERT_STEPS):
+                model(input_ids=ids, labels=ids).loss.backward()
+    run = read_run(tmp_path)
+    routers = [f"model.layers.{layer}.mlp.gate" for layer in range(2)]
+    assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {
+        f"moe/{router}/{statistic}" for router in routers for statistic in STATISTICS}
+    assert {tag for tag in run.histogram_tags if tag.startswith("moe/")} == {f"moe/{r}/expert_load" for r in routers}
+    for router in routers:
+        assert 1 <= run.scalar(f"moe/{router}/load_max_over_mean", 2) <= 2  # 4 experts, top 2
+        assert run.scalar(f"moe/{router}/dead_experts", 2) == 0
+        assert 0 < run.scalar(f"moe/{router}/router_entropy", 2) <= math.log(4) + 1e-6
+        assert 0 <= run.scalar(f"moe/{router}/topk_margin", 2) <= 1
+        assert run.histogram(f"moe/{router}/expert_load", 2).sum == 64 * 2
+    assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []  # healthy: no alarm
+
+
+@pytest.mark.parametrize(("transformer_stats", "moe"), [(None, None), (False, None), (None, False)])
+def test_one_mode_serves_attention_and_routers_each_turned_off_alone(tmp_path, read_run, transformer_stats, moe):
+    model, ids = hugging_face_moe("qwen2_moe").train(), torch.randint(0, 64, (2, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head", transformer_stats=transformer_stats, moe=moe):
+            model(input_ids=ids, labels=ids).loss.backward()
+    kinds = {tag.split("/", 1)[0] for tag in read_run(tmp_path).scalar_tags}
+    assert ("attention" in kinds, "moe" in kinds) == (transformer_stats is None, moe is None)
+
+
+def test_deepseek_v3s_group_limited_router_logs_its_choice_over_every_expert(tmp_path, read_run):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.DeepseekV3Config(
+        hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=64, max_position_embeddings=64, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=2, topk_group=1, first_k_dense_replace=0, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, n_shared_experts=1, eos_token_id=None, pad_token_id=None, bos_token_id=None)
+    torch.manual_seed(0)
+    model, ids = transformers.DeepseekV3ForCausalLM(config).train(), torch.randint(0, 64, (4, 16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head"):
+            model(input_ids=ids, labels=ids).loss.backward()
+    load = read_run(tmp_path).histogram("moe/model.layers.0.mlp.gate/expert_load", 0)
+    assert (load.num, load.sum) == (8, 64 * 2)  # its topk over 8 experts, not the one over 2 groups before it
+
+
+def test_moe_false_and_a_model_without_moe_log_no_router(tmp_path, read_run):
+    x = torch.randn(4, 32, WIDTH)
+    train(moe_model(), tmp_path / "off", [x], moe=False)
+    assert not any(tag.startswith("moe/") for tag in read_run(tmp_path / "off").scalar_tags)
+
+    class Block(nn.Module):  # a top-k router that no class name says
+        def __init__(self) -> None:
+            super().__init__()
+            self.scores = nn.Linear(WIDTH, EXPERTS)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            weights, _ = self.scores(x).softmax(-1).topk(TOP_K)
+            return x * weights.sum(-1, keepdim=True)
+
+    torch.manual_seed(0)
+    train(Block(), tmp_path / "auto", [x])
+    assert not any(tag.startswith("moe/") for tag in read_run(tmp_path / "auto").scalar_tags)
+    torch.manual_seed(0)
+    train(Block(), tmp_path / "on", [x], moe=True)
+    assert {tag for tag in read_run(tmp_path / "on").scalar_tags if tag.startswith("moe/")} == {
+        f"moe/scores/{statistic}" for statistic in STATISTICS}
+
+
+def test_steps_that_do_not_log_enter_no_mode_and_attach_nothing(tmp_path):
+    model = moe_model()
+    modes = []
+    model[1].register_forward_pre_hook(lambda module, args: modes.append(torch._C._len_torch_function_stack()))
+    hooks = hooks_left(model[1])
+    with actviz.watch(model, tmp_path, every=2, image_every=False):
+        for _ in range(3):
+            model(torch.randn(2, 8, WIDTH)).sum().backward()
+            assert hooks_left(model[1]) == hooks  # between steps: no hook of actviz on the block
+    assert modes == [1, 0, 1]
+
+
+def test_a_router_call_costs_ten_kernels_and_no_sync():
+    probabilities = torch.softmax(torch.randn(64, EXPERTS), -1)
+    indices = probabilities.topk(TOP_K).indices
+    with CountOps() as counted:
+        router_vector(probabilities, indices, TOP_K)
+    assert counted.syncs == [] and len(counted.kernels) == 10, counted.kernels
+    calls, x = RouterCalls(None), torch.randn(64, EXPERTS)
+    with CountOps() as bare:
+        x.topk(TOP_K)
+    with AttentionMode(attention=False, routers=calls) as mode:
+        mode.enter("router")
+        with CountOps() as watched:
+            x.topk(TOP_K)  # the logits themselves: one softmax more
+    assert len(watched.kernels) - len(bare.kernels) == 11 and watched.syncs == [] and len(calls.calls) == 1
+
+
+def test_a_logging_forward_of_mixtral_adds_ten_kernels_per_router(tmp_path):
+    ids, kernels, syncs = torch.randint(0, 64, (2, 16)), {}, {}
+    for moe in (False, None):
+        model = hugging_face_moe("mixtral").train()  # the same weights: the same experts run
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with actviz.watch(model, tmp_path / str(moe), every=1, layers="lm_head", moe=moe):
+                for _ in range(2):  # the second: a process's first logging forward makes a few things once
+                    with CountOps() as counted:
+                        loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+        kernels[moe], syncs[moe] = len(counted.kernels), counted.syncs
+    assert kernels[None] - kernels[False] == 2 * 10 and syncs[None] == syncs[False]  # the model's own nonzero
+
+
+def test_experts_dead_for_three_logging_steps_raise_one_alert_and_doctor_lists_it(tmp_path, capsys):
+    model = moe_model()
+    with torch.no_grad():
+        model[1].router.bias[5] = -1e4
+    batches = [torch.randn(4, 32, WIDTH) for _ in range(DEAD_EXPERT_STEPS + 1)]
+    viz = train(model, tmp_path, batches)
+    dead = [alert for alert in viz.alerts if alert.rule == "dead_experts"]
+    assert [(alert.step, alert.layer, alert.value) for alert in dead] == [(DEAD_EXPERT_STEPS - 1, "1.router", 1.0)]
+    assert "expert 5 chosen by no token for 3 logging steps in a row" in dead[0].message
+    assert main(["doctor", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "dead_experts" in out and "1.router" in out
+
+
+def test_experts_that_recover_and_die_again_are_named_again(tmp_path):
+    model = moe_model()
+    batches = [torch.randn(4, 32, WIDTH) for _ in range(2 * DEAD_EXPERT_STEPS + 1)]
+
+    def bias(step: int, module: nn.Module, args: tuple) -> None:  # expert 5 dead but at step 3
+        with torch.no_grad():
+            module.router.bias[5] = 0.0 if step == DEAD_EXPERT_STEPS else -1e4
+
+    steps = iter(range(len(batches)))
+    model[1].register_forward_pre_hook(lambda module, args: bias(next(steps), module, args))
+    viz = train(model, tmp_path, batches)
+    assert [alert.step for alert in viz.alerts if alert.rule == "dead_experts"] == [2, 6]
+
+
+def test_a_healthy_router_raises_no_alert(tmp_path):
+    model = moe_model()
+    with torch.no_grad():  # Hugging Face's router init: near-uniform load. At nn.Linear's own init this router
+        model[1].router.weight.normal_(std=0.02)  # leaves expert 2 almost unchosen (0 to 2 tokens of 128)
+        model[1].router.bias.zero_()
+    viz = train(model, tmp_path, [torch.randn(4, 32, WIDTH) for _ in range(DEAD_EXPERT_STEPS + 2)])
+    assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []
+
+
+def test_the_dead_experts_rule_follows_the_same_experts_and_judges_big_enough_batches():
+    rule = DeadExperts()
+    busy = [32.0] * 4
+    assert rule.check(0, {"r": [64.0, 64.0, 0.0, 0.0]}) == []
+    assert rule.check(1, {"r": [64.0, 0.0, 64.0, 0.0]}) == []  # expert 3 is the one dead both times
+    assert rule.check(2, {"r": [128.0, 0.0, 0.0, 0.0]})[0].message.startswith("dead experts in 'r' at step 2: expert 3 ")
+    assert rule.check(3, {"r": [128.0, 0.0, 0.0, 0.0]}) == []  # once a streak
+    assert rule.check(4, {"r": busy}) == []
+    for step in range(5, 5 + DEAD_EXPERT_STEPS):  # expert 1 dead from the step expert 3's streak ends
+        found = rule.check(step, {"r": [64.0, 0.0, 64.0, 0.0] if step == 5 else [64.0, 0.0, 64.0, 64.0]})
+    assert [alert.step for alert in found] == [7]  # a streak of its own
+    small = [2.0, 2.0, 0.0, 0.0]  # 1 token per expert on average: experts left out by chance
+    assert [rule.check(step, {"s": small}) for step in range(4)] == [[], [], [], []]
+
+
+def test_moe_is_checked_and_class_names_pick_the_default():
+    for bad in ("yes", 1, None.__class__):
+        with pytest.raises(TypeError, match="moe must be None"):
+            actviz.watch(nn.Linear(2, 2), moe=bad)
+    names = {"MixtralSparseMoeBlock": True, "Qwen2MoeTopKRouter": True, "SwitchTransformersTop1Router": True,
+             "TopKGate": True, "OlmoeExperts": True, "GatedMLP": False, "Aggregate": False, "Linear": False}
+    for name, want in names.items():
+        assert is_moe_module(type(name, (nn.Module,), {})()) is want, name
+
+
+def test_a_failing_router_statistic_warns_once_and_training_goes_on(tmp_path, read_run, monkeypatch):
+    import actviz.transformers.moe as moe
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(moe, "router_vector", broken)
+    model = moe_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, tmp_path, every=1):
+            for _ in range(2):
+                model(torch.randn(2, 8, WIDTH)).sum().backward()
+    assert len([w for w in caught if "broken on purpose" in str(w.message)]) == 1
+    run = read_run(tmp_path)
+    assert run.scalar_events("activation_stats/1.router/mean") and not any(t.startswith("moe/") for t in run.scalar_tags)
