@@ -10,7 +10,7 @@ every record back (TensorBoard's ``RawEventFileLoader``) and splits the bytes by
 images by the first part of their tag (``flow``, ``feature_maps``, ``gradcam``, ``probe``), and the records' framing.
 
 Usage: ``python scripts/bench_run_size.py [--steps 20000] [--every 10] [--image-every N] [--keep DIR]``;
-about 10 minutes for 20,000 steps on a busy 2-core CPU. docs/diagnosis.md gives the measured table.
+about 7 minutes for 20,000 steps on a busy 2-core CPU. docs/diagnosis.md gives the measured table.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ class TensorBoardSink:
     Scalars, histograms and images go under ``~`` + tag (:func:`~actviz.tags.tensorboard_tag`), so that
     TensorBoard lists them after the user's own tags; texts under their tags.
 
-    Each step is on disk when :meth:`write` returns. A write that fails (a full disk) leaves the event file
+    Each step is in the event file when :meth:`write` returns. A write that fails (a full disk) leaves the event file
     ending with a whole record (:mod:`actviz.output.event_records`) and raises an ``OSError`` that names the
     step and the folder; the next steps are written once writing works again.
     """
