@@ -129,11 +129,14 @@ class Watcher:
 
     @property
     def dropped_steps(self) -> int:
-        """Logging steps that reached no sink: the writer did not answer in time, or they came after :meth:`close`.
+        """Logging steps that were not written: the writer did not answer in time, the event file could not be
+        written (a full disk), or they came after :meth:`close`.
 
         A sink that has not returned within ``actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS`` is warned
-        about once and no longer waited for; the steps it cannot take are counted here. Call :meth:`close`
-        (or :meth:`flush`) first to count the last ones.
+        about once and no longer waited for; the steps it cannot take are counted here. A step that TensorBoard's
+        event file cannot take (``ENOSPC``, ``EFBIG``, ``EIO``) is counted too, after one warning naming the
+        folder; the steps after are written once there is room. Call :meth:`close` (or :meth:`flush`) first to
+        count the last ones.
         """
         return 0 if self._writer is None else self._writer.dropped_steps
 

@@ -13,7 +13,8 @@ from torch import nn
 
 import actviz
 from actviz.diagnosis.alerts import KEPT_ALERTS, Alert, HealthMonitor, check_alerts
-from actviz.diagnosis.flow import WINDOW, flow_layout
+from actviz.common.results import StepResults, Summary
+from actviz.diagnosis.flow import REDRAW_STEPS, WINDOW, FlowHistory, flow_layout
 from actviz.diagnosis.spikes import FLOOR, QUIET, RING
 
 # -- flow pictures: a window of the latest WINDOW logging steps -------------------------------------------------
@@ -52,6 +53,20 @@ def test_flow_pictures_cost_the_same_bytes_at_every_image_step_once_the_window_i
     layout = flow_layout(rows, WINDOW)
     for step in full:
         assert run.image("flow/gradient_norm", step).shape[:2] == (layout.height, layout.width)
+
+
+def test_flow_pictures_are_drawn_at_every_image_step_while_the_window_fills_then_once_every_redraw_steps():
+    flow = FlowHistory(image_steps=lambda step: True)  # every logging step is an image step (image_every=every)
+    summary = Summary(4, 0, 0, -1.0, 1.0, 0.0, 4.0, [4.0])
+    drawn = []
+    for step in range(WINDOW + 3 * REDRAW_STEPS):
+        results = StepResults(step, activations={"fc": summary, "out": summary.divided_by(0.5)},
+                              gradients={"fc": summary, "out": summary})
+        flow.add(results)
+        if results.pictures:
+            drawn.append(step)
+    # steps 0 to 62 have fewer than WINDOW columns; from then on 16 logging steps pass between two pictures
+    assert drawn == [*range(WINDOW - 1), *range(WINDOW - 2 + REDRAW_STEPS, WINDOW + 3 * REDRAW_STEPS, REDRAW_STEPS)]
 
 
 # -- the spike recorder adapts to a lasting change and ignores a small batch's wander ------------------------

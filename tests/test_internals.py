@@ -276,3 +276,32 @@ def test_a_hook_put_straight_into_the_dict_runs_in_order_and_torch_ids_are_never
     calls.clear()
     layer(torch.ones(1, 2))
     assert calls == ["first", "last"]
+
+
+def test_replace_event_records_puts_a_record_writer_in_the_event_file_threads_path(tmp_path: Path) -> None:
+    # actviz.output.event_records relies on it: TensorBoard's thread writes every record through what is swapped in.
+    seen: list[int] = []
+
+    class Counting:
+        def __init__(self, records, path: str) -> None:
+            self.records, self.path = records, path
+
+        def write(self, data: bytes) -> None:
+            seen.append(len(data))
+            self.records.write(data)
+
+        def flush(self) -> None:
+            self.records.flush()
+
+        def close(self) -> None:
+            self.records.close()
+
+    with SummaryWriter(tmp_path) as writer:
+        file_writer = _internals.event_file_writer(writer)
+        counting = _internals.replace_event_records(file_writer, Counting)
+        file_writer.add_summary(SummaryProto(value=[SummaryProto.Value(tag="a", simple_value=1.5)]), 3)
+        file_writer.flush()
+        assert len(seen) == 1
+    assert Path(counting.path) == next(tmp_path.glob("events.*"))
+    events = [Event.FromString(record) for record in RawEventFileLoader(counting.path).Load()]
+    assert [event.step for event in events if event.HasField("summary")] == [3]

@@ -16,6 +16,7 @@ function                               private API
 :func:`batch_and_instance_norm_types`  ``torch.nn.modules.batchnorm._NormBase``
 :func:`event_file_writer`              ``SummaryWriter._get_file_writer``
 :func:`replace_record_checksum`        ``tensorboard...record_writer.masked_crc32c``
+:func:`replace_event_records`          ``EventFileWriter._async_writer``, ``._file_name``
 :func:`image_classification`           ``torchvision.transforms._presets``
 :func:`grad_scaler_scale`              ``GradScaler._scale``
 :func:`grad_scaler_unscaled`           ``GradScaler._per_optimizer_states``
@@ -52,7 +53,8 @@ __all__ = [
     "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "event_file_writer", "exporting_now", "flatten_copy", "forward_hooks", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
-    "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_record_checksum",
+    "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_event_records",
+    "replace_record_checksum",
     "set_compiled_call", "swap_stance", "tensor_version",
 ]
 
@@ -187,6 +189,31 @@ def replace_record_checksum(fast: Callable[[bytes], int]) -> bool:
     fast.actviz_fast_crc = True  # type: ignore[attr-defined]
     record_writer.masked_crc32c = fast
     return True
+
+
+def replace_event_records(file_writer: Any, wrap: Callable[[Any, str], Any]) -> Any:
+    """Make the thread of ``file_writer`` (a ``SummaryWriter``'s ``FileWriter``) write its event file through
+    ``wrap(records, path)`` instead of its record writer ``records``; return what ``wrap`` returned.
+
+    Why private: TensorBoard's ``EventFileWriter`` writes on its own thread (``_async_writer``), which a failed
+    write (a full disk) ends for good, with a traceback; no public API gives its record writer or its file's name.
+    The thread reads its record writer at each record, so the swap takes effect at the next one.
+
+    Raises:
+        AttributeError: TensorBoard moved what is replaced.
+        ValueError: The thread has ended already (a write failed before).
+    """
+    event_writer = file_writer.event_writer
+    async_writer = event_writer._async_writer
+    thread = async_writer._worker
+    records = thread._record_writer
+    if async_writer._writer is not records:
+        raise AttributeError("the EventFileWriter's thread writes through another record writer than its own")
+    if thread.exception is not None or not thread.is_alive():
+        raise ValueError(f"the thread writing {event_writer._file_name} has ended: {thread.exception!r}")
+    wrapped = wrap(records, event_writer._file_name)
+    async_writer._writer = thread._record_writer = wrapped
+    return wrapped
 
 
 def image_classification(

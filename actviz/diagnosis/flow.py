@@ -6,12 +6,12 @@ cell coloured by the log10 of the value on a viridis scale (dark: small) with a 
 colour bar of whole decades on the right. NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
 ``flow/activation_std``, ``flow/zero_fraction`` and, with ``update_ratio=True``,
-``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every
-value the same, e.g. the zero fraction of layers with no exact zeros, and no NaN) is not
-drawn until it has. A picture shows a window of the latest :data:`WINDOW` logging steps, so
-from then on every picture has the same size in pixels and about the same in bytes however
-long the run (docs/diagnosis.md gives the measured bytes); the scalars keep every step.
-:class:`FlowHistory` keeps the numbers of the window and draws on the writer thread, on image steps.
+``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every value the same,
+e.g. the zero fraction of layers with no exact zeros, and no NaN) is not drawn until it has. A picture shows
+the latest :data:`WINDOW` logging steps, so from then on every picture has the same size in pixels and about
+the same in bytes however long the run, and is drawn once every :data:`REDRAW_STEPS` logging steps at most
+(docs/diagnosis.md gives the measured bytes); the scalars keep every step. :class:`FlowHistory` keeps the
+numbers of the window and draws on the writer thread, on image steps.
 
 The text is sized for TensorBoard's Time Series, which fits a picture into its card's
 :data:`CARD_IMAGE_BOX`: digits are at least :data:`MIN_TEXT_PX` tall there, so a picture
@@ -33,10 +33,8 @@ from PIL import Image, ImageDraw, ImageFont
 from ..common.results import StepResults
 from ..tags import FLOW, UPDATE_RATIO
 
-__all__ = [
-    "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "WINDOW", "FlowHistory", "FlowLayout", "colour_bar_range",
-    "draw_flow", "flow_layout", "has_something_to_show",
-]
+__all__ = ["CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "REDRAW_STEPS", "WINDOW", "FlowHistory", "FlowLayout",
+           "colour_bar_range", "draw_flow", "flow_layout", "has_something_to_show"]
 
 #: Statistic name -> how it is read from one step's results: (kind, attribute).
 FLOW_STATISTICS = {
@@ -47,6 +45,9 @@ FLOW_STATISTICS = {
 #: Logging steps a flow picture shows: the latest 64, five pixels a column in the grid. A picture then costs
 #: the same bytes at every image step however long the run, and 64 columns still show a trend and a spike.
 WINDOW = 64
+#: Once the window is full, an image step draws the flow pictures only if this many logging steps are new since
+#: the last ones (a quarter of the window): each step is in 4 pictures, not 64, and they cost 1/16 of the bytes.
+REDRAW_STEPS = WINDOW // 4
 NAN_COLOUR = (255, 0, 255)
 MISSING_COLOUR = (210, 210, 210)
 _VIRIDIS = [(68, 1, 84), (71, 44, 122), (59, 81, 139), (44, 113, 142), (33, 144, 141), (39, 173, 129),
@@ -321,7 +322,7 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
 
 class FlowHistory:
     """The flow statistics of the latest :data:`WINDOW` logging steps; draws them into a step's pictures on
-    image steps.
+    image steps: each one while the window fills, then once every :data:`REDRAW_STEPS` logging steps at most.
 
     Args:
         update_ratio: Also ``flow/update_ratio``, one row per parameter.
@@ -347,6 +348,7 @@ class FlowHistory:
         self.rows: dict[str, list[str]] = {name: [] for name in self._statistics()}
         self._row_index: dict[str, dict[str, int]] = {name: {} for name in self._statistics()}
         self.last_pictures: dict[str, torch.Tensor] = {}
+        self.new_steps = 0  # logging steps recorded since the pictures were last drawn
 
     def _statistics(self) -> list[str]:
         return [*FLOW_STATISTICS, *(["update_ratio"] if self.update_ratio else [])]
@@ -355,6 +357,7 @@ class FlowHistory:
         """Record a stats step's values; on an image step, draw every statistic into ``results.pictures``."""
         if results.activations or results.gradients:
             self.steps.append(results.step)
+            self.new_steps += 1
             for name in self._statistics():
                 found, rows, index = self._values(results, name), self.rows[name], self._row_index[name]
                 for row in found:
@@ -366,8 +369,8 @@ class FlowHistory:
                 self.columns[name].append(column)
         image_step = bool(results.images) or any(not tag.startswith("flow/") for tag in results.pictures)
         image_step = image_step or (self.image_steps is not None and self.image_steps(results.step))
-        if image_step and self.steps:
-            steps = list(self.steps)
+        if image_step and self.steps and (len(self.steps) < WINDOW or self.new_steps >= REDRAW_STEPS):
+            steps, self.new_steps = list(self.steps), 0
             self.last_pictures = {FLOW.format(statistic=name): draw_flow(name, self.rows[name], steps, values)
                                   for name in self._statistics() if self.rows[name]
                                   for values in [self.values(name)] if has_something_to_show(values)}

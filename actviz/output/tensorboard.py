@@ -17,6 +17,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
 from ..common._internals import event_file_writer, replace_record_checksum
+from .event_records import WholeRecords, guard_records
 from ..tags import TENSORBOARD_PREFIX, step_items, tensorboard_tag
 from ..common.results import StepResults
 from .sink import Sink
@@ -94,6 +95,10 @@ class TensorBoardSink:
 
     Scalars, histograms and images go under ``~`` + tag (:func:`~actviz.tags.tensorboard_tag`), so that
     TensorBoard lists them after the user's own tags; texts under their tags.
+
+    Each step is in the event file when :meth:`write` returns. A write that fails (a full disk) leaves the event file
+    ending with a whole record (:mod:`actviz.output.event_records`) and raises an ``OSError`` that names the
+    step and the folder; the next steps are written once writing works again.
     """
 
     def __init__(self, writer: Any, owns_writer: bool, layout: bool = False) -> None:
@@ -103,6 +108,9 @@ class TensorBoardSink:
         self._layout_written = False
         self._closed = False
         self._shown: set[str] = set()  # tags written only once they are not zero: those that were
+        self._file_writer: Any = None  # the writer's FileWriter that self._records guards
+        self._records: WholeRecords | None = None
+        self._failing = False  # the last record failed: the next one that is written says so in the log
 
     def write(self, results: StepResults) -> None:
         """Write every histogram, scalar and image of one step, as one TensorBoard event.
@@ -115,7 +123,7 @@ class TensorBoardSink:
                   for value in _values(kind, tensorboard_tag(kind, tag), item)]
         if self.layout and not self._layout_written:  # with the first step, as TensorBoard keeps one per run
             values += list(custom_scalars(DASHBOARD_LAYOUT).value)
-        event_file_writer(self.writer).add_summary(SummaryProto(value=values), results.step)
+        self._add(SummaryProto(value=values), results.step)
         self._layout_written = True
 
     def write_image(self, tag: str, image: torch.Tensor, step: int) -> None:
@@ -125,13 +133,33 @@ class TensorBoardSink:
         level is several times cheaper.
         """
         value = _image_value(tensorboard_tag("image", tag), image)
-        event_file_writer(self.writer).add_summary(SummaryProto(value=[value]), step)
+        self._add(SummaryProto(value=[value]), step)
 
     def write_values(self, step: int, scalars: dict[str, float], texts: dict[str, str] | None = None) -> None:
         """Write scalars (after ``~``) and texts (markdown) at ``step``, as one event."""
         values = _scalar_values({tensorboard_tag("scalar", tag): value for tag, value in scalars.items()})
         values += [_text_value(tag, text) for tag, text in (texts or {}).items()]
-        event_file_writer(self.writer).add_summary(SummaryProto(value=values), step)
+        self._add(SummaryProto(value=values), step)
+
+    def _add(self, summary: SummaryProto, step: int) -> None:
+        """Write one event at ``step`` and wait until it is on disk; raise an ``OSError`` if it could not be."""
+        file_writer = event_file_writer(self.writer)
+        if file_writer is not self._file_writer:  # the first write, or a SummaryWriter reopened after close()
+            self._file_writer, self._records = file_writer, guard_records(file_writer)
+        if self._records is None:
+            file_writer.add_summary(summary, step)
+            return
+        before, _ = self._records.state()
+        file_writer.add_summary(summary, step)
+        file_writer.flush()  # its thread writes the record, or counts it as failed
+        failures, error = self._records.state()
+        if failures > before:
+            self._failing = True
+            raise _not_written(step, self.writer.get_logdir(), error)
+        if self._failing:
+            self._failing = False
+            logger.warning("actviz writes to %s again from step %d (viz.dropped_steps counts the steps it could not "
+                           "write)", self.writer.get_logdir(), step)
 
     def flush(self) -> None:
         if not self._closed:
@@ -145,3 +173,12 @@ class TensorBoardSink:
         if self.owns_writer:
             self.writer.close()
         self._closed = True
+
+
+def _not_written(step: int, folder: str, error: OSError | None) -> OSError:
+    """The error a step that is not on disk raises: the OS's reason, the folder and what to do."""
+    reason = f"{getattr(error, 'strerror', None) or error}, writing step {step} to {folder}. Free space there (or " \
+             "raise the file size limit): actviz counts the steps it cannot write in viz.dropped_steps and writes " \
+             "the next ones once it can"
+    number = getattr(error, "errno", None)
+    return OSError(reason) if number is None else OSError(number, reason)

@@ -105,7 +105,7 @@ class Writer:
         self.strict = strict
         self.latest: StepResults | None = None
         self.layer_table: str | None = None
-        self.dropped_steps = 0  # steps delivered that no sink got: see deliver()
+        self.dropped_steps = 0  # steps delivered that were not written: see deliver() and process()
         self.callbacks = callbacks or StepCallbacks(on_step=on_step)
         self._diagnose = diagnose
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)  # steps, _FLUSH, or None: stop
@@ -148,7 +148,11 @@ class Writer:
                 self._diagnose(results)
             if not results.is_empty():
                 self._doing = ("write", results.step)
-                self.sink.write(results)
+                try:
+                    self.sink.write(results)
+                except BaseException:  # not on disk (a full disk): counted, then reported as any failure
+                    self.dropped_steps += 1
+                    raise
                 written = True
                 self.latest = results
                 if LAYERS in results.texts:
