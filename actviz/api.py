@@ -185,10 +185,11 @@ def watch(
             ``None`` (the default) for models with a module whose class name says MoE, router, gate or expert,
             ``True`` always, ``False`` never.
         statistics: The per-layer statistics (:mod:`actviz.statistics`): ``None`` (the default) runs each
-            built-in one where it is on by default; a list of built-in names (``"dead_channels"``,
+            built-in one where it is on by default; a list of built-in names (``"moments"``, ``"dead_channels"``,
             ``"saturation"``, ``"outliers"``, ``"logits"``) and :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects of your own runs exactly those, on every watched layer they apply to (kurtosis of a CNN:
-            ``["dead_channels", "saturation", "outliers"]``).
+            ``["moments", "dead_channels", "saturation", "outliers"]``). A list without ``"moments"`` writes no
+            ``activation_stats/{layer}/mean``, ``/std``, ``/zero_fraction`` or ``/nonfinite``.
         probe: A fixed batch the model takes (a tensor, or a tuple or dict of tensors), e.g.
             ``actviz.load_images(["cat.jpg"])``. On image steps it goes once through the model
             (no grad, eval mode, not a step) and ``feature_maps/*`` are drawn from its sample

@@ -163,12 +163,6 @@ def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[
     """
     for layer, summary in results.activations.items():
         yield "histogram", ACTIVATIONS.format(layer=layer), summary
-        yield from _scalars(shown, {
-            _stat(ACTIVATION_STAT, layer, "mean"): summary.mean,
-            _stat(ACTIVATION_STAT, layer, "std"): summary.std,
-            _stat(ACTIVATION_STAT, layer, "zero_fraction"): summary.zero_fraction,
-            _stat(ACTIVATION_STAT, layer, "nonfinite"): summary.nonfinite,
-        })
     for layer, summary in results.gradients.items():
         yield "histogram", GRADIENTS.format(layer=layer), summary
         yield from _scalars(shown, {
@@ -181,8 +175,7 @@ def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[
         yield "histogram", WEIGHT_GRADS.format(param=param), summary
     for tag, summary in results.histograms.items():  # full tags, e.g. attention/{layer}/head_max_logit
         yield "histogram", tag, summary
-    for tag, value in results.scalars.items():
-        yield "scalar", tag, float(value)
+    yield from _scalars(shown, results.scalars)
     for tag, text in results.texts.items():
         yield "text", tag, text
     for layer, image in results.images.items():
@@ -195,9 +188,12 @@ def _stat(pattern: str, layer: str, statistic: str) -> str:
     return pattern.format(layer=layer, statistic=statistic)
 
 
+_LAYER_STATS = (ACTIVATION_STAT.split("{")[0], GRADIENT_STAT.split("{")[0])  # the tags ONCE_NOT_ZERO is about
+
+
 def _scalars(shown: set[str] | None, scalars: dict[str, float]) -> Iterator[Item]:
     for tag, value in scalars.items():
-        if shown is not None and tag.rsplit("/", 1)[1] in ONCE_NOT_ZERO:
+        if shown is not None and tag.rsplit("/", 1)[-1] in ONCE_NOT_ZERO and tag.startswith(_LAYER_STATS):
             if value != 0:
                 shown.add(tag)  # a chart that goes back to 0 shows it
             if tag not in shown:

@@ -104,3 +104,57 @@ def test_the_logits_cost_one_op_over_the_logits_five_small_ones_and_no_sync():
     assert count.kernels == ["actviz.logit_rows.default", "aten.amax.default", "aten.mean.default", "aten.mean.default",
                              "aten.neg.default", "aten.stack.default"]
     assert count.syncs == []
+
+
+def test_the_moments_are_typed_values_of_the_step_and_its_scalars(read_run):
+    """``layer_values["moments"]`` of a step, by hand in float64 (a NaN included), and the event file's scalars."""
+    torch.manual_seed(0)
+    model, log_dir = nn.Sequential(nn.Linear(4, 64), nn.ReLU()), tempfile.mkdtemp()
+    inputs = torch.randn(8, 4)
+    inputs[0, 0] = float("nan")  # row 0 of both outputs is NaN
+    with actviz.watch(model, log_dir, every=1, layers="all", alerts=False) as viz:
+        model(inputs)
+        viz.flush()
+        moments = viz.latest.layer_values["moments"]
+    run = read_run(log_dir)
+    for name, output in (("0", model[0](inputs)), ("1", model(inputs))):
+        values = output.detach().double().reshape(-1)
+        finite = values[torch.isfinite(values)]
+        expected = {"mean": finite.mean().item(), "std": finite.std().item(),
+                    "zero_fraction": (values == 0).double().mean().item(),
+                    "nonfinite": float((~torch.isfinite(values)).sum())}
+        assert expected["nonfinite"] == 64 and all(type(value) is float for value in moments[name].values())
+        assert moments[name] == pytest.approx(expected, rel=1e-5, abs=1e-7), name
+        for key, value in moments[name].items():
+            if key != "zero_fraction" or value:  # written once not zero
+                assert run.scalar(f"activation_stats/{name}/{key}", 0) == pytest.approx(value, rel=1e-6), (name, key)
+    assert "activation_stats/0/zero_fraction" not in run.scalar_tags
+
+
+def test_zero_moments_are_written_only_from_the_first_step_where_they_are_not_zero(read_run):
+    model, log_dir = nn.Sequential(nn.Linear(2, 3)), tempfile.mkdtemp()
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+        model[0].bias.fill_(1.0)
+    batches = [torch.ones(2, 2), torch.full((2, 2), -0.5), torch.ones(2, 2), torch.full((2, 2), float("inf"))]
+    with actviz.watch(model, log_dir, every=1, alerts=False) as viz:
+        for batch in batches:  # outputs 3, then 0 (zero fraction 1), 3, then Inf
+            model(batch)
+        viz.flush()
+    run = read_run(log_dir)
+    assert [e.step for e in run.scalar_events("activation_stats/0/mean")] == [0, 1, 2, 3]
+    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/0/zero_fraction")] == [(1, 1.0), (2, 0.0),
+                                                                                                 (3, 0.0)]
+    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/0/nonfinite")] == [(3, 6.0)]
+
+
+def test_a_list_without_moments_writes_no_moments(read_run):
+    model, log_dir = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)), tempfile.mkdtemp()
+    with actviz.watch(model, log_dir, every=1, layers="all", statistics=[Skewness()]) as viz:
+        model(torch.randn(16, 4)).sum().backward()
+        viz.flush()
+        assert "moments" not in viz.latest.layer_values and viz.latest.layer_values["skewness"]
+    run = read_run(log_dir)
+    assert not [tag for tag in run.scalar_tags if tag.endswith(("/mean", "/std"))]
+    assert {"activations/0", "gradient_stats/2/norm"} <= run.histogram_tags | run.scalar_tags
+    assert check_statistics(["moments"])[0].name == "moments"

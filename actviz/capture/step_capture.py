@@ -181,6 +181,7 @@ class StepCapture:
             chosen = self._history.statistics(unwrap_for_probe(model), self._layer_pairs, self.options)
             self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
             self._pending.layer_values.warned = chosen.warned
+            self._pending.layer_values.of_summaries = chosen.of_summaries  # the moments: nothing to do in the hooks
             if chosen.unwatched:  # modules a statistic runs on alone (the ReLUs the default layers leave out)
                 hooked = [*self._layer_pairs, *chosen.unwatched]
                 self._statistics_only = {name for name, _ in chosen.unwatched}

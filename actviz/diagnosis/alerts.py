@@ -5,9 +5,11 @@ and keeps a short history per layer (a few floats), so the rules cost the traini
 wait for a device. Each rule fires once per layer and run (:data:`ONCE_AN_EPISODE` once per episode): an :class:`Alert` kept in ``viz.alerts`` (the latest
 :data:`KEPT_ALERTS`), passed to ``on_alert``, a line of the ``alerts`` text at its step, and a ``RuntimeWarning``.
 ``watch(alerts={...})`` overrides the thresholds of :data:`DEFAULT_THRESHOLDS`; each rule's docstring says
-where its comes from. Two counts come from the device, made in the layer's hook
-(:mod:`actviz.statistics.unit_counts`) and read here as typed values (``results.layer_values``): the fraction
-of a ReLU's channels that are zero for the whole batch, and of a Tanh's or Sigmoid's outputs near its bounds.
+where its comes from. The per-layer rules read typed values (``results.layer_values``): a ReLU output's zero fraction
+(:mod:`actviz.statistics.moments`), and two counts made in the layer's hook (:mod:`actviz.statistics.unit_counts`),
+the fraction of a ReLU's channels that are zero for the whole batch and of a Tanh's or Sigmoid's outputs near
+its bounds. The first-NaN rule reads the summaries: it is one rule over outputs and their gradients, in
+forward then backward order, and names the element count.
 """
 
 from __future__ import annotations
@@ -226,10 +228,9 @@ class HealthMonitor:
         trends: Called with each step's results; returns more alerts.
 
     Example:
-        >>> from actviz.common.results import Summary
         >>> monitor = HealthMonitor(check_alerts(True), relu_layers={"relu"})
-        >>> dead = Summary(100, 0, 100, 0.0, 0.0, 0.0, 0.0, [100.0])
-        >>> [alert.rule for alert in monitor.check(StepResults(5, activations={"relu": dead}))]
+        >>> dead = {"mean": 0.0, "std": 0.0, "zero_fraction": 1.0, "nonfinite": 0.0}
+        >>> [alert.rule for alert in monitor.check(StepResults(5, layer_values={"moments": {"relu": dead}}))]
         ['dead_units']
     """
 
@@ -303,8 +304,9 @@ class HealthMonitor:
         and never recovers (the "dying ReLU" of Lu et al. 2019)."""
         found = []
         counted = results.layer_values.get("dead_channels", {})
-        for layer in self.relu_layers & results.activations.keys():
-            fraction = results.activations[layer].zero_fraction
+        moments = results.layer_values.get("moments", {})
+        for layer in self.relu_layers & moments.keys():
+            fraction = moments[layer]["zero_fraction"]
             if fraction >= self.thresholds["dead_zero_fraction"]:
                 found.append(Alert(results.step, "dead_units", layer, "zero_fraction", fraction,
                                    self.thresholds["dead_zero_fraction"],

@@ -27,7 +27,7 @@ from ..summaries.small_tensors import SmallTensors
 from ..tags import GRAD_SCALE
 from ..common.results import StepResults, Summary
 
-__all__ = ["HostCopy", "LayerValues", "PendingStep", "TaggedReductions"]
+__all__ = ["HostCopy", "LayerValues", "PendingStep", "TaggedReductions", "record_values"]
 
 logger = logging.getLogger(__name__)
 
@@ -173,14 +173,16 @@ class TaggedReductions:
 
 class LayerValues:
     """A step's per-layer statistics (:mod:`actviz.statistics`) as the hooks leave them: each statistic's device
-    half, a few numbers per tensor, kept in parallel lists (no object per entry but its tensor).
+    half, a few numbers per tensor, kept in parallel lists (no object per entry but its tensor), and the statistics
+    that read every output's summary instead (:attr:`of_summaries`, the moments): nothing per layer.
 
-    :meth:`finish`, on the writer thread, gives each statistic's host half its numbers: the named values go into
-    ``results.layer_values[statistic.name][layer]``, and those it writes into ``results.scalars`` under their tags.
+    :meth:`finish`, on the writer thread, gives each statistic's host half its numbers, or each output's finished
+    summary (``reads_summary``): the named values go into ``results.layer_values[statistic.name][layer]``, and
+    those it writes into ``results.scalars`` under their tags (:func:`record_values`).
     A host half that raises loses its own values, warned once per statistic; the step keeps the rest.
     """
 
-    __slots__ = ("statistics", "layers", "tensors", "numels", "dtypes", "warned")
+    __slots__ = ("statistics", "layers", "tensors", "numels", "dtypes", "of_summaries", "warned")
 
     def __init__(self) -> None:
         self.statistics: list[Any] = []  # LayerStatistic objects
@@ -188,6 +190,7 @@ class LayerValues:
         self.tensors: list[torch.Tensor] = []
         self.numels: list[int] = []
         self.dtypes: list[torch.dtype] = []
+        self.of_summaries: tuple[Any, ...] = ()  # reads_summary statistics, taken of every output's summary
         self.warned: set[str] = set()  # statistics that failed, warned about once: the watcher's, set by its steps
 
     def add(self, statistic: Any, layer: str, numbers: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
@@ -200,19 +203,29 @@ class LayerValues:
 
     def finish(self, host: dict[int, torch.Tensor], results: StepResults) -> None:
         """On the host: every entry's named values into ``results`` (see the class docstring)."""
+        for statistic in self.of_summaries:
+            for layer, summary in results.activations.items():
+                try:
+                    values = statistic.from_layer_summary(summary)
+                except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
+                    _warn_once(statistic, error, self.warned)
+                    break
+                record_values(results, statistic, layer, values)
         for statistic, layer, tensor, numel, dtype in zip(self.statistics, self.layers, self.tensors, self.numels,
                                                           self.dtypes):
             try:
-                numbers = host[id(tensor)].reshape(-1).tolist()
-                values = statistic.host(numbers, numel, dtype)
+                values = statistic.host(host[id(tensor)].reshape(-1).tolist(), numel, dtype)
             except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
                 _warn_once(statistic, error, self.warned)
                 continue
-            results.layer_values.setdefault(statistic.name, {})[layer] = values
-            written = statistic.names if statistic.written is None else statistic.written
-            for name in written:
-                if name in values:
-                    results.scalars[statistic.tag(layer, name)] = values[name]
+            record_values(results, statistic, layer, values)
+
+
+def record_values(results: StepResults, statistic: Any, layer: str, values: dict[str, float]) -> None:
+    """``statistic``'s ``values`` of ``layer`` into ``results``: ``results.layer_values[statistic.name][layer]``,
+    and the ones it writes into ``results.scalars`` under their tags (:meth:`~actviz.statistics.LayerStatistic.scalars`)."""
+    results.layer_values.setdefault(statistic.name, {})[layer] = values
+    results.scalars.update(statistic.scalars(layer, values))
 
 
 def _warn_once(statistic: Any, error: Exception, warned: set[str]) -> None:

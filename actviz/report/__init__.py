@@ -30,6 +30,8 @@ from ..capture.layer_outputs import output_tensors
 from ..options import DEFAULT_MAX_CHANNELS, CaptureOptions
 from ..common.results import StepResults
 from ..output.tensorboard import TensorBoardSink, use_fast_crc
+from ..output.pending_step import record_values
+from ..statistics.moments import Moments
 from ..capture.probe import gradcam_layers
 from ..selection import LayerSpec, layer_display_name, select_layers
 from .capture import capture_layers
@@ -238,9 +240,10 @@ def _write_tensorboard(run_dir: Path, item: ImageReport, built: BuiltModel) -> N
     writer = SummaryWriter(log_dir=str(run_dir))
     sink = TensorBoardSink(writer, owns_writer=True)
     try:
-        results = StepResults(step=0)
+        results, moments = StepResults(step=0), Moments()
         for record in item.layers:
             results.activations[record.name] = record.summary
+            record_values(results, moments, record.name, moments.from_layer_summary(record.summary))
             if record.grid is not None:
                 results.images[record.name] = record.grid
         sink.write(results)

@@ -1,7 +1,7 @@
 """The per-layer statistic interface: one object, a device half and a host half.
 
 A :class:`LayerStatistic` is the one route by which a statistic of a layer's output reaches
-the event file (besides the summary header's moments, :mod:`actviz.summaries.header`):
+the event file:
 
 * :meth:`~LayerStatistic.applies_to` picks the watched layers it runs on, once per watcher;
 * :meth:`~LayerStatistic.device` runs inside the step's one layer hook, on the output's device:
@@ -12,6 +12,10 @@ the event file (besides the summary header's moments, :mod:`actviz.summaries.hea
   values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
   alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
   ``activation_stats/{layer}/{name}`` (:meth:`~LayerStatistic.tag`).
+
+A statistic with ``reads_summary = True`` has no device half: on the writer thread,
+:meth:`~LayerStatistic.from_layer_summary` takes its values of the layer's finished summary, which every
+summarized output has (the moments, :mod:`actviz.statistics.moments`).
 
 A statistic with ``scope = "model"`` runs once per step on the model's output instead
 (:meth:`~LayerStatistic.select` picks the tensor), as the logit statistics do.
@@ -42,6 +46,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from ..common.results import Summary
 from ..common.safe_warnings import warn_safely
 from ..summaries.one_pass import OUTLIER_FIELDS, UNIT_FIELDS
 from ..tags import ACTIVATION_STAT
@@ -72,6 +77,9 @@ class LayerStatistic:
             the one-pass op summarizes the output, it adds them to the row it reads anyway, and
             :meth:`from_summary` takes them from there: no second read of the tensor. Elsewhere (a small
             output batched with the step's others, the CPU shortcut) :meth:`device` runs.
+        reads_summary: Its values come from the layer's finished :class:`~actviz.common.results.Summary`, on the
+            writer thread (:meth:`from_layer_summary`): no device half, no op, nothing copied. It runs on every
+            summarized output (:meth:`applies_to` is not asked) and never on the modules of ``unwatched_layers``.
     """
 
     name: str = ""
@@ -81,6 +89,7 @@ class LayerStatistic:
     cost: str = ""
     summary_fields: tuple[str, ...] = ()
     unwatched_layers: bool = False
+    reads_summary: bool = False
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         """Whether ``watch(statistics=None)`` (the default) runs it on ``model``. Asked once per watcher."""
@@ -111,6 +120,11 @@ class LayerStatistic:
         :meth:`device` would give."""
         raise NotImplementedError
 
+    def from_layer_summary(self, summary: Summary) -> dict[str, float]:
+        """For ``reads_summary = True``, on the writer thread: the layer's finished summary ->
+        ``{value name: value}``, as :meth:`host` gives."""
+        raise NotImplementedError
+
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         """The host half, on the writer thread: :meth:`device`'s numbers as floats (with the tensor's
         ``numel`` and ``dtype``) → ``{value name: value}``."""
@@ -119,6 +133,11 @@ class LayerStatistic:
     def tag(self, layer: str, name: str) -> str:
         """The scalar tag of value ``name`` of ``layer``: ``activation_stats/{layer}/{name}``."""
         return ACTIVATION_STAT.format(layer=layer, statistic=name)
+
+    def scalars(self, layer: str, values: dict[str, float]) -> dict[str, float]:
+        """The scalars ``values`` of ``layer`` are written as: those of :attr:`written` under :meth:`tag`."""
+        written = self.names if self.written is None else self.written
+        return {self.tag(layer, name): values[name] for name in written if name in values}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -4,7 +4,9 @@
 ``watch(statistics=None)`` (the default) each runs where its own
 :meth:`~actviz.statistics.layer_statistic.LayerStatistic.on_by_default` says; a list runs exactly
 the statistics it names (a built-in's :attr:`~actviz.statistics.layer_statistic.LayerStatistic.name`,
-or a :class:`~actviz.statistics.layer_statistic.LayerStatistic` of your own), on every layer they apply to.
+or a :class:`~actviz.statistics.layer_statistic.LayerStatistic` of your own), on every layer they apply to:
+a list without ``"moments"`` writes no ``activation_stats/{layer}/mean`` (``std``, ``zero_fraction``,
+``nonfinite``), as it runs no statistic it does not name.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from torch import nn
 from ..common.suggestions import did_you_mean
 from .layer_statistic import LayerStatistic
 from .logits import Logits
+from .moments import Moments
 from .outliers import Outliers
 from .unit_counts import DeadChannels, Saturation
 
 __all__ = ["BUILT_IN", "Chosen", "check_statistics", "choose"]
 
 #: Every built-in statistic, in the order their values are written.
-BUILT_IN: tuple[LayerStatistic, ...] = (DeadChannels(), Saturation(), Outliers(), Logits())
+BUILT_IN: tuple[LayerStatistic, ...] = (Moments(), DeadChannels(), Saturation(), Outliers(), Logits())
 
 
 def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
@@ -89,19 +92,21 @@ class Chosen:
         (('1', ReLU()),)
     """
 
-    __slots__ = ("by_module", "on_output", "unwatched", "warned")
+    __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "warned")
 
     def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...],
-                 unwatched: tuple[tuple[str, nn.Module], ...] = ()) -> None:
+                 unwatched: tuple[tuple[str, nn.Module], ...] = (), of_summaries: tuple[LayerStatistic, ...] = ()) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
         self.on_output = on_output  # scope "model": taken of the model's output
         self.unwatched = unwatched  # (name, module) pairs run for their statistics alone
+        self.of_summaries = of_summaries  # reads_summary: taken of every output's summary on the writer thread
         self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:
         running = choose(model, options)
-        per_layer = [statistic for statistic in running if statistic.scope == "layer"]
+        of_summaries = tuple(statistic for statistic in running if statistic.reads_summary)
+        per_layer = [statistic for statistic in running if statistic.scope == "layer" and not statistic.reads_summary]
         by_module: dict[int, tuple[LayerStatistic, ...]] = {}
         for _, module in layers:
             applying = tuple(statistic for statistic in per_layer if statistic.applies_to(module))
@@ -119,7 +124,7 @@ class Chosen:
                     by_module[id(module)] = applying
                     unwatched.append((name, module))
         on_output = tuple(statistic for statistic in running if statistic.scope == "model")
-        return cls(by_module, on_output, tuple(unwatched))
+        return cls(by_module, on_output, tuple(unwatched), of_summaries)
 
 
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:
