@@ -21,9 +21,11 @@ from torch.utils.tensorboard import SummaryWriter
 import actviz
 from actviz.output import tensorboard as sinks
 from actviz.common.results import StepResults, Summary
+from actviz.output.pending_step import record_values
 from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
 from actviz.output.writer_thread import Writer
 from actviz.pictures.rendering import feature_map_grid
+from actviz.statistics.moments import Moments
 from actviz.summaries.one_tensor import summarize
 
 
@@ -210,6 +212,8 @@ def test_a_step_is_one_event_with_the_values_summarywriters_methods_write(tmp_pa
         activations={"conv": finish_summary(activation), "head": finish_summary(torch.arange(6.0))},
         images={"conv": feature_map_grid(activation[0])},
     )
+    for layer, summary in results.activations.items():  # the moments, as the writer thread records them
+        record_values(results, Moments(), layer, Moments().from_layer_summary(summary))
     merged_writer = SummaryWriter(tmp_path / "merged")
     TensorBoardSink(merged_writer, owns_writer=True).write(results)
     merged_writer.close()
