@@ -49,7 +49,7 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
         return None
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         raise TypeError(f"statistics must be None or a list of names and LayerStatistic objects, got "
-                        f"{type(value).__name__}: {value!r}; for example statistics=['dead_channels', 'outliers']")
+                        f"{type(value).__name__}: {value!r}; for example statistics=['moments', 'outliers']")
     known = {statistic.name: statistic for statistic in BUILT_IN}
     found: list[LayerStatistic] = []
     for item in value:
