@@ -167,8 +167,10 @@ def strength_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[int]]]:
     huge = (torch.randn(2, 65, 128, 128, generator=generator) * 2).to(torch.float16)  # a channel over two tiles
     last = (torch.randn(2, 80, 40, 40, generator=generator) * 4).to(torch.bfloat16).contiguous(
         memory_format=torch.channels_last)
+    eight = torch.randn(2, 70, 5, 5, generator=generator).to(torch.float8_e4m3fn)  # the eager body reads it as float32
     return [
         ("channel strengths, long channels with NaN and ±Inf", long, long.reshape(-1), [70, 900, 0]),
+        ("channel strengths, float8", eight, eight.reshape(-1), [70, 25, 0]),
         ("channel strengths, short channels", short, short.reshape(-1), [100, 25, 0]),
         ("channel strengths, float16 over two tiles", huge, huge.reshape(-1), [65, 128 * 128, 0]),
         ("channel strengths, bfloat16 channels last", last, last.permute(0, 2, 3, 1).reshape(-1), [80, 1600, 1]),

@@ -142,8 +142,8 @@ def eager_summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], out
         if units:
             rows.append(unit_fraction(readable, units).to(wide).view(1))
         samples.append(segment[::stride].to(wide))
-    if channels:
-        samples.append(channel_strength(tensors[0], channels).to(wide))
+    if channels:  # one tensor: readable is its own
+        samples.append(channel_strength(readable, channels).to(wide))
     return torch.cat(rows + samples)
 
 
