@@ -180,12 +180,8 @@ def noise_scale(per_example: Sequence[float], batch: float, loss_scale: float = 
 
 def finish_on_host(results: Any, carried: list[torch.Tensor]) -> None:
     """The writer thread's half: sum the layers' norms (``carried``: per-example, batch, ...) into the step's scalars."""
-    per_example = carried[0].double().clone()
-    batch = 0.0
-    for index in range(0, len(carried), 2):
-        if index:
-            per_example += carried[index].double()
-        batch += float(carried[index + 1])
+    per_example = torch.stack(carried[0::2]).double().sum(0)
+    batch = sum(float(norm) for norm in carried[1::2])
     scale = results.scalars.get(GRAD_SCALE, 1.0)
     results.scalars.update(noise_scale(per_example.tolist(), batch, scale))
 
