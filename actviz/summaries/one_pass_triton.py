@@ -113,10 +113,10 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
         taken = inside & (position % stride == 0)
         tl.store(sample + sample_start + position // stride, x.to(tl.float64), mask=taken)  # x: raw, exactly
         if STRENGTH:  # Σ|x| per channel of sample 0, its first strength_channels * strength_spatial elements
-            head = strength_channels * strength_spatial
+            strength_head = strength_channels * strength_spatial  # not `head`: a loop-carried name keeps its type
             block_start = start + turn * BLOCK - first
-            if block_start < head:
-                in_head = inside & (position < head)
+            if block_start < strength_head:
+                in_head = inside & (position < strength_head)
                 value = tl.where(in_head & finite, magnitude, 0.0).to(tl.float64)
                 if strength_last != 0:  # channels-last: channel = position % channels, each block touches all
                     tl.atomic_add(strengths + position % strength_channels, value, mask=in_head)
