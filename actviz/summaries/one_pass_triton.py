@@ -372,7 +372,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
             strengths, strength_channels, strength_spatial, len(sizes),
             BLOCK=BLOCK, VECTOR=16 // first.element_size(), LISTED=listed, ALIGNED=aligned, OUTLIERS=outliers, NARROW=narrow, UNITS=kind, BINS=bins,
             WIDE=PARTIALS, STRENGTH=bool(channels), STRENGTH_LAST=bool(strength_last), TILE=TILE,
-            STAGES=_STAGES, num_warps=4, maxnreg=128)  # a cap ptxas does not spill under (it may pick fewer)
+            STAGES=_STAGES, num_warps=4, maxnreg=128 if bins < 2048 else 192)  # caps ptxas does not spill under
         _combine_tiles[(len(sizes),)](segments, partials, out, counts, unit_channels,
                                       strengths, strength_channels, strength_spatial, total, len(sizes),
                                       ROW=row, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS, STRENGTH=bool(channels),
