@@ -101,8 +101,8 @@ ROWS = (
         "min, white = its max); 3-D outputs `(N, C, L)` as one viridis heat map", readme=True),
     Row("Images", (FLOW,), "every layer over time, one row per layer: `gradient_norm`, `activation_std`, "
         "`zero_fraction` (and `update_ratio`), on image steps ([diagnosis](diagnosis.md))"),
-    Row("Images", (PROBE_INPUT, GRADCAM), "with `probe=`: its sample 0, and with `gradcam=` Grad-CAM over it"),
-    Row("Images", (ATTENTION_MAPS,), "with `probe=`: the probe's attention weights, one tile per head "
+    Row("Images", (PROBE_INPUT, GRADCAM), "with `actviz.Probe(batch)`: its sample 0, and with `gradcam=` Grad-CAM over it"),
+    Row("Images", (ATTENTION_MAPS,), "with `actviz.Probe`: the probe's attention weights, one tile per head "
         "([transformers](transformers.md))"),
     Row("Histograms", (ACTIVATIONS,), "the layer's output", readme=True),
     Row("Histograms", (GRADIENTS,), "the gradient of the loss with respect to that output", readme=True),
@@ -113,19 +113,19 @@ ROWS = (
         "counts NaN and ±Inf, the others use the finite values", readme=True),
     Row("Scalars", _stats(GRADIENT_STAT, "norm", "nonfinite"),
         "L2 norm and NaN/Inf count of the output gradient", readme=True),
-    Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `grad_scaler=`", readme=True),
-    Row("Scalars", (UPDATE_RATIO,), "with `update_ratio=True`: ‖w_after − w_before‖ / ‖w_before‖"),
-    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `spikes=True`: the gradient norms of the steps "
+    Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `Options(grad_scaler=)`", readme=True),
+    Row("Scalars", (UPDATE_RATIO,), "with `\"update_ratio\"`: ‖w_after − w_before‖ / ‖w_before‖"),
+    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms of the steps "
         "before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
-        "attention health, with `transformer_stats` ([transformers](transformers.md))"),
-    Row("Scalars", LOGITS, "the output logits' size and entropy, with `transformer_stats`"),
-    Row("Scalars", GRADIENT_NOISE, "with `gradient_noise=True`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
+        "attention health, with `\"attention\"` ([transformers](transformers.md))"),
+    Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
+    Row("Scalars", GRADIENT_NOISE, "with `\"gradient_noise\"`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
     Row("Scalars", _stats(MOE, "load_max_over_mean", "dead_experts", "router_entropy", "topk_margin"),
-        "router health of a mixture of experts, with `moe` ([mixture of experts](moe.md))"),
+        "router health of a mixture of experts, with `\"moe\"` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
-        "outliers of the layer's output, with `transformer_stats`"),
+        "outliers of the layer's output, with `\"outliers\"`"),
     Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
 )

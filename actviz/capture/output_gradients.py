@@ -58,7 +58,7 @@ class OutputGradients:
         options: The histogram sample size and which outputs of a layer count.
         on_error: Called with the layer's name when a hook fails.
         handles: The list the hooks' handles go into, removed with the step's other hooks.
-        noise: With ``watch(gradient_noise=True)``, what takes each output gradient's per-example norms
+        noise: With ``statistics=[..., "gradient_noise"]``, what takes each output gradient's per-example norms
             (:class:`~actviz.statistics.gradient_noise.GradientNoise`).
 
     Attributes:

@@ -147,7 +147,7 @@ class StepCapture:
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
-        # watch(gradient_noise=True): layer inputs kept until their output's gradient comes, on stats steps alone
+        # statistics=[..., "gradient_noise"]: layer inputs kept until their output's gradient comes, on stats steps alone
         self._noise = GradientNoise(self._pending.add_host_work, on_error) if options.gradient_noise and want_stats else None
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
                                          self._hooks.group("gradients"), self._noise)

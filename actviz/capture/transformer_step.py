@@ -16,12 +16,12 @@ the host in the step's one copy; :func:`finish_on_host` writes the tags on the w
 ==========================================  =================================================
 
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
-get them on every stats step (``watch(transformer_stats=None)``, the default);
-``transformer_stats=True`` forces them on (hand-written attention elsewhere), ``False`` off.
+get them on every stats step (``watch(statistics=None)``, the default);
+naming ``"attention"`` in ``statistics=`` forces them on (hand-written attention elsewhere), a list without it off.
 The same mode sees the routers of a mixture of experts (:mod:`actviz.transformers.moe`), whose
 tags are ``moe/{layer}/load_max_over_mean``, ``/dead_experts``, ``/router_entropy``, ``/topk_margin``
-and the histogram ``moe/{layer}/expert_load`` (``watch(moe=None)``: models with a module whose
-class name says MoE, router, gate or expert; ``True`` any model; ``False`` off).
+and the histogram ``moe/{layer}/expert_load`` (the default set: models with a module whose
+class name says MoE, router, gate or expert; ``"moe"`` named, any model; a list without it, off).
 Steps that do not log run nothing of this: no mode, no hook. The output logits and the layers'
 outliers are per-layer statistics like any other (:mod:`actviz.statistics.logits`,
 :mod:`actviz.statistics.outliers`), taken in the step's one layer hook.

@@ -13,7 +13,7 @@ Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the devic
 each row once (:mod:`actviz.statistics.logit_rows`), then five small ones over the rows' numbers; no host sync.
 
 :class:`Logits` takes them of the model's output once per logging step (``scope = "model"``). It is on by
-default for models with an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any
+default for models with an attention module (``watch(statistics=None)``; naming ``"logits"`` turns it on for any
 model, ``False`` off), or wherever ``watch(statistics=[..., "logits"])`` names it: a CNN classifier's logits, say.
 Cost: 6 ops a step, the logits read once on CUDA with Triton; no sync.
 """

@@ -1,4 +1,11 @@
-"""The built-in per-layer statistics, and which of them a watcher runs: ``watch(statistics=...)``.
+"""The built-in statistics, and which of them a watcher runs: ``watch(statistics=...)``.
+
+``statistics=`` names every per-step number a watcher writes (:data:`NAMES`): the per-layer
+statistics of :data:`BUILT_IN`, and the step-wide ones, ``"attention"``, ``"moe"``, ``"update_ratio"`` and
+``"gradient_noise"``. ``"default"`` is the default set (what ``statistics=None`` runs), so that adding to it
+is one line, ``statistics=["default", "update_ratio"]``; ``"transformer"`` is short for ``"attention"``,
+``"outliers"`` and ``"logits"``. :func:`resolve_statistics` turns the list into the fields of
+:class:`~actviz.options.CaptureOptions` that capture reads.
 
 :data:`BUILT_IN` lists every statistic actviz ships, in the order their values are written. With
 ``watch(statistics=None)`` (the default) each runs where its own
@@ -23,10 +30,70 @@ from .moments import Moments
 from .outliers import Outliers
 from .unit_counts import DeadChannels, Saturation
 
-__all__ = ["BUILT_IN", "Chosen", "check_statistics", "choose"]
+__all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (Moments(), DeadChannels(), Saturation(), Outliers(), Logits())
+
+#: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
+#: ``statistics=`` as the layer statistics are.
+STEP_WIDE: dict[str, str] = {
+    "attention": "attention health of every attention call (docs/transformers.md)",
+    "moe": "mixture-of-experts router health (docs/moe.md)",
+    "update_ratio": "update_ratio/{param}, the relative change of each parameter across the next update",
+    "gradient_noise": "gradient_noise/simple, the gradient noise scale (docs/gradient-noise.md)",
+}
+
+#: Names that stand for several: ``"default"`` for the default set, ``"transformer"`` for the transformer set.
+GROUPS: dict[str, tuple[str, ...]] = {"transformer": ("attention", "outliers", "logits")}
+
+#: Every name ``statistics=`` takes.
+NAMES: tuple[str, ...] = ("default", *(statistic.name for statistic in BUILT_IN), *STEP_WIDE, *GROUPS)
+
+
+def resolve_statistics(value: Any) -> dict[str, Any]:
+    """``watch(statistics=...)`` -> the :class:`~actviz.options.CaptureOptions` fields it sets.
+
+    ``None`` and ``["default"]`` are the default set: each built-in layer statistic where it is on by
+    default, attention and outlier statistics on models with an attention module, router statistics on
+    models with a mixture-of-experts module. A name given in the list runs on any model. A list without
+    ``"default"`` runs only what it names.
+
+    Raises:
+        TypeError, ValueError: As :func:`check_statistics`.
+
+    Example:
+        >>> resolve_statistics(["default", "update_ratio"])["update_ratio"]
+        True
+        >>> fields = resolve_statistics(["moments", "transformer"])
+        >>> [s.name for s in fields["statistics"]], fields["transformer_stats"], fields["moe"]
+        (['moments', 'outliers', 'logits'], True, False)
+    """
+    if value is None:
+        return {"statistics": None, "with_defaults": False, "transformer_stats": None, "moe": None,
+                "update_ratio": False, "gradient_noise": False}
+    if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
+        check_statistics(value)  # raises its TypeError
+    items = list(value)
+    expanded: list[Any] = []
+    for item in items:
+        expanded.extend(GROUPS.get(item, (item,)) if isinstance(item, str) else (item,))
+    with_defaults = "default" in expanded
+    named = {item for item in expanded if isinstance(item, str)}
+    layer_items = [item for item in expanded if not (isinstance(item, str) and item in (*STEP_WIDE, "default"))]
+    unique: list[Any] = []
+    for item in layer_items:  # a group may name what the list names too: once each
+        if not (isinstance(item, str) and item in unique):
+            unique.append(item)
+    statistics = check_statistics(unique)
+    return {
+        "statistics": None if with_defaults and not statistics else statistics,
+        "with_defaults": with_defaults and bool(statistics),
+        "transformer_stats": True if "attention" in named else None if with_defaults else False,
+        "moe": True if "moe" in named else None if with_defaults else False,
+        "update_ratio": "update_ratio" in named,
+        "gradient_noise": "gradient_noise" in named,
+    }
 
 
 def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
@@ -49,13 +116,14 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
         return None
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         raise TypeError(f"statistics must be None or a list of names and LayerStatistic objects, got "
-                        f"{type(value).__name__}: {value!r}; for example statistics=['moments', 'outliers']")
+                        f"{type(value).__name__}: {value!r}; for example statistics=['default', 'update_ratio']")
     known = {statistic.name: statistic for statistic in BUILT_IN}
+    everything = [*NAMES]
     found: list[LayerStatistic] = []
     for item in value:
         if isinstance(item, str):
             if item not in known:
-                hint = did_you_mean(item, known, otherwise=f"; known: {', '.join(known)}")
+                hint = did_you_mean(item, everything, otherwise=f"; known: {', '.join(everything)}")
                 raise ValueError(f"unknown statistic {item!r}{hint}")
             item = known[item]
         elif isinstance(item, type) and issubclass(item, LayerStatistic):
@@ -130,6 +198,12 @@ class Chosen:
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:
     """The statistics a watcher of ``model`` runs: ``options.statistics``, or where ``None`` the built-ins on by default."""
     chosen = getattr(options, "statistics", None)
-    if chosen is not None:
+    if chosen is not None and not getattr(options, "with_defaults", False):
         return tuple(chosen)
-    return tuple(statistic for statistic in BUILT_IN if statistic.on_by_default(model, options))
+    defaults = tuple(statistic for statistic in BUILT_IN if statistic.on_by_default(model, options))
+    if chosen is None:
+        return defaults
+    order = {statistic.name: index for index, statistic in enumerate(BUILT_IN)}
+    named = {statistic.name for statistic in chosen}
+    merged = [statistic for statistic in defaults if statistic.name not in named] + list(chosen)
+    return tuple(sorted(merged, key=lambda statistic: order.get(statistic.name, len(order))))  # sorted() is stable
