@@ -56,7 +56,7 @@ from ..output.pending_step import PendingStep
 from ..common.results import StepResults
 from ..common.owned_hooks import HookHandles
 from .probe import unwrap_for_probe
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..summaries.one_tensor import finish, reduce_tensor
 from ..tags import ATTENTION, MOE
 from ..diagnosis.moe_alerts import DeadExperts
@@ -185,10 +185,8 @@ class TransformerStep:
 
 def _warn_once(error: BaseException, warned: set[str]) -> None:
     kind = type(error).__name__
-    if kind not in warned:
-        warned.add(kind)
-        warn_safely(f"actviz: transformer statistics failed, {kind}: {error} (training goes on; warned once)",
-                    RuntimeWarning, stacklevel=3)
+    warn_once(warned, kind, f"actviz: transformer statistics failed, {kind}: {error} (training goes on; warned once)",
+              RuntimeWarning, stacklevel=3)
     logger.debug("transformer statistics failed", exc_info=error)
 
 
