@@ -87,7 +87,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, folder / "cnn", every=1000, layers="all", statistics=["default", "update_ratio"],
+        with actviz.watch(model, folder / "cnn", every=1000, layers="all",
+                          statistics=["default", "update_ratio", "gradient_kurtosis", "weight_grad_kurtosis"],
             extras=[actviz.Probe(torch.randn(1, 3, 8, 8), gradcam=True), actviz.Spikes()],
             options=actviz.Options(grad_scaler=scaler)) as viz:
             for step in range(20):  # a spike at step 18 logs 19 in full, where a NaN comes in

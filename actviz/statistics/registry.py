@@ -24,6 +24,8 @@ from typing import Any
 from torch import nn
 
 from ..common.suggestions import did_you_mean
+from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
+from .gradient_norms import GradientNorms
 from .layer_statistic import LayerStatistic
 from .logits import Logits
 from .moments import Moments
@@ -33,7 +35,10 @@ from .unit_counts import DeadChannels, Saturation
 __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
-BUILT_IN: tuple[LayerStatistic, ...] = (Moments(), DeadChannels(), Saturation(), Outliers(), Logits())
+BUILT_IN: tuple[LayerStatistic, ...] = (
+    Moments(), GradientNorms(), DeadChannels(), Saturation(), Outliers(), Logits(), GradientKurtosis(),
+    WeightGradKurtosis(),
+)
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
 #: ``statistics=`` as the layer statistics are.
@@ -140,7 +145,8 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
 
 
 class Chosen:
-    """The statistics one watcher runs on one set of layers, looked up once: per module, and on the model's output.
+    """The statistics one watcher runs on one set of layers, looked up once, by target: per module (of its outputs
+    and of their gradients), of every watched parameter and parameter gradient, and of the model's output.
 
     ``unwatched``: the model's modules that are not watched but that a statistic with
     :attr:`~actviz.statistics.layer_statistic.LayerStatistic.unwatched_layers` applies to (the ReLUs of a
@@ -160,26 +166,43 @@ class Chosen:
         (('1', ReLU()),)
     """
 
-    __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "warned")
+    __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "of_gradients", "of_parameters",
+                 "of_parameter_gradients", "warned")
 
     def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...],
-                 unwatched: tuple[tuple[str, nn.Module], ...] = (), of_summaries: tuple[LayerStatistic, ...] = ()) -> None:
+                 unwatched: tuple[tuple[str, nn.Module], ...] = (),
+                 of_summaries: dict[str, tuple[LayerStatistic, ...]] | None = None,
+                 of_gradients: dict[int, tuple[LayerStatistic, ...]] | None = None,
+                 of_parameters: tuple[LayerStatistic, ...] = (),
+                 of_parameter_gradients: tuple[LayerStatistic, ...] = ()) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
-        self.on_output = on_output  # scope "model": taken of the model's output
+        self.on_output = on_output  # target "model_output": taken of the model's output
         self.unwatched = unwatched  # (name, module) pairs run for their statistics alone
-        self.of_summaries = of_summaries  # reads_summary: taken of every output's summary on the writer thread
+        self.of_summaries = of_summaries or {}  # target -> reads_summary ones, taken of its summaries on the writer thread
+        self.of_gradients = of_gradients or {}  # id(module) -> the statistics of its outputs' gradients
+        self.of_parameters = of_parameters  # target "parameter": of every watched parameter
+        self.of_parameter_gradients = of_parameter_gradients  # target "parameter_gradient"
         self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:
         running = choose(model, options)
-        of_summaries = tuple(statistic for statistic in running if statistic.reads_summary)
-        per_layer = [statistic for statistic in running if statistic.scope == "layer" and not statistic.reads_summary]
+        of_summaries: dict[str, tuple[LayerStatistic, ...]] = {}
+        for statistic in running:
+            if statistic.reads_summary:
+                of_summaries[statistic.target] = (*of_summaries.get(statistic.target, ()), statistic)
+        in_hooks = [statistic for statistic in running if not statistic.reads_summary]
+        per_layer = [statistic for statistic in in_hooks if statistic.target == "output"]
+        of_gradient = [statistic for statistic in in_hooks if statistic.target == "output_gradient"]
         by_module: dict[int, tuple[LayerStatistic, ...]] = {}
+        of_gradients: dict[int, tuple[LayerStatistic, ...]] = {}
         for _, module in layers:
             applying = tuple(statistic for statistic in per_layer if statistic.applies_to(module))
             if applying:
                 by_module[id(module)] = applying
+            applying = tuple(statistic for statistic in of_gradient if statistic.applies_to(module))
+            if applying:
+                of_gradients[id(module)] = applying
         unwatched = []
         reaching = [statistic for statistic in per_layer if statistic.unwatched_layers]
         if reaching:
@@ -191,8 +214,10 @@ class Chosen:
                 if applying:
                     by_module[id(module)] = applying
                     unwatched.append((name, module))
-        on_output = tuple(statistic for statistic in running if statistic.scope == "model")
-        return cls(by_module, on_output, tuple(unwatched), of_summaries)
+        on_output = tuple(statistic for statistic in in_hooks if statistic.target == "model_output")
+        return cls(by_module, on_output, tuple(unwatched), of_summaries, of_gradients,
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter"),
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter_gradient"))
 
 
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:
