@@ -18,7 +18,8 @@ from ._version import __version__
 from .diagnosis.alerts import Alert
 from .api import watch
 from .pictures.gradcam import grad_cam
-from .options import CaptureOptions
+from .extras import Probe, Spikes
+from .options import CaptureOptions, Options
 from .common.results import StepResults, Summary
 from .pictures.rendering import feature_map_grid, heatmap
 from .report import ReportResult, report
@@ -31,6 +32,9 @@ from .watcher import Watcher
 
 __all__ = [
     "watch",
+    "Options",
+    "Probe",
+    "Spikes",
     "Alert",
     "LayerStatistic",
     "grad_cam",

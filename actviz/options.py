@@ -1,8 +1,9 @@
-"""Capture options: the one home of actviz's defaults and of their checks.
+"""Options: the one home of actviz's defaults and of their checks.
 
-:func:`actviz.watch`, the Lightning and Hugging Face callbacks and the ``actviz``
-command all build a :class:`CaptureOptions`, so a bad value gets the same message
-wherever it is given.
+* :class:`Options` (``actviz.Options``): the sizes and mechanics a user sets, ``watch(options=...)``.
+* :class:`CaptureOptions`: what capture reads, built by :func:`actviz.watch` from :class:`Options` and
+  ``statistics=``; the ``actviz`` command and ``actviz report`` build one too, so a bad value gets the same
+  message wherever it is given.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+import torch
+
 __all__ = [
-    "CaptureOptions", "DEFAULT_BINS", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "MAX_BINS", "cpu_shortcuts",
+    "Options", "CaptureOptions", "DEFAULT_BINS", "check_grad_scaler", "DEFAULT_MAX_CHANNELS", "DEFAULT_SAMPLE_SIZE", "MAX_BINS", "cpu_shortcuts",
 ]
 
 DEFAULT_BINS = 64
@@ -47,8 +50,94 @@ def check_positive_int(name: str, value: Any, example: int, most: int | None = N
 
 
 @dataclass(frozen=True)
+class Options:
+    """Sizes and mechanics of a watcher, ``actviz.watch(model, options=actviz.Options(...))``. Checked when made.
+
+    Args:
+        bins: Histogram buckets, 1 to :data:`MAX_BINS` (4096).
+        max_channels: Most channels drawn per feature-map grid; the strongest are kept.
+        histogram_sample_size: Bucket counts come from an evenly strided sample of at most this many
+            elements, scaled to the full count; ``None`` counts every element. The count, sum, sum of
+            squares, min, max and all scalars always use every element.
+        outputs: For modules that return tuples, lists or dicts: ``"first"`` logs the first tensor under the
+            layer's name; ``"all"`` logs each tensor with its position as a suffix, e.g. ``lstm/0``,
+            ``lstm/1.0``, ``lstm/1.1`` for ``(out, (h, c))``.
+        auto_step: Count steps by training forwards. ``False`` to drive them yourself with
+            :meth:`actviz.Watcher.set_step` (the Lightning and Hugging Face callbacks do).
+        strict: Re-raise errors from actviz's hooks and callbacks instead of warning once and going on.
+        grad_scaler: The ``torch.amp.GradScaler`` of a mixed-precision loop: every logged gradient is then the
+            true one, and each stats step also writes its scale as ``amp/grad_scale``.
+        merge_ranks: Under ``torch.distributed``, log every rank's data, not rank 0's alone: every rank hooks
+            the same logging steps and a few collectives per step merge them before rank 0 writes. Every rank
+            must then call :func:`actviz.watch`, ``viz.flush()`` and ``viz.close()`` alike. The default runs
+            no collective at all.
+
+    Raises:
+        TypeError: A value of the wrong type, named.
+        ValueError: A value out of range, named with an example of a good one.
+
+    Example:
+        >>> Options(bins=32, strict=True).bins
+        32
+        >>> Options(bins=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: bins must be positive, got 0; for example bins=64
+        >>> Options(strict="yes")
+        Traceback (most recent call last):
+        ...
+        TypeError: strict must be True or False, got 'yes'
+    """
+
+    bins: int = DEFAULT_BINS
+    max_channels: int = DEFAULT_MAX_CHANNELS
+    histogram_sample_size: int | None = DEFAULT_SAMPLE_SIZE
+    outputs: Literal["first", "all"] = "first"
+    auto_step: bool = True
+    strict: bool = False
+    grad_scaler: Any = None
+    merge_ranks: bool = False
+
+    def __post_init__(self) -> None:
+        check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
+        for name in ("auto_step", "strict", "merge_ranks"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        check_grad_scaler(self.grad_scaler)
+
+
+def check_grad_scaler(grad_scaler: Any) -> None:
+    """Raise a ``TypeError`` unless ``grad_scaler`` is ``None`` or a ``torch.amp.GradScaler``.
+
+    Example:
+        >>> check_grad_scaler(torch.amp.GradScaler("cpu"))
+        >>> check_grad_scaler(2.0**16)
+        Traceback (most recent call last):
+        TypeError: grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), got float; ...
+    """
+    if grad_scaler is not None and not isinstance(grad_scaler, torch.amp.GradScaler):
+        raise TypeError(
+            f"grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), "
+            f"got {type(grad_scaler).__name__}; pass the scaler your loop calls scaler.scale(loss) on"
+        )
+
+
+def check_sizes(bins: Any, max_channels: Any, histogram_sample_size: Any, outputs: Any) -> None:
+    """The checks of the sizes :class:`Options` and :class:`CaptureOptions` share."""
+    check_positive_int("bins", bins, DEFAULT_BINS, MAX_BINS)
+    check_positive_int("max_channels", max_channels, DEFAULT_MAX_CHANNELS)
+    if histogram_sample_size is not None:
+        check_positive_int("histogram_sample_size", histogram_sample_size, DEFAULT_SAMPLE_SIZE)
+    if outputs not in ("first", "all"):
+        raise ValueError(f"outputs must be 'first' or 'all', got {outputs!r}")
+
+
+@dataclass(frozen=True)
 class CaptureOptions:
-    """What a logging step reduces each tensor to. Checked when made.
+    """What a logging step reduces each tensor to: what capture reads. Checked when made.
+
+    :func:`actviz.watch` builds it from :class:`Options` and ``statistics=``
+    (:func:`actviz.statistics.registry.resolve_statistics`).
 
     Args:
         bins: Histogram buckets, 1 to :data:`MAX_BINS` (4096).
@@ -69,6 +158,7 @@ class CaptureOptions:
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
+        with_defaults: With ``statistics`` a tuple: run the built-ins on by default too (``statistics=["default", ...]``).
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -94,15 +184,11 @@ class CaptureOptions:
     moe: bool | None = None
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
+    with_defaults: bool = False
 
     def __post_init__(self) -> None:
-        check_positive_int("bins", self.bins, DEFAULT_BINS, MAX_BINS)
-        check_positive_int("max_channels", self.max_channels, DEFAULT_MAX_CHANNELS)
-        if self.histogram_sample_size is not None:
-            check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
-        if self.outputs not in ("first", "all"):
-            raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
-        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise"):
+        check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

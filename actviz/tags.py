@@ -20,9 +20,10 @@ your own (``watch(sink=...)``, see :class:`actviz.output.sink.Sink`) can use it 
 
 Example:
     >>> from actviz.common.results import StepResults, Summary
-    >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])})
+    >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])},
+    ...                       scalars={"gradient_stats/fc/norm": 5.0})  # the statistic gradient_norms' value
     >>> [(kind, tag) for kind, tag, value in step_items(results)]
-    [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm'), ('scalar', 'gradient_stats/fc/nonfinite')]
+    [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm')]
     >>> pattern_of("gradient_stats/fc/norm"), pattern_of("~gradient_stats/fc/norm"), pattern_of("my/own/tag")
     ('gradient_stats/{layer}/norm', 'gradient_stats/{layer}/norm', None)
     >>> tensorboard_tag("scalar", "gradient_stats/fc/norm"), tensorboard_tag("text", "alerts")
@@ -61,6 +62,8 @@ WEIGHTS = "weights/{param}"
 WEIGHT_GRADS = "weight_grads/{param}"
 ACTIVATION_STAT = "activation_stats/{layer}/{statistic}"  # the statistic is one of the rows' names
 GRADIENT_STAT = "gradient_stats/{layer}/{statistic}"
+WEIGHT_STAT = "weight_stats/{param}/{statistic}"  # a statistic of target "parameter"; no built-in has one
+WEIGHT_GRAD_STAT = "weight_grad_stats/{param}/{statistic}"
 GRAD_SCALE = "amp/grad_scale"
 LAYERS = "layers"
 ALERTS = "alerts"
@@ -101,8 +104,8 @@ ROWS = (
         "min, white = its max); 3-D outputs `(N, C, L)` as one viridis heat map", readme=True),
     Row("Images", (FLOW,), "every layer over time, one row per layer: `gradient_norm`, `activation_std`, "
         "`zero_fraction` (and `update_ratio`), on image steps ([diagnosis](diagnosis.md))"),
-    Row("Images", (PROBE_INPUT, GRADCAM), "with `probe=`: its sample 0, and with `gradcam=` Grad-CAM over it"),
-    Row("Images", (ATTENTION_MAPS,), "with `probe=`: the probe's attention weights, one tile per head "
+    Row("Images", (PROBE_INPUT, GRADCAM), "with `actviz.Probe(batch)`: its sample 0, and with `gradcam=` Grad-CAM over it"),
+    Row("Images", (ATTENTION_MAPS,), "with `actviz.Probe`: the probe's attention weights, one tile per head "
         "([transformers](transformers.md))"),
     Row("Histograms", (ACTIVATIONS,), "the layer's output", readme=True),
     Row("Histograms", (GRADIENTS,), "the gradient of the loss with respect to that output", readme=True),
@@ -113,19 +116,22 @@ ROWS = (
         "counts NaN and ±Inf, the others use the finite values", readme=True),
     Row("Scalars", _stats(GRADIENT_STAT, "norm", "nonfinite"),
         "L2 norm and NaN/Inf count of the output gradient", readme=True),
-    Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `grad_scaler=`", readme=True),
-    Row("Scalars", (UPDATE_RATIO,), "with `update_ratio=True`: ‖w_after − w_before‖ / ‖w_before‖"),
-    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `spikes=True`: the gradient norms of the steps "
+    Row("Scalars", _stats(GRADIENT_STAT, "kurtosis"), "with `\"gradient_kurtosis\"`: the output gradient's kurtosis"),
+    Row("Scalars", _stats(WEIGHT_GRAD_STAT, "kurtosis"), "with `\"weight_grad_kurtosis\"`: the kurtosis of each "
+        "parameter's gradient"),
+    Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `Options(grad_scaler=)`", readme=True),
+    Row("Scalars", (UPDATE_RATIO,), "with `\"update_ratio\"`: ‖w_after − w_before‖ / ‖w_before‖"),
+    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms of the steps "
         "before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
-        "attention health, with `transformer_stats` ([transformers](transformers.md))"),
-    Row("Scalars", LOGITS, "the output logits' size and entropy, with `transformer_stats`"),
-    Row("Scalars", GRADIENT_NOISE, "with `gradient_noise=True`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
+        "attention health, with `\"attention\"` ([transformers](transformers.md))"),
+    Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
+    Row("Scalars", GRADIENT_NOISE, "with `\"gradient_noise\"`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
     Row("Scalars", _stats(MOE, "load_max_over_mean", "dead_experts", "router_entropy", "topk_margin"),
-        "router health of a mixture of experts, with `moe` ([mixture of experts](moe.md))"),
+        "router health of a mixture of experts, with `\"moe\"` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
-        "outliers of the layer's output, with `transformer_stats`"),
+        "outliers of the layer's output, with `\"outliers\"`"),
     Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
 )
@@ -165,10 +171,6 @@ def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[
         yield "histogram", ACTIVATIONS.format(layer=layer), summary
     for layer, summary in results.gradients.items():
         yield "histogram", GRADIENTS.format(layer=layer), summary
-        yield from _scalars(shown, {
-            _stat(GRADIENT_STAT, layer, "norm"): summary.norm,
-            _stat(GRADIENT_STAT, layer, "nonfinite"): summary.nonfinite,
-        })
     for param, summary in results.weights.items():
         yield "histogram", WEIGHTS.format(param=param), summary
     for param, summary in results.weight_grads.items():
@@ -182,10 +184,6 @@ def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[
         yield "image", FEATURE_MAPS.format(layer=layer), image
     for tag, image in results.pictures.items():  # full tags: probe/input, gradcam/{layer}, flow/...
         yield "image", tag, image
-
-
-def _stat(pattern: str, layer: str, statistic: str) -> str:
-    return pattern.format(layer=layer, statistic=statistic)
 
 
 _LAYER_STATS = (ACTIVATION_STAT.split("{")[0], GRADIENT_STAT.split("{")[0])  # the tags ONCE_NOT_ZERO is about

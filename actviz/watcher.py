@@ -32,7 +32,7 @@ from .common.results import StepResults
 from .output.sink import Sink
 from .output.step_callbacks import StepCallbacks
 from .output.writer_thread import Writer
-from .capture.probe import Probe, unwrap_for_probe
+from .capture.probe import ProbeForward, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
@@ -54,7 +54,7 @@ class Watcher:
     def __init__(
         self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: Sink | None,
         stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
-        grad_scaler: Any = None, callbacks: StepCallbacks | None = None, probe: Probe | None = None,
+        grad_scaler: Any = None, callbacks: StepCallbacks | None = None, probe: ProbeForward | None = None,
         diagnosis: Diagnosis | None = None,
     ) -> None:
         self.model = model
@@ -110,7 +110,7 @@ class Watcher:
 
     @property
     def merge_ranks(self) -> bool:
-        """Whether every rank's summaries are merged into rank 0's (``watch(merge_ranks=True)``)."""
+        """Whether every rank's summaries are merged into rank 0's (``Options(merge_ranks=True)``)."""
         return self._options.merge_ranks
 
     @property
@@ -160,12 +160,13 @@ class Watcher:
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
 
-        With ``auto_step=True`` (the default) the count goes on from there. With ``auto_step=False``
+        With ``Options(auto_step=True)`` (the default) the count goes on from there. With ``auto_step=False``
         call it before each forward; only the first training forward of a step logs (gradient accumulation).
 
         Example:
             >>> import actviz, tempfile, torch
-            >>> with actviz.watch(torch.nn.Linear(4, 2), tempfile.mkdtemp(), auto_step=False) as viz:
+            >>> with actviz.watch(torch.nn.Linear(4, 2), tempfile.mkdtemp(),
+            ...                   options=actviz.Options(auto_step=False)) as viz:
             ...     viz.set_step(1000)
             ...     viz.step
             1000
@@ -349,7 +350,7 @@ class Watcher:
             raise error
         self._skipped.add(name)
         self._notices.skipped(name, error)
-        if name == GRADIENT_NOISE_FAILED:  # watch(gradient_noise=True): off for the steps to come
+        if name == GRADIENT_NOISE_FAILED:  # statistics=[..., "gradient_noise"]: off for the steps to come
             self._options = dataclasses.replace(self._options, gradient_noise=False)
 
 

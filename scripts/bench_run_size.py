@@ -87,8 +87,8 @@ def run(folder: Path, steps: int, every: int, image_every: int | None) -> list[t
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alerts of a random-input run are not what is measured
-        with actviz.watch(model, folder, every=every, image_every=image_every, layers="all", update_ratio=True,
-                          spikes=True, probe=probe, gradcam=True) as viz:
+        with actviz.watch(model, folder, every=every, image_every=image_every, layers="all",
+            statistics=["default", "update_ratio"], extras=[actviz.Probe(probe, gradcam=True), actviz.Spikes()]) as viz:
             for step in tqdm(range(1, steps + 1), desc="steps", unit="step", mininterval=2.0):
                 loss = model(torch.randn(4, 3, 8, 8)).square().mean()
                 optimizer.zero_grad()

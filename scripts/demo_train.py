@@ -97,7 +97,8 @@ def main() -> None:
 
     # The one line. probe=: a fixed test picture drawn at every image step, so the feature-map slider
     # shows the same shape over training; alerts are on by default (see docs/diagnosis.md).
-    viz = actviz.watch(model, args.logdir, every=args.every, image_every=args.image_every, probe=test_x[:1])
+    viz = actviz.watch(model, args.logdir, every=args.every, image_every=args.image_every,
+        extras=[actviz.Probe(test_x[:1])])
     print(f"watching {len(viz.layer_names)} layers: {', '.join(viz.layer_names)}")
     start, step = time.monotonic(), 0
     with viz:

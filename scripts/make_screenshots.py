@@ -64,7 +64,8 @@ def train(log_dir: Path, steps: int) -> None:
     probe, _ = make_dataset(1, 32, seed=7)  # one drawn shape, the same at every image step
     model = small_cnn()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with actviz.watch(model, log_dir, every=10, image_every=50, probe=probe, gradcam=True, update_ratio=True):
+    with actviz.watch(model, log_dir, every=10, image_every=50, statistics=["default", "update_ratio"],
+        extras=[actviz.Probe(probe, gradcam=True)]):
         for _ in range(steps):
             batch = torch.randint(0, len(images), (64,))
             loss = nn.functional.cross_entropy(model(images[batch]), labels[batch])

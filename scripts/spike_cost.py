@@ -29,7 +29,7 @@ from demo_train import small_cnn
 def step_times(model, inputs, labels, spikes: bool, steps: int) -> list[float]:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     times = []
-    with actviz.watch(model, tempfile.mkdtemp(), every=10**9, spikes=spikes):
+    with actviz.watch(model, tempfile.mkdtemp(), every=10**9, extras=[*([actviz.Spikes()] if spikes else [])]):
         for step in range(steps + 5):
             start = time.perf_counter()
             loss = torch.nn.functional.cross_entropy(model(inputs), labels)

@@ -54,7 +54,8 @@ def main() -> None:
     bare = gpt2()
     models = {"bare": bare, "off": copy.deepcopy(bare), "on": copy.deepcopy(bare), "quiet": copy.deepcopy(bare)}
     watchers = {
-        "off": actviz.watch(models["off"], tempfile.mkdtemp(), every=1, image_every=False, transformer_stats=False),
+        "off": actviz.watch(models["off"], tempfile.mkdtemp(), every=1, image_every=False,
+            statistics=["moments", "dead_channels", "saturation"]),
         "on": actviz.watch(models["on"], tempfile.mkdtemp(), every=1, image_every=False),
         "quiet": actviz.watch(models["quiet"], tempfile.mkdtemp(), every=10**9, image_every=False),
     }

@@ -37,7 +37,7 @@ def train(log_dir: Path, steps: int) -> None:
     model = VisionTransformer(image_size=32, patch_size=4, num_layers=4, num_heads=4, hidden_dim=64, mlp_dim=128,
                               num_classes=int(labels.max()) + 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with actviz.watch(model, log_dir, every=10, image_every=50, probe=probe):
+    with actviz.watch(model, log_dir, every=10, image_every=50, extras=[actviz.Probe(probe)]):
         for _ in range(steps):
             batch = torch.randint(0, len(images), (64,))
             loss = torch.nn.functional.cross_entropy(model(images[batch]), labels[batch])

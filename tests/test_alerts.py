@@ -157,11 +157,13 @@ def test_a_sigmoid_fed_x50_is_saturated(tmp_path):
 
 
 def test_learning_rate_x1000_gives_the_update_ratio_alert(tmp_path):
-    alerts, _ = train(mlp(), tmp_path / "sick", lr=1.0, optimizer="adam", update_ratio=True, alerts=NO_WARMUP)
+    alerts, _ = train(mlp(), tmp_path / "sick", lr=1.0, optimizer="adam", statistics=["default", "update_ratio"],
+                     alerts=NO_WARMUP)
     found = [alert for alert in alerts if alert.rule == "update_ratio"]
     assert {alert.layer for alert in found} == {"0.weight", "3.weight", "5.weight"}  # weights, not biases
     assert all(alert.value > 1e-2 and alert.threshold == 1e-2 for alert in found)
-    healthy, _ = train(mlp(), tmp_path / "healthy", lr=1e-3, optimizer="adam", update_ratio=True, alerts=NO_WARMUP)
+    healthy, _ = train(mlp(), tmp_path / "healthy", lr=1e-3, optimizer="adam", statistics=["default", "update_ratio"],
+                     alerts=NO_WARMUP)
     assert healthy == []
 
 
@@ -251,8 +253,8 @@ def test_bad_alerts_are_named(value, error, message, tmp_path):
 def test_bad_on_alert_and_spikes_are_named(tmp_path):
     with pytest.raises(TypeError, match="on_alert must be a function"):
         actviz.watch(mlp(), tmp_path, on_alert=3)
-    with pytest.raises(TypeError, match="spikes must be True or False, got 'on'"):
-        actviz.watch(mlp(), tmp_path, spikes="on")
+    with pytest.raises(TypeError, match=r"^extras takes objects, got the class Spikes; for example extras=\[actviz.Spikes\(\)\]$"):
+        actviz.watch(mlp(), tmp_path, extras=[actviz.Spikes])
 
 
 def test_a_failing_on_alert_warns_and_training_goes_on(tmp_path):
@@ -281,7 +283,7 @@ def _train_quietly(model, log_dir, batches, loss_fn, steps: int = 300, lr: float
     optimizer = optimizer or torch.optim.Adam(model.parameters(), lr=lr)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, log_dir, every=10, image_every=100, **{"update_ratio": True, **watch_kwargs}) as viz:
+        with actviz.watch(model, log_dir, every=10, image_every=100, **{"statistics": ["default", "update_ratio"], **watch_kwargs}) as viz:
             for step in range(steps):
                 inputs, target = batches(step)
                 loss = loss_fn(model(inputs), target)
@@ -324,7 +326,7 @@ def test_300_steps_of_resnet18_at_a_small_size_raise_no_alert(tmp_path):
     layers = ["conv", "relu", nn.Linear]
     # update_ratio stays off, its default: SGD's first steps move fc.weight by 8 % (see docs/diagnosis.md)
     alerts, messages, _ = _train_quietly(model, tmp_path, batches, nn.CrossEntropyLoss(), optimizer=sgd, layers=layers,
-                                         update_ratio=False)
+                                         statistics=None)
     assert alerts == [] and messages == []
 
 
@@ -345,6 +347,6 @@ def test_300_steps_of_a_tiny_gpt2_raise_no_alert(tmp_path):
         return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
     # update_ratio stays off, its default: Adam's first steps move GPT-2's 0.02-std weights by 5 % (docs/diagnosis.md)
-    alerts, messages, loss = _train_quietly(model, tmp_path, batches, loss_fn, lr=1e-3, update_ratio=False)
+    alerts, messages, loss = _train_quietly(model, tmp_path, batches, loss_fn, lr=1e-3, statistics=None)
     assert alerts == [] and messages == []
     assert loss < 2.0  # it learned: chance is ln 64 = 4.16

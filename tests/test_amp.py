@@ -48,7 +48,7 @@ def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1)  # the scale doubles every step
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scales = []
-    with actviz.watch(model, tmp_path, every=1, grad_scaler=scaler):
+    with actviz.watch(model, tmp_path, every=1, options=actviz.Options(grad_scaler=scaler)):
         for batch in data:
             optimizer.zero_grad()
             scales.append(scaler.get_scale())
@@ -84,7 +84,7 @@ def test_an_overflow_step_stays_readable(tmp_path, read_run):
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    with actviz.watch(model, tmp_path, every=1, grad_scaler=scaler):
+    with actviz.watch(model, tmp_path, every=1, options=actviz.Options(grad_scaler=scaler)):
         scaler.scale(model(batch).square().mean()).backward()
         nonfinite = {name: int((~torch.isfinite(param.grad)).sum()) for name, param in model.named_parameters()}
         scaler.step(optimizer)  # skipped: no optimizer step, so the step ends at the next forward
@@ -110,7 +110,7 @@ def test_an_overflow_step_stays_readable(tmp_path, read_run):
 
 def test_grad_scaler_must_be_a_grad_scaler(tmp_path):
     with pytest.raises(TypeError, match="grad_scaler must be a torch.amp.GradScaler.*got float"):
-        actviz.watch(small_cnn(), tmp_path / "run", grad_scaler=65536.0)
+        actviz.watch(small_cnn(), tmp_path / "run", options=actviz.Options(grad_scaler=65536.0))
     assert not (tmp_path / "run").exists()
 
 

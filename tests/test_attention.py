@@ -218,7 +218,7 @@ MODELS = {
 def test_every_tag_on_four_transformers(kind, read_run):
     make, attention_layers = MODELS[kind]
     model, log_dir = make(), tempfile.mkdtemp()
-    with actviz.watch(model, log_dir, every=2, strict=True) as viz:
+    with actviz.watch(model, log_dir, every=2, options=actviz.Options(strict=True)) as viz:
         for _ in range(3):
             run_model(kind, model).backward()
         layers = viz.layer_names
@@ -247,7 +247,7 @@ def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
     handed = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, log_dir, every=1, strict=True, on_alert=handed.append) as viz:
+        with actviz.watch(model, log_dir, every=1, on_alert=handed.append, options=actviz.Options(strict=True)) as viz:
             for _ in range(2):
                 run_model("encoder", model).backward()
         kept = list(viz.alerts)
@@ -429,15 +429,16 @@ class HandWritten(nn.Module):
 def test_hand_written_attention_needs_transformer_stats_true(read_run):
     torch.manual_seed(0)
     x = torch.randn(2, 10, 16)
-    for wanted, expected in ((None, set()), (True, {"sdpa.0"}), (False, set())):
+    for statistics, expected in ((["default"], set()), (["default", "transformer"], {"sdpa.0"}), (["moments"], set())):
         model, log_dir = nn.Sequential(HandWritten()), tempfile.mkdtemp()
-        with actviz.watch(model, log_dir, every=1, transformer_stats=wanted, strict=True):
+        with actviz.watch(model, log_dir, every=1, statistics=statistics, options=actviz.Options(strict=True)):
             model(x).sum().backward()
         run = read_run(log_dir)
         assert {tag.split("/")[1] for tag in run.scalar_tags if tag.startswith("attention/")} == expected
     # named after a watched module with children that encloses the call
     model, log_dir = nn.Sequential(HandWritten()), tempfile.mkdtemp()
-    with actviz.watch(model, log_dir, every=1, layers=["0", "0.qkv"], transformer_stats=True, strict=True):
+    with actviz.watch(model, log_dir, every=1, layers=["0", "0.qkv"], statistics=["default", "transformer"],
+        options=actviz.Options(strict=True)):
         model(x).sum().backward()
     q, k, _ = model[0].qkv(x).detach().view(2, 10, 3, 2, 8).permute(2, 0, 3, 1, 4)
     logits, probabilities = brute_force(q, k, is_causal=True)

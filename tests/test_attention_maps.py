@@ -52,7 +52,7 @@ def test_vit_probe_draws_each_heads_map_and_the_rollout(read_run):
     model, log_dir = tiny_vit(), tempfile.mkdtemp()
     torch.manual_seed(5)
     probe = torch.randn(1, 3, 16, 16)
-    with actviz.watch(model, log_dir, every=1, probe=probe, strict=True):
+    with actviz.watch(model, log_dir, every=1, extras=[actviz.Probe(probe)], options=actviz.Options(strict=True)):
         model(torch.randn(2, 3, 16, 16)).square().mean().backward()
     expected = vit_weights_by_hand(tiny_vit(), probe)  # the same initial weights: the probe ran before the update
     run = read_run(log_dir)
@@ -75,7 +75,8 @@ def test_rollout_needs_square_vit_maps():
 def test_text_model_probe_draws_maps_but_no_rollout(read_run):
     layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True)
     model, log_dir = nn.Sequential(nn.TransformerEncoder(layer, 1, enable_nested_tensor=False), nn.Linear(8, 3)), tempfile.mkdtemp()
-    with actviz.watch(model, log_dir, every=1, probe=torch.randn(1, 7, 8), strict=True):
+    with actviz.watch(model, log_dir, every=1, extras=[actviz.Probe(torch.randn(1, 7, 8))],
+        options=actviz.Options(strict=True)):
         model(torch.randn(2, 7, 8)).sum().backward()
     run = read_run(log_dir)
     assert "attention_maps/0.layers.0.self_attn" in run.image_tags

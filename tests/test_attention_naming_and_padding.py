@@ -64,7 +64,7 @@ class Block(nn.Module):
 def _attention_layers(model: nn.Module, **options) -> set[str]:
     """The ``{layer}`` of every ``attention/{layer}/max_logit`` tag of one logging step of ``model``."""
     torch.manual_seed(0)
-    with actviz.watch(model, tempfile.mkdtemp(), every=1, transformer_stats=True, **options) as viz:
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, **options, statistics=["default", "transformer"]) as viz:
         model(torch.randn(2, 6, WIDTH)).square().mean().backward()
         viz.flush()
         scalars = viz.latest.scalars
@@ -195,7 +195,7 @@ def _train(kind: str, steps: int, collapse_at: int | None = None) -> list[actviz
     torch.manual_seed(0)
     model = PaddedModel(kind)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    with actviz.watch(model, tempfile.mkdtemp(), every=1, transformer_stats=True) as viz:
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, statistics=["default", "transformer"]) as viz:
         for step in range(steps):
             if step == collapse_at:  # queries 100 times larger: each row puts all its weight on one key
                 with torch.no_grad():

@@ -81,7 +81,7 @@ def train_scaled(log_dir, factors: list[float], **watch_kwargs):
     inputs = torch.randn(8, 4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, log_dir, every=10**6, spikes=True, alerts=False, **watch_kwargs) as viz:
+        with actviz.watch(model, log_dir, every=10**6, alerts=False, **watch_kwargs, extras=[actviz.Spikes()]) as viz:
             for factor in factors:
                 loss = model(inputs).square().mean() * factor
                 optimizer.zero_grad()
@@ -150,7 +150,7 @@ def test_a_healthy_batch_1_run_has_no_spike(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=10**6, spikes=True, alerts=False) as viz:
+        with actviz.watch(model, tmp_path, every=10**6, alerts=False, extras=[actviz.Spikes()]) as viz:
             for _ in range(600):
                 inputs = torch.randn(1, 3, 8, 8)
                 with torch.no_grad():

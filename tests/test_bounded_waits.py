@@ -153,7 +153,7 @@ class StuckDiskWriter(SummaryWriter):
 def test_tensorboards_writer_that_never_returns_costs_one_warning_and_the_steps_it_cannot_take(tmp_path):
     model = mlp()
     writer = StuckDiskWriter(tmp_path)
-    viz = actviz.watch(model, writer=writer, every=1, image_every=False, alerts=False)
+    viz = actviz.watch(model, sink=writer, every=1, image_every=False, alerts=False)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

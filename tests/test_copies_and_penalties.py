@@ -272,7 +272,7 @@ def test_a_compiled_optimizer_step_runs_actvizs_hooks_eagerly_and_compiles_one_g
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     step = torch.compile(optimizer.step, backend=backend)
-    with actviz.watch(model, tmp_path, every=2, spikes=True) as viz:
+    with actviz.watch(model, tmp_path, every=2, extras=[actviz.Spikes()]) as viz:
         for _ in range(12):  # the spike recorder writes a new slot of its ring at every step
             optimizer.zero_grad()
             model(torch.randn(3, 4)).square().mean().backward()

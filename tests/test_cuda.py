@@ -49,7 +49,7 @@ def test_values_equal_the_cpus(tmp_path):
     gpu_model = copy.deepcopy(cpu_model).cuda()
     inputs = torch.randn(4, 3, 8, 8)
     for model, device, folder in ((cpu_model, "cpu", "cpu"), (gpu_model, "cuda", "gpu")):
-        with actviz.watch(model, tmp_path / folder, every=1, histogram_sample_size=None):
+        with actviz.watch(model, tmp_path / folder, every=1, options=actviz.Options(histogram_sample_size=None)):
             step(model, inputs.to(device))
     cpu, gpu = Run(tmp_path / "cpu"), Run(tmp_path / "gpu")
     assert cpu.histogram_tags == gpu.histogram_tags and cpu.image_tags == gpu.image_tags

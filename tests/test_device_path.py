@@ -135,7 +135,7 @@ def test_a_small_output_is_copied_once_for_its_summary_and_its_grid(max_channels
     """A small 4-D output's grid is drawn from the copy its summary makes: one copy per tensor, taken before the
     in-place ReLU. With every channel drawn, the grid takes no op of its own (drawn on the host from the row's
     sample); with fewer, sample 0's chosen channels are picked from that copy on the device."""
-    results, count, before_relu = small_conv_step(image_every=1, max_channels=max_channels)
+    results, count, before_relu = small_conv_step(image_every=1, options=actviz.Options(max_channels=max_channels))
     _, without_pictures, _ = small_conv_step(image_every=False)
     assert sorted(results.activations) == sorted(results.gradients) == ["0", "3"]
     assert count.kernels.count("aten.clone.default") == 4  # two outputs and their two gradients, no more

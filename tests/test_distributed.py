@@ -142,7 +142,8 @@ def _sharded_worker(rank: int, init_file: str, log_dir: str, wrapper: str, merge
         else:
             model = DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-        with actviz.watch(model, log_dir, every=1, merge_ranks=merge, histogram_sample_size=None, bins=8):
+        with actviz.watch(model, log_dir, every=1,
+            options=actviz.Options(bins=8, histogram_sample_size=None, merge_ranks=merge)):
             for step in range(3):
                 model(_mlp_batch(rank, step)).square().mean().backward()
                 optimizer.step()
@@ -211,7 +212,7 @@ def _probe_worker(rank: int, init_file: str, log_dir: str) -> None:
         model = DistributedDataParallel(small_cnn())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         probe = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(5))
-        with actviz.watch(model, log_dir, every=2, probe=probe, gradcam=True):
+        with actviz.watch(model, log_dir, every=2, extras=[actviz.Probe(probe, gradcam=True)]):
             for _ in range(4):  # the probe runs on rank 0 only, through model.module: no collective
                 train_step(model, optimizer)
         dist.barrier()

@@ -135,7 +135,7 @@ def test_flow_tags_by_default_and_update_ratio_when_asked(tmp_path, read_run):
     run(tmp_path / "relu", relu, layers="all")  # a ReLU zeroes about half its inputs: now there is something to show
     events = read_run(tmp_path / "relu")
     assert "flow/zero_fraction" in events.image_tags and 0.2 < events.scalar("activation_stats/1/zero_fraction", 10) < 0.8
-    run(tmp_path / "ratio", Net(), update_ratio=True)
+    run(tmp_path / "ratio", Net(), statistics=["default", "update_ratio"])
     events = read_run(tmp_path / "ratio")
     assert "flow/update_ratio" in events.image_tags
     params = ["head.weight", "head.bias", "body.weight", "body.bias", "stem.weight", "stem.bias"]
@@ -182,7 +182,8 @@ def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, image_every=5, strict=True, alerts={"warmup_steps": 0}) as viz:
+        with actviz.watch(model, tmp_path, every=1, image_every=5, alerts={"warmup_steps": 0},
+            options=actviz.Options(strict=True)) as viz:
             for _ in range(6):
                 loss = model(torch.randn(16, 8)).square().mean()
                 optimizer.zero_grad()

@@ -161,7 +161,7 @@ def test_graphs_stay_bounded_over_many_layer_shapes(monkeypatch):
     # A sample of 8: outputs of 9 elements or more are larger than it and compiled; the last layer's (1 and 3
     # elements) are batched with the step's small tensors (actviz/summaries/small_tensors.py), never compiled.
     with tempfile.TemporaryDirectory() as folder, torch._dynamo.config.patch(recompile_limit=1):  # no recompile
-        with actviz.watch(model, folder, every=1, layers=nn.Linear, histogram_sample_size=8):
+        with actviz.watch(model, folder, every=1, layers=nn.Linear, options=actviz.Options(histogram_sample_size=8)):
             for batch in (1, 3):  # output lengths 9..39, 40,000 and 1, then 27..117, 120,000 and 3
                 model(torch.randn(batch, 8)).sum().backward()
         run = Run(folder)
@@ -201,7 +201,7 @@ def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "_warned", False)
     model = staircase(3)
     with pytest.warns(RuntimeWarning, match="runs eagerly"):
-        with actviz.watch(model, tmp_path, every=1, histogram_sample_size=4) as viz:  # outputs larger: compiled
+        with actviz.watch(model, tmp_path, every=1, options=actviz.Options(histogram_sample_size=4)) as viz:  # outputs larger: compiled
             model(torch.randn(2, 8)).sum().backward()
             viz.flush()
     assert Run(tmp_path).histogram_steps("activations/0") == [0]
@@ -210,7 +210,7 @@ def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
 def test_nothing_is_compiled_before_the_first_logging_step(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "_compiled", {})
     model = staircase(3)
-    with actviz.watch(model, tmp_path, every=[2], histogram_sample_size=4):  # outputs larger than it: compiled
+    with actviz.watch(model, tmp_path, every=[2], options=actviz.Options(histogram_sample_size=4)):  # outputs larger than it: compiled
         for _ in range(2):
             model(torch.randn(2, 8)).sum().backward()
         assert fused.compiled_functions() == {}

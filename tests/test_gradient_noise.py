@@ -105,9 +105,10 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[dict[int,
     unwatched = copy.deepcopy(model)  # the reference's copy: a watched model's forward would count as a step
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     expected, written = {}, {}
-    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True,
-                      on_step=lambda results: written.__setitem__(results.step, {
-                          tag: value for tag, value in results.scalars.items() if tag in GRADIENT_NOISE})) as viz:
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+        on_step=lambda results: written.__setitem__(results.step, {
+                          tag: value for tag, value in results.scalars.items() if tag in GRADIENT_NOISE}),
+        statistics=["default", "gradient_noise"]) as viz:
         for step, (xb, yb) in enumerate(zip(x, y)):
             unwatched.load_state_dict(model.state_dict())
             expected[step] = reference(per_example_gradients(unwatched, loss_of, xb, yb))
@@ -132,7 +133,7 @@ def test_b_simple_of_a_regression_is_the_torch_func_estimate(tmp_path, read_run)
         for tag in GRADIENT_NOISE:
             assert written[step][tag] == pytest.approx(expected[step][tag], rel=1e-5), (step, tag)
     # What the event file holds is what on_step got (float32 in TensorBoard).
-    with actviz.watch(model, tmp_path, every=1, image_every=False, gradient_noise=True) as viz:
+    with actviz.watch(model, tmp_path, every=1, image_every=False, statistics=["default", "gradient_noise"]) as viz:
         nn.functional.mse_loss(model(x[0]), y[0]).backward()
         viz.flush()
         latest = viz.latest.scalars
@@ -165,7 +166,8 @@ def test_a_transformer_layer_counts_its_linear_and_norm_calls():
     for name, parameter in unwatched.named_parameters():
         parameter.requires_grad_(name.split(".")[0] in ("linear1", "linear2", "norm1", "norm2"))
     expected = reference(per_example_gradients(unwatched, nn.functional.mse_loss, x, y))
-    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True) as viz:
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+        statistics=["default", "gradient_noise"]) as viz:
         nn.functional.mse_loss(model(x), y).backward()
         viz.flush()
     assert {tag: viz.latest.scalars[tag] for tag in GRADIENT_NOISE} == pytest.approx(expected, rel=1e-5)
@@ -190,7 +192,8 @@ def test_a_layer_called_twice_counts_its_first_call():
     untied.second.requires_grad_(False)  # the reference: the first call's share alone
     expected = reference(per_example_gradients(untied, nn.functional.mse_loss, x, y))
     model = Twice()
-    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True) as viz:
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+        statistics=["default", "gradient_noise"]) as viz:
         nn.functional.mse_loss(model(x), y).backward()
         viz.flush()
     assert {tag: viz.latest.scalars[tag] for tag in GRADIENT_NOISE} == pytest.approx(expected, rel=1e-5)
@@ -201,8 +204,8 @@ def test_the_loss_scale_is_taken_out():
     found = []
     for scaler in (None, torch.amp.GradScaler("cpu", init_scale=1024.0)):
         model = mlp()
-        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True,
-                          grad_scaler=scaler) as viz:
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+            statistics=["default", "gradient_noise"], options=actviz.Options(grad_scaler=scaler)) as viz:
             loss = nn.functional.mse_loss(model(x[0]), y[0])
             (loss if scaler is None else scaler.scale(loss)).backward()
             viz.flush()
@@ -232,12 +235,11 @@ def test_off_by_default_and_a_bad_value_names_the_argument(tmp_path, read_run, m
     monkeypatch.setattr("actviz.capture.step_capture.GradientNoise", never)
     monkeypatch.setattr(gradient_noise, "squared_norms", never)
     model = mlp()
-    with actviz.watch(model, tmp_path / "run", every=1, strict=True):
+    with actviz.watch(model, tmp_path / "run", every=1, options=actviz.Options(strict=True)):
         model(torch.randn(4, 8)).square().mean().backward()
     assert not {tag for tag in read_run(tmp_path / "run").scalar_tags if tag.startswith("gradient_noise/")}
-    for bad in ("yes", 1, None):
-        with pytest.raises(TypeError, match=r"gradient_noise must be True or False, got"):
-            actviz.watch(model, tmp_path / "bad", gradient_noise=bad)
+    with pytest.raises(TypeError, match=r"^watch\(\) no longer takes gradient_noise=; pass statistics=\['default', 'gra"):
+        actviz.watch(model, tmp_path / "bad", gradient_noise=True)
     assert hooks_left(model) == NO_HOOKS and not (tmp_path / "bad").exists()
 
 
@@ -251,7 +253,7 @@ def test_a_failure_warns_once_and_turns_the_option_off(monkeypatch, tmp_path):
     monkeypatch.setattr(gradient_noise, "squared_norms", broken)
     model = mlp()
     with pytest.warns(RuntimeWarning, match=r"'\(gradient_noise\)'.*RuntimeError: no norms") as caught:
-        with actviz.watch(model, tmp_path, every=1, image_every=False, gradient_noise=True) as viz:
+        with actviz.watch(model, tmp_path, every=1, image_every=False, statistics=["default", "gradient_noise"]) as viz:
             for _ in range(3):
                 model(torch.randn(4, 8)).square().mean().backward()
                 viz.flush()
@@ -259,7 +261,8 @@ def test_a_failure_warns_once_and_turns_the_option_off(monkeypatch, tmp_path):
     assert len(calls) == 1  # the step took no more layers, and the later steps no input
     assert sorted(viz.latest.gradients) == ["0", "2", "3"] and "gradient_noise/simple" not in viz.latest.scalars
     with pytest.raises(RuntimeError, match="no norms"):
-        with actviz.watch(model, tmp_path / "strict", every=1, gradient_noise=True, strict=True):
+        with actviz.watch(model, tmp_path / "strict", every=1, statistics=["default", "gradient_noise"],
+            options=actviz.Options(strict=True)):
             model(torch.randn(4, 8)).square().mean().backward()
 
 
@@ -278,7 +281,7 @@ def test_the_device_half_is_a_few_ops_per_layer_and_no_sync(monkeypatch):
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the accelerator's code path, on the CPU
     monkeypatch.setenv("ACTVIZ_FUSED", "0")
     model = mlp()
-    off, on = _count_step(model), _count_step(model, gradient_noise=True)
+    off, on = _count_step(model), _count_step(model, statistics=["default", "gradient_noise"])
     assert off.syncs == on.syncs == []
     added = Counter(on.kernels) - Counter(off.kernels)
     assert Counter(off.kernels) - Counter(on.kernels) == Counter()  # nothing of the step changes, ops are added

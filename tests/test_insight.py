@@ -34,7 +34,7 @@ def test_the_probe_draws_the_same_input_and_changes_nothing(tmp_path, read_run):
                     for name, x in (("0", probe), ("2", twin[1](twin[0](probe))))}
     twin.train()
     data = batches(4)
-    with actviz.watch(model, tmp_path, every=2, probe=probe):
+    with actviz.watch(model, tmp_path, every=2, extras=[actviz.Probe(probe)]):
         train(model, len(data), data, lr=0.1)
         assert model.training and all(module.training for module in model.modules())
     train(twin, len(data), data, lr=0.1)
@@ -65,14 +65,14 @@ def test_a_probe_of_several_arguments_and_bad_probes(tmp_path):
             return self.conv(image) * scale
 
     model = TwoInputs()
-    with actviz.watch(model, tmp_path, every=1, probe={"image": torch.randn(1, 3, 6, 6), "scale": torch.tensor(2.0)}):
+    with actviz.watch(model, tmp_path, every=1,
+        extras=[actviz.Probe({"image": torch.randn(1, 3, 6, 6), "scale": torch.tensor(2.0)})]):
         model(torch.randn(2, 3, 6, 6), torch.tensor(1.0)).sum().backward()
-    with pytest.raises(TypeError, match=r"probe= must be a batch the model takes.*got str"):
-        actviz.watch(small_cnn(), tmp_path / "bad", probe="cat.jpg")
-    with pytest.raises(ValueError, match=r"gradcam= draws over the probe input: give probe= too"):
-        actviz.watch(small_cnn(), tmp_path / "bad", gradcam=True)
+    with pytest.raises(TypeError, match=r"actviz.Probe\(batch\) takes a batch the model takes.*got str"):
+        actviz.watch(small_cnn(), tmp_path / "bad", extras=[actviz.Probe("cat.jpg")])
     with pytest.raises(ValueError, match=r"unknown layer 'feature.0' in gradcam="):
-        actviz.watch(small_cnn(), tmp_path / "bad", probe=torch.randn(1, 3, 8, 8), gradcam="feature.0")
+        actviz.watch(small_cnn(), tmp_path / "bad",
+            extras=[actviz.Probe(torch.randn(1, 3, 8, 8), gradcam="feature.0")])
     assert not (tmp_path / "bad").exists()
 
 
@@ -95,18 +95,19 @@ IMAGE = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"probe": torch.randn(1, 5, 8, 8)},
-     r"^probe= of shape \(1, 5, 8, 8\) does not go through the FourLayers: RuntimeError: .*expected input\[1, 5, 8, 8\] "
-     r"to have 3 channels.* Give a batch it takes, such as the first sample of a training batch: probe=inputs\[:1\]$"),
-    ({"probe": (IMAGE, torch.ones(1))},
-     r"^probe= of shapes \(\(1, 3, 8, 8\), \(1,\)\) does not go through the FourLayers: TypeError: .*probe=inputs\[:1\]$"),
-    ({"probe": IMAGE, "gradcam": "layer5"}, r"^unknown layer 'layer5' in gradcam='layer5'; did you mean 'layer4'"),
-    ({"probe": IMAGE, "gradcam": "fc"}, r"^gradcam='fc': this layer gives an output of shape \(1, 2\); Grad-CAM needs "
+    ({"extras": [actviz.Probe(torch.randn(1, 5, 8, 8))]},
+     r"^actviz.Probe\(batch\) of shape \(1, 5, 8, 8\) does not go through the FourLayers: RuntimeError: .*expected input\[1, 5, 8, 8\] "
+     r"to have 3 channels.* Give a batch it takes, such as the first sample of a training batch: actviz.Probe\(inputs\[:1\]\)$"),
+    ({"extras": [actviz.Probe((IMAGE, torch.ones(1)))]},
+     r"^actviz.Probe\(batch\) of shapes \(\(1, 3, 8, 8\), \(1,\)\) does not go through the FourLayers: TypeError: "
+     r".*actviz.Probe\(inputs\[:1\]\)$"),
+    ({"extras": [actviz.Probe(IMAGE, gradcam="layer5")]}, r"^unknown layer 'layer5' in gradcam='layer5'; did you mean 'layer4'"),
+    ({"extras": [actviz.Probe(IMAGE, gradcam="fc")]}, r"^gradcam='fc': this layer gives an output of shape \(1, 2\); Grad-CAM needs "
      r"a layer whose output is \(N, C, h, w\), e.g. gradcam='layer4', the last Conv2d the probe runs$"),
-    ({"probe": IMAGE, "gradcam": ["layer1", "spare"]},
+    ({"extras": [actviz.Probe(IMAGE, gradcam=["layer1", "spare"])]},
      r"^gradcam='spare': this layer is not run by the probe's forward; .* e.g. gradcam='layer4'"),
-    ({"probe": torch.randn(1, 8), "gradcam": True},
-     r"^gradcam=True draws over probe sample 0 as a picture, so probe= must be a batch of images, "
+    ({"extras": [actviz.Probe(torch.randn(1, 8), gradcam=True)]},
+     r"^gradcam=True draws over probe sample 0 as a picture, so the probe must be a batch of images, "
      r"\(N, 1 or 3, H, W\) floats.*got shape \(1, 8\)"),
 ], ids=["channels", "arguments", "no-such-layer", "not-4d", "not-run", "not-an-image"])
 def test_watch_refuses_a_bad_probe_or_gradcam_at_once_and_leaves_nothing(tmp_path, kwargs, message):
@@ -142,7 +143,7 @@ def test_the_probe_tried_at_watch_leaves_the_model_and_the_random_stream_as_they
     state = {name: value.clone() for name, value in model.state_dict().items()}  # BatchNorm's statistics included
     random_state = torch.get_rng_state()
 
-    viz = actviz.watch(model, tmp_path, every=1, probe=IMAGE, gradcam=True)
+    viz = actviz.watch(model, tmp_path, every=1, extras=[actviz.Probe(IMAGE, gradcam=True)])
     assert noisy.calls == 1  # the probe went through once
     assert [module.training for module in model.modules()] == modes
     assert all(torch.equal(value, state[name]) for name, value in model.state_dict().items())
@@ -200,7 +201,7 @@ def test_gradcam_during_training_draws_over_the_probe_and_leaves_training_gradie
     twin = copy.deepcopy(model)
     probe = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
     data = batches(2)
-    with actviz.watch(model, tmp_path, every=1, probe=probe, gradcam=True):
+    with actviz.watch(model, tmp_path, every=1, extras=[actviz.Probe(probe, gradcam=True)]):
         train(model, len(data), data, lr=0.1)
     train(twin, len(data), data, lr=0.1)
     for param, twin_param in zip(model.parameters(), twin.parameters()):
@@ -246,7 +247,8 @@ def test_the_custom_scalars_layout_covers_the_real_tags(tmp_path, read_run):
     inputs[1][0, 0, 0, 0] = float("nan")  # non-finite counts are written once they are not zero
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, update_ratio=True, layers=["conv", "relu", nn.Linear]):
+        with actviz.watch(model, tmp_path, every=1, layers=["conv", "relu", nn.Linear],
+            statistics=["default", "update_ratio"]):
             train(model, len(inputs), inputs, lr=0.1)
     run = read_run(tmp_path)
     layout_events = run.events.Tensors("custom_scalars__config__")
@@ -272,7 +274,7 @@ def test_the_update_ratio_is_what_plain_sgd_gives_by_hand(tmp_path, read_run):
     expected = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with actviz.watch(model, tmp_path, every=2, update_ratio=True):
+        with actviz.watch(model, tmp_path, every=2, statistics=["default", "update_ratio"]):
             for step, batch in enumerate(batches(4)):
                 optimizer.zero_grad()
                 model(batch).square().mean().backward()

@@ -19,6 +19,9 @@ import torch
 from conftest import NO_HOOKS, Run, hooks_left, small_cnn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+import actviz
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -452,14 +455,17 @@ def adapters():
     "kwargs, error, message",
     [
         ({"evry": 2}, TypeError, "unknown actviz.watch() argument 'evry'; did you mean 'every'?"),
-        ({"auto_step": True}, TypeError, "sets auto_step= itself"),
+        ({"auto_step": True}, TypeError, "ActvizCallback no longer takes auto_step=; pass options=actviz.Options(auto_step=...)"),
+        ({"bins": 0}, TypeError, "ActvizCallback no longer takes bins=; pass options=actviz.Options(bins=...)"),
+        ({"writer": object()}, TypeError, "ActvizCallback no longer takes writer=; pass sink=writer (a SummaryWriter "),
         ({"model": torch.nn.Linear(1, 1)}, TypeError, "sets model= itself"),
         ({"every": 0}, ValueError, "every must be a positive number of steps"),
         ({"image_every": "often"}, TypeError, "image_every must be an int"),
-        ({"log_dir": "runs/x", "writer": object()}, ValueError, "a log_dir or a writer, not both"),
-        ({"bins": 0}, ValueError, "bins must be positive, got 0; for example bins=64"),
-        ({"max_channels": 2.5}, TypeError, "max_channels must be an int, got float"),
-        ({"outputs": "last"}, ValueError, "outputs must be 'first' or 'all', got 'last'"),
+        ({"log_dir": "runs/x", "sink": SummaryWriter.__new__(SummaryWriter)}, ValueError, "a log_dir or a SummaryWriter as sink=, not both"),
+        ({"options": {"bins": 0}}, TypeError, "options must be an actviz.Options, got dict"),
+        ({"statistics": ["default", "update_ratios"]}, ValueError,
+         "unknown statistic 'update_ratios'; did you mean 'update_ratio'?"),
+        ({"extras": [actviz.Spikes(), actviz.Spikes()]}, ValueError, "extras holds two Spikes objects; give one"),
     ],
 )
 def test_callbacks_check_their_arguments_when_made(kwargs, error, message):

@@ -60,7 +60,7 @@ def test_logit_tags_read_back(read_run):
     torch.manual_seed(0)
     model, log_dir = Classifier(), tempfile.mkdtemp()
     x = torch.randn(4, 5, 8)
-    with actviz.watch(model, log_dir, every=1, strict=True):
+    with actviz.watch(model, log_dir, every=1, options=actviz.Options(strict=True)):
         logits = model(x)
         logits.sum().backward()
     rows = logits.detach().double()
@@ -74,7 +74,7 @@ def test_logit_tags_read_back(read_run):
 
 def test_transformer_stats_false_logs_none_of_them(read_run):
     model, log_dir = Classifier(), tempfile.mkdtemp()
-    with actviz.watch(model, log_dir, every=1, transformer_stats=False):
+    with actviz.watch(model, log_dir, every=1, statistics=["moments", "dead_channels", "saturation"]):
         model(torch.randn(2, 3, 8)).sum().backward()
     run = read_run(log_dir)
     assert not [tag for tag in run.scalar_tags if tag.startswith(("logits/", "attention/")) or "max_abs" in tag]

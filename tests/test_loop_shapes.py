@@ -42,7 +42,7 @@ def test_gradient_accumulation_logs_the_summed_gradient(tmp_path, read_run):
     micro = batches(2)
     for batch in micro:
         twin(batch).square().mean().backward()
-    viz = actviz.watch(model, tmp_path, every=1, auto_step=False)
+    viz = actviz.watch(model, tmp_path, every=1, options=actviz.Options(auto_step=False))
     viz.set_step(0)
     for batch in micro:
         model(batch).square().mean().backward()

@@ -175,15 +175,16 @@ def test_hugging_face_moe_models_get_every_tag_for_every_router(tmp_path, read_r
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []  # healthy: no alarm
 
 
-@pytest.mark.parametrize(("transformer_stats", "moe"), [(None, None), (False, None), (None, False)])
-def test_one_mode_serves_attention_and_routers_each_turned_off_alone(tmp_path, read_run, transformer_stats, moe):
+@pytest.mark.parametrize(("statistics", "attention", "moe"), [
+    (["default"], True, True), (["moments", "moe"], False, True), (["moments", "attention"], True, False)])
+def test_one_mode_serves_attention_and_routers_each_turned_off_alone(tmp_path, read_run, statistics, attention, moe):
     model, ids = hugging_face_moe("qwen2_moe").train(), torch.randint(0, 64, (2, 16))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, layers="lm_head", transformer_stats=transformer_stats, moe=moe):
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head", statistics=statistics):
             model(input_ids=ids, labels=ids).loss.backward()
     kinds = {tag.split("/", 1)[0] for tag in read_run(tmp_path).scalar_tags}
-    assert ("attention" in kinds, "moe" in kinds) == (transformer_stats is None, moe is None)
+    assert ("attention" in kinds, "moe" in kinds) == (attention, moe)
 
 
 def test_deepseek_v3s_group_limited_router_logs_its_choice_over_every_expert(tmp_path, read_run):
@@ -205,7 +206,7 @@ def test_deepseek_v3s_group_limited_router_logs_its_choice_over_every_expert(tmp
 
 def test_moe_false_and_a_model_without_moe_log_no_router(tmp_path, read_run):
     x = torch.randn(4, 32, WIDTH)
-    train(moe_model(), tmp_path / "off", [x], moe=False)
+    train(moe_model(), tmp_path / "off", [x], statistics=["moments", "transformer"])
     assert not any(tag.startswith("moe/") for tag in read_run(tmp_path / "off").scalar_tags)
 
     class Block(nn.Module):  # a top-k router that no class name says
@@ -221,7 +222,7 @@ def test_moe_false_and_a_model_without_moe_log_no_router(tmp_path, read_run):
     train(Block(), tmp_path / "auto", [x])
     assert not any(tag.startswith("moe/") for tag in read_run(tmp_path / "auto").scalar_tags)
     torch.manual_seed(0)
-    train(Block(), tmp_path / "on", [x], moe=True)
+    train(Block(), tmp_path / "on", [x], statistics=["default", "moe"])
     assert {tag for tag in read_run(tmp_path / "on").scalar_tags if tag.startswith("moe/")} == {
         f"moe/scores/{statistic}" for statistic in STATISTICS}
 
@@ -256,17 +257,18 @@ def test_a_router_call_costs_ten_kernels_and_no_sync():
 
 def test_a_logging_forward_of_mixtral_adds_ten_kernels_per_router(tmp_path):
     ids, kernels, syncs = torch.randint(0, 64, (2, 16)), {}, {}
-    for moe in (False, None):
+    for moe in (False, True):
         model = hugging_face_moe("mixtral").train()  # the same weights: the same experts run
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with actviz.watch(model, tmp_path / str(moe), every=1, layers="lm_head", moe=moe):
+            with actviz.watch(model, tmp_path / str(moe), every=1, layers="lm_head",
+                              statistics=["moments", "transformer", *(["moe"] if moe else [])]):
                 for _ in range(2):  # the second: a process's first logging forward makes a few things once
                     with CountOps() as counted:
                         loss = model(input_ids=ids, labels=ids).loss
                     loss.backward()
         kernels[moe], syncs[moe] = len(counted.kernels), counted.syncs
-    assert kernels[None] - kernels[False] == 2 * 10 and syncs[None] == syncs[False]  # the model's own nonzero
+    assert kernels[True] - kernels[False] == 2 * 10 and syncs[True] == syncs[False]  # the model's own nonzero
 
 
 def test_experts_dead_for_three_logging_steps_raise_one_alert_and_doctor_lists_it(tmp_path, capsys):
@@ -322,9 +324,8 @@ def test_the_dead_experts_rule_follows_the_same_experts_and_judges_big_enough_ba
 
 
 def test_moe_is_checked_and_class_names_pick_the_default():
-    for bad in ("yes", 1, None.__class__):
-        with pytest.raises(TypeError, match="moe must be None"):
-            actviz.watch(nn.Linear(2, 2), moe=bad)
+    with pytest.raises(TypeError, match=r"^watch\(\) no longer takes moe=; pass statistics=\['default', 'moe'\] to "):
+        actviz.watch(nn.Linear(2, 2), moe=True)
     names = {"MixtralSparseMoeBlock": True, "Qwen2MoeTopKRouter": True, "SwitchTransformersTop1Router": True,
              "TopKGate": True, "OlmoeExperts": True, "GatedMLP": False, "Aggregate": False, "Linear": False}
     for name, want in names.items():

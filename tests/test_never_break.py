@@ -153,7 +153,7 @@ def test_lazy_modules_are_watched_before_their_first_forward_and_log_their_param
     model = nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.LazyLinear(2))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "skips '0.weight' from now on"
-        viz = actviz.watch(model, tmp_path, every=2, image_every=False, update_ratio=True)
+        viz = actviz.watch(model, tmp_path, every=2, image_every=False, statistics=["default", "update_ratio"])
         with torch.no_grad():
             model(torch.randn(3, 5))  # the dry run lazy modules need (not a step: no grad), then the optimizer
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -513,7 +513,7 @@ class DataclassModel(nn.Module):
 def test_dataclass_outputs_log_their_tensor_fields(tmp_path, read_run):
     model = DataclassModel()
     inputs = torch.randn(5, 4)
-    with actviz.watch(model, tmp_path, layers=["", "body"], every=1, outputs="all"):
+    with actviz.watch(model, tmp_path, layers=["", "body"], every=1, options=actviz.Options(outputs="all")):
         model(inputs).logits.sum().backward()
     run = read_run(tmp_path)
     expected = (model.body(inputs) * 2).detach().double()

@@ -84,7 +84,8 @@ sys.path.insert(0, sys.argv[2])
 from conftest import train
 from test_no_step_lost import _batches, _model
 model = _model()
-viz = actviz.watch(model, sys.argv[1], every=1, image_every=False, strict=True, on_alert=lambda alert: sys.exit(7))
+viz = actviz.watch(model, sys.argv[1], every=1, image_every=False, options=actviz.Options(strict=True),
+                   on_alert=lambda alert: sys.exit(7))
 train(model, 6, _batches(nan_at=3))
 print("not stopped")
 """
@@ -111,7 +112,7 @@ def test_an_on_step_that_exits_runs_after_its_step_is_written(tmp_path, read_run
 def test_a_parameter_resized_in_place_skips_its_update_ratio_and_close_writes_the_rest(tmp_path, read_run, where):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    viz = actviz.watch(model, tmp_path, every=1, image_every=False, update_ratio=True)
+    viz = actviz.watch(model, tmp_path, every=1, image_every=False, statistics=["default", "update_ratio"])
     resize_at = 3 if where == "last step" else 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -152,8 +152,9 @@ def test_a_watched_step_logs_the_same_numbers_through_the_triton_kernels():
             with torch.no_grad():
                 model[0].bias[:2] = -100.0  # two dead channels
             inputs = torch.randn(4, 3, 16, 16) * 3
-            viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, histogram_sample_size=256,
-                               statistics=["outliers", "dead_channels", "saturation"], layers="all")
+            viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, layers="all",
+                               statistics=["outliers", "dead_channels", "saturation"],
+                               options=actviz.Options(histogram_sample_size=256))
             torch.nn.functional.cross_entropy(model(inputs), torch.tensor([1, 2, 3, 4])).backward()
             viz.flush(); viz.close()
             return viz.latest
@@ -205,7 +206,7 @@ def test_dead_channels_and_saturation_come_from_the_summary_row(monkeypatch):
     handles = [model[i].register_forward_hook(lambda m, a, out, i=i: seen.setdefault(i, out.detach().clone()))
                for i in (1, 3)]
     viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, layers="all",
-                       histogram_sample_size=256)
+        options=actviz.Options(histogram_sample_size=256))
     with CountOps() as count:
         nn.functional.cross_entropy(model(inputs), labels).backward()
         viz.flush()

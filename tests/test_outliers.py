@@ -91,7 +91,7 @@ def test_tags_and_alerts_read_back(read_run):
     model.up.register_forward_hook(lambda m, a, out: outputs.update(up=out.detach().clone()))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, log_dir, every=1, strict=True):
+        with actviz.watch(model, log_dir, every=1, options=actviz.Options(strict=True)):
             model(x).float().sum().backward()
     expected = by_numpy(outputs["up"].float().numpy(), 65504.0)
     run = read_run(log_dir)

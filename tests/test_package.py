@@ -155,7 +155,7 @@ import pytest
 import actviz
 
 model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 2))
-with actviz.watch(model, sys.argv[1], every=1, image_every=IMAGE_EVERY, strict=True) as viz:
+with actviz.watch(model, sys.argv[1], every=1, image_every=IMAGE_EVERY, options=actviz.Options(strict=True)) as viz:
     model(torch.randn(2, 3, 8, 8)).sum().backward()
     viz.flush()
     print("torchvision" in sys.modules)

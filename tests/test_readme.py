@@ -5,10 +5,12 @@ The README's code blocks are run by tests/test_docs.py, with every other page's.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 
 import actviz
+import actviz.statistics
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -59,3 +61,22 @@ def test_the_table_reader_sees_a_wrong_table() -> None:
     assert options_table(text) == {"every": "`100`", "bogus": "`1`"}
     assert documented_default("first") == '`"first"`' and documented_default(16384) == "`16384`"
     assert documented_default(inspect.Parameter.empty) == "required"
+
+
+def _section_table(heading: str) -> dict[str, str]:
+    """``first cell -> second cell`` of the first table under ``heading`` of the README."""
+    section = README.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return {row.strip("|").split("|")[0].strip().strip("`"): row.strip("|").split("|")[1].strip() for row in rows}
+
+
+def test_the_options_object_table_is_actviz_options_with_its_defaults() -> None:
+    table = _section_table("## actviz.Options")
+    fields = dataclasses.fields(actviz.Options)
+    assert list(table) == [field.name for field in fields], "list actviz.Options' fields in its order"
+    assert {name: documented_default(field.default) for name, field in zip(table, fields)} == table
+
+
+def test_the_statistics_table_names_every_name_statistics_takes() -> None:
+    table = _section_table("## Statistics")
+    assert sorted(name.strip('"') for name in table) == sorted(actviz.statistics.NAMES)

@@ -57,7 +57,7 @@ def test_two_models_on_one_writer_with_the_same_tags_warn_once(tmp_path, caught,
     torch.manual_seed(0)
     a, b = nn.Sequential(nn.Linear(4, 2)), nn.Sequential(nn.Linear(4, 2))
     writer = SummaryWriter(tmp_path)
-    with actviz.watch(a, writer=writer, every=1), actviz.watch(b, writer=writer, every=1):
+    with actviz.watch(a, sink=writer, every=1), actviz.watch(b, sink=writer, every=1):
         x = torch.randn(3, 4)
         a(x).sum().backward()
         b(x).sum().backward()
@@ -89,9 +89,9 @@ def test_models_with_different_tags_or_a_closed_first_watcher_are_not_warned_abo
     encoder.add_module("encoder", nn.Linear(4, 3))
     decoder = nn.Sequential()
     decoder.add_module("decoder", nn.Linear(3, 4))
-    with actviz.watch(encoder, writer=writer), actviz.watch(decoder, writer=writer):
+    with actviz.watch(encoder, sink=writer), actviz.watch(decoder, sink=writer):
         decoder(encoder(torch.randn(2, 4))).sum().backward()
-    with actviz.watch(encoder, writer=writer):  # the same tags again, but the first watcher is closed
+    with actviz.watch(encoder, sink=writer):  # the same tags again, but the first watcher is closed
         pass
     writer.close()
     assert _messages(caught, "actviz") == []
@@ -101,7 +101,7 @@ def test_run_folder_warnings_never_raise_under_warnings_as_errors(tmp_path, capl
     writer = SummaryWriter(tmp_path)
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="actviz"):
         warnings.simplefilter("error")
-        with actviz.watch(nn.Linear(4, 2), writer=writer), actviz.watch(nn.Linear(4, 2), writer=writer):
+        with actviz.watch(nn.Linear(4, 2), sink=writer), actviz.watch(nn.Linear(4, 2), sink=writer):
             pass
     writer.close()
     assert any("both watched" in record.getMessage() for record in caplog.records)

@@ -123,7 +123,7 @@ def test_a_failing_write_warns_once_and_training_goes_on(tmp_path):
     model = small_cnn()
     writer = FullDisk(tmp_path)
     with pytest.warns(RuntimeWarning, match=r"could not write step 0: OSError: .*No space left") as caught:
-        with actviz.watch(model, writer=writer, every=1):
+        with actviz.watch(model, sink=writer, every=1):
             for _ in range(3):
                 train_step(model)
     assert sum("could not write" in str(w.message) for w in caught) == 1
@@ -134,7 +134,7 @@ def test_a_full_disk_under_tensorboard_is_one_warning_for_its_writes_and_flushes
     model = small_cnn()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with actviz.watch(model, writer=FullDiskWriter(tmp_path), every=1) as viz:
+        with actviz.watch(model, sink=FullDiskWriter(tmp_path), every=1) as viz:
             for _ in range(3):
                 train_step(model)
             viz.flush()
@@ -180,7 +180,7 @@ def test_a_full_disk_is_one_warning_for_its_writes_flushes_and_close():
 def test_strict_raises_a_failing_write_in_the_training_thread(tmp_path):
     model = small_cnn()
     writer = FullDisk(tmp_path)
-    viz = actviz.watch(model, writer=writer, every=1, strict=True)
+    viz = actviz.watch(model, sink=writer, every=1, options=actviz.Options(strict=True))
     with pytest.raises(OSError, match="No space left"):
         model(torch.randn(2, 3, 8, 8)).sum().backward()
         viz.flush()  # the step ends here (no optimizer step) and is written on this thread

@@ -37,7 +37,8 @@ def run(every: int) -> Steps:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tempfile.mkdtemp(), every=every, image_every=False, spikes=True, sink=sink) as viz:
+        with actviz.watch(model, tempfile.mkdtemp(), every=every, image_every=False, sink=sink,
+            extras=[actviz.Spikes()]) as viz:
             for step in range(60):
                 loss = model(torch.randn(4, 3, 8, 8)).square().mean() * (1000.0 if step == 40 else 1.0)
                 optimizer.zero_grad()

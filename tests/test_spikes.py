@@ -25,7 +25,7 @@ def train(log_dir, steps: int, spike_at: int | None = None, nan_at: int | None =
     norms: dict[int, dict[str, float]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, log_dir, every=1000, spikes=True, **watch_kwargs) as viz:
+        with actviz.watch(model, log_dir, every=1000, **watch_kwargs, extras=[actviz.Spikes()]) as viz:
             for step in range(steps):
                 loss = model(torch.randn(4, 3, 8, 8)).square().mean()
                 loss = loss * (1000.0 if step == spike_at else 1.0) * (math.nan if step == nan_at else 1.0)
@@ -88,7 +88,7 @@ def test_spikes_subscribe_once_and_unsubscribe_at_close_and_are_off_by_default(t
                    for listener in optimizer_steps._listeners.values())
 
     before = recorders()
-    with actviz.watch(small_cnn(), tmp_path, every=1000, spikes=True):
+    with actviz.watch(small_cnn(), tmp_path, every=1000, extras=[actviz.Spikes()]):
         assert recorders() == before + 1
     assert recorders() == before
     with actviz.watch(small_cnn(), tmp_path / "off", every=1000):
@@ -102,7 +102,7 @@ def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatc
         torch.manual_seed(0)
         model = small_cnn()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        with actviz.watch(model, tmp_path / str(spikes), every=1000, spikes=spikes):
+        with actviz.watch(model, tmp_path / str(spikes), every=1000, extras=[*([actviz.Spikes()] if spikes else [])]):
             for _step in range(4):  # step 0 logs; steps 1-3 do not
                 with CountOps() as count:
                     loss = model(torch.randn(4, 3, 8, 8)).square().mean()

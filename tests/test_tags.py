@@ -87,8 +87,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, folder / "cnn", every=1000, layers="all", probe=torch.randn(1, 3, 8, 8),
-                          gradcam=True, update_ratio=True, grad_scaler=scaler, spikes=True) as viz:
+        with actviz.watch(model, folder / "cnn", every=1000, layers="all",
+                          statistics=["default", "update_ratio", "gradient_kurtosis", "weight_grad_kurtosis"],
+            extras=[actviz.Probe(torch.randn(1, 3, 8, 8), gradcam=True), actviz.Spikes()],
+            options=actviz.Options(grad_scaler=scaler)) as viz:
             for step in range(20):  # a spike at step 18 logs 19 in full, where a NaN comes in
                 loss = model(torch.randn(4, 3, 8, 8) / (0.0 if step == 19 else 1.0)).square().mean()
                 loss = loss * (1000.0 if step == 18 else 1.0)
@@ -98,12 +100,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 scaler.update()
         assert {"gradient_spike", "nonfinite"} <= {alert.rule for alert in viz.alerts}
         transformer = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
-        with actviz.watch(transformer, folder / "transformer", every=1, probe=torch.randn(1, 6, 16), gradient_noise=True):
+        with actviz.watch(transformer, folder / "transformer", every=1, statistics=["default", "gradient_noise"],
+            extras=[actviz.Probe(torch.randn(1, 6, 16))]):
             with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
                 output = transformer(torch.randn(2, 6, 16))
             output.float().sum().backward()
         router = TopTwo()
-        with actviz.watch(router, folder / "moe", every=1, moe=True):
+        with actviz.watch(router, folder / "moe", every=1, statistics=["default", "moe"]):
             router(torch.randn(8, 16)).sum().backward()
     return all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer")) | all_tags(Run(folder / "moe"))
 

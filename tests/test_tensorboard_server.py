@@ -433,7 +433,7 @@ def write_demo_run(log_dir: Path) -> None:
     test_x, test_y = demo.make_dataset(64, 32, seed=1)
     model = demo.small_cnn()
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
-    with actviz.watch(model, log_dir, every=20, image_every=100, probe=test_x[:1]) as viz:
+    with actviz.watch(model, log_dir, every=20, image_every=100, extras=[actviz.Probe(test_x[:1])]) as viz:
         for _ in range(100):  # steps 0 to 99; the demo logs demo/ every 100 steps, at step 100
             batch = torch.randint(0, len(train_x), (64,))
             loss = nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])

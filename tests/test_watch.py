@@ -81,7 +81,7 @@ def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
     inputs = torch.randn(4, 3, 8, 8)
     twin(inputs).square().mean().backward()
 
-    viz = actviz.watch(model, tmp_path, every=1, bins=8, histogram_sample_size=None)
+    viz = actviz.watch(model, tmp_path, every=1, options=actviz.Options(bins=8, histogram_sample_size=None))
     model(inputs).square().mean().backward()
     viz.close()
 
@@ -122,7 +122,8 @@ def test_a_layer_whose_output_is_a_leaf_logs_the_gradient_its_tensor_hook_gets(t
     # gets a tensor hook instead, and the gradient logged must be the leaf's own.
     model = nn.Sequential(nn.Identity(), nn.Linear(3, 2))
     inputs = torch.randn(5, 3, requires_grad=True)
-    viz = actviz.watch(model, tmp_path, every=1, bins=8, histogram_sample_size=None, layers=["0", "1"])
+    viz = actviz.watch(model, tmp_path, every=1, layers=["0", "1"],
+        options=actviz.Options(bins=8, histogram_sample_size=None))
     model(inputs).square().sum().backward()
     viz.close()
 
@@ -167,7 +168,7 @@ def test_explicit_steps_and_predicates(tmp_path, read_run):
 
 def test_manual_steps_for_gradient_accumulation(tmp_path, read_run):
     model = small_cnn()
-    viz = actviz.watch(model, tmp_path, every=20, auto_step=False)
+    viz = actviz.watch(model, tmp_path, every=20, options=actviz.Options(auto_step=False))
     for global_step in range(5):
         viz.set_step(global_step * 10)
         for _ in range(3):  # micro-batches: only the first of a scheduled step logs
@@ -180,7 +181,7 @@ def test_manual_steps_for_gradient_accumulation(tmp_path, read_run):
 
 def test_two_forwards_then_one_backward_with_manual_steps(tmp_path, read_run):
     model = small_cnn()  # a siamese use: both halves of a pair go through the same model
-    viz = actviz.watch(model, tmp_path, every=1, auto_step=False)
+    viz = actviz.watch(model, tmp_path, every=1, options=actviz.Options(auto_step=False))
     for step in range(2):
         viz.set_step(step)
         left, right = model(torch.randn(2, 3, 8, 8)), model(torch.randn(2, 3, 8, 8))
@@ -210,7 +211,7 @@ class CallsItself(nn.Module):
 @pytest.mark.parametrize("auto_step", [True, False])
 def test_a_model_that_calls_itself_on_a_logging_step(auto_step, tmp_path, read_run):
     model = CallsItself()
-    viz = actviz.watch(model, tmp_path, every=1, auto_step=auto_step)
+    viz = actviz.watch(model, tmp_path, every=1, options=actviz.Options(auto_step=auto_step))
     for step in range(3):
         viz.set_step(step)
         model.redirect = True
@@ -419,7 +420,7 @@ def test_lstm_first_output_and_all_outputs(tmp_path, read_run):
     assert run.histogram("activations/lstm", 0).num == 4 * 10 * 6
     assert run.image("feature_maps/lstm", 0).shape == (*heatmap(torch.zeros(10, 6)).shape[1:], 3)
 
-    with actviz.watch(model, tmp_path / "all", every=1, outputs="all"):
+    with actviz.watch(model, tmp_path / "all", every=1, options=actviz.Options(outputs="all")):
         model(tokens).sum().backward()
     run = read_run(tmp_path / "all")
     assert {"activations/lstm/0", "activations/lstm/1.0", "activations/lstm/1.1"} <= run.histogram_tags
@@ -501,7 +502,7 @@ def test_a_failing_hook_warns_once_and_skips_that_layer(tmp_path, read_run):
 
 def test_strict_reraises(tmp_path):
     model = complex_model()
-    with actviz.watch(model, tmp_path, every=1, strict=True):
+    with actviz.watch(model, tmp_path, every=1, options=actviz.Options(strict=True)):
         with pytest.raises(TypeError, match="complex"):
             model(torch.randn(2, 4))
     assert hooks_left(model) == NO_HOOKS
@@ -552,7 +553,7 @@ def test_a_closed_watcher_can_be_garbage_collected(tmp_path):
 def test_a_given_writer_is_not_closed_and_an_owned_one_is(tmp_path):
     model = small_cnn()
     writer = SummaryWriter(tmp_path / "mine")
-    with actviz.watch(model, writer=writer, every=1):
+    with actviz.watch(model, sink=writer, every=1):
         train_step(model)
     assert writer.file_writer is not None  # still open
     writer.add_scalar("after", 1.0, 0)
@@ -570,27 +571,42 @@ def test_a_given_writer_is_not_closed_and_an_owned_one_is(tmp_path):
     [
         ({"every": 0}, ValueError, r"every must be a positive number of steps, got 0"),
         ({"image_every": -3}, ValueError, r"image_every must be a positive number of steps, got -3"),
-        ({"max_channels": 0}, ValueError, r"max_channels must be positive, got 0"),
-        ({"bins": -1}, ValueError, r"bins must be positive, got -1"),
-        ({"bins": 2.5}, TypeError, r"bins must be an int, got float"),
-        ({"histogram_sample_size": 0}, ValueError, r"histogram_sample_size must be positive"),
-        ({"outputs": "last"}, ValueError, r"outputs must be 'first' or 'all', got 'last'"),
         ({"layers": ["feature.0"]}, ValueError, r"unknown layer 'feature\.0'; did you mean"),
         ({"layers": [nn.Conv3d]}, ValueError, r"no layer of type Conv3d"),
-        ({"strict": "yes"}, TypeError, r"strict must be True or False"),
-        ({"writer": "runs/x"}, TypeError, r"writer must be a torch.utils.tensorboard.SummaryWriter, got str"),
+        ({"sink": "runs/x"}, TypeError, r"sink must have the methods write\(results\), flush\(\) and close\(\); str"),
+        ({"options": {"bins": 8}}, TypeError, r"options must be an actviz.Options, got dict: .*options=actviz.Options"),
     ],
 )
 def test_bad_arguments(kwargs, error, message, tmp_path):
     model = torchvision.models.alexnet(num_classes=2)
     log_dir = tmp_path / "run"
     with pytest.raises(error, match=message):
-        if "writer" in kwargs:
+        if "sink" in kwargs:
             actviz.watch(model, **kwargs)
         else:
             actviz.watch(model, log_dir, **kwargs)
     assert hooks_left(model) == NO_HOOKS
     assert not log_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"max_channels": 0}, ValueError, r"^max_channels must be positive, got 0; for example max_channels=64$"),
+        ({"bins": -1}, ValueError, r"^bins must be positive, got -1; for example bins=64$"),
+        ({"bins": 2.5}, TypeError, r"^bins must be an int, got float: 2.5; for example bins=64$"),
+        ({"bins": 10**7}, ValueError, r"^bins must be at most 4096, got 10000000; for example bins=64$"),
+        ({"histogram_sample_size": 0}, ValueError, r"^histogram_sample_size must be positive"),
+        ({"outputs": "last"}, ValueError, r"^outputs must be 'first' or 'all', got 'last'$"),
+        ({"strict": "yes"}, TypeError, r"^strict must be True or False, got 'yes'$"),
+        ({"auto_step": 0}, TypeError, r"^auto_step must be True or False, got 0$"),
+        ({"merge_ranks": "yes"}, TypeError, r"^merge_ranks must be True or False, got 'yes'$"),
+        ({"grad_scaler": 2.0**16}, TypeError, r"^grad_scaler must be a torch.amp.GradScaler .*got float"),
+    ],
+)
+def test_bad_options_are_refused_when_the_options_object_is_made(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        actviz.Options(**kwargs)
 
 
 def test_model_must_be_a_module(tmp_path):
@@ -602,8 +618,8 @@ def test_model_must_be_a_module(tmp_path):
 def test_log_dir_and_writer_together(tmp_path):
     model = small_cnn()
     writer = SummaryWriter(tmp_path / "mine")
-    with pytest.raises(ValueError, match="log_dir or writer, not both"):
-        actviz.watch(model, tmp_path / "run", writer=writer)
+    with pytest.raises(ValueError, match="give log_dir or a SummaryWriter as sink=, not both"):
+        actviz.watch(model, tmp_path / "run", sink=writer)
     writer.close()
     assert hooks_left(model) == NO_HOOKS and not (tmp_path / "run").exists()
 
@@ -659,7 +675,6 @@ class _ListSink:
 
 
 @pytest.mark.parametrize(("options", "error", "pattern"), [
-    ({"bins": 10**7}, ValueError, r"bins must be at most 4096, got 10000000; for example bins=64"),
     ({"alerts": {"dead_zero_fraction": 99}}, ValueError,
      r"dead_zero_fraction must be a fraction in \(0, 1\], got 99; for example alerts=\{'dead_zero_fraction': 0.99\}"),
     ({"alerts": {"vanishing_steps": 0.5}}, ValueError,

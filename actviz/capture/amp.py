@@ -13,28 +13,18 @@ from typing import Any
 import torch
 
 from ..common._internals import grad_scaler_scale, grad_scaler_unscaled
+from ..options import check_grad_scaler
 
 __all__ = ["check_grad_scaler", "loss_scale_of", "unscaled_by"]
 
 
-def check_grad_scaler(grad_scaler: Any) -> None:
-    """Raise a ``TypeError`` unless ``grad_scaler`` is ``None`` or a ``torch.amp.GradScaler``.
+def loss_scale_of(grad_scaler: Any) -> torch.Tensor | None:
+    """The scaler's scale as a device tensor, or ``None`` when it scales nothing (disabled or not yet used).
 
     Example:
-        >>> check_grad_scaler(torch.amp.GradScaler("cpu"))
-        >>> check_grad_scaler(2.0**16)
-        Traceback (most recent call last):
-        TypeError: grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), got float; ...
+        >>> loss_scale_of(None) is None, loss_scale_of(torch.amp.GradScaler("cpu", enabled=False)) is None
+        (True, True)
     """
-    if grad_scaler is not None and not isinstance(grad_scaler, torch.amp.GradScaler):
-        raise TypeError(
-            f"grad_scaler must be a torch.amp.GradScaler (or torch.cuda.amp.GradScaler), "
-            f"got {type(grad_scaler).__name__}; pass the scaler your loop calls scaler.scale(loss) on"
-        )
-
-
-def loss_scale_of(grad_scaler: Any) -> torch.Tensor | None:
-    """The scaler's scale as a device tensor, or ``None`` when it scales nothing (disabled or not yet used)."""
     if grad_scaler is None or not grad_scaler.is_enabled():
         return None
     return grad_scaler_scale(grad_scaler)  # get_scale() would read it on the host: a sync

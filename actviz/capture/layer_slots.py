@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from torch import nn
 
 from ..common._internals import child_modules
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..selection import find_layer, layer_display_name
 
 __all__ = ["LayerSlots", "parameters_of"]
@@ -58,11 +58,9 @@ class LayerSlots:
                 continue
             changed = True
             self.layers[index] = (name, current)
-            if name not in self._warned:
-                self._warned.add(name)
-                warn_safely(f"actviz follows {name!r}: it was replaced after watch() (a {type(module).__name__} by a "
-                            f"{type(current).__name__}); from now on it logs the new layer and its parameters",
-                            RuntimeWarning)
+            warn_once(self._warned, name, f"actviz follows {name!r}: it was replaced after watch() (a "
+                      f"{type(module).__name__} by a {type(current).__name__}); from now on it logs the new layer and "
+                      "its parameters")
         return changed
 
 

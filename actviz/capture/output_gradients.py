@@ -38,6 +38,7 @@ from ..common.owned_hooks import OwnedHook, Removable
 from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
 from ..statistics.gradient_noise import GradientNoise
+from ..statistics.layer_statistic import summary_request, take_values
 from ..summaries.one_tensor import reduce_tensor
 from .layer_outputs import output_tensors
 from .step_end import Stage, StepEnd
@@ -58,7 +59,7 @@ class OutputGradients:
         options: The histogram sample size and which outputs of a layer count.
         on_error: Called with the layer's name when a hook fails.
         handles: The list the hooks' handles go into, removed with the step's other hooks.
-        noise: With ``watch(gradient_noise=True)``, what takes each output gradient's per-example norms
+        noise: With ``statistics=[..., "gradient_noise"]``, what takes each output gradient's per-example norms
             (:class:`~actviz.statistics.gradient_noise.GradientNoise`).
 
     Attributes:
@@ -85,6 +86,8 @@ class OutputGradients:
         self._on_error = on_error
         self._handles = handles
         self._noise = noise
+        # layer name -> (its module, the statistics of target "output_gradient" that apply to it)
+        self.statistics: dict[str, tuple[nn.Module, tuple[Any, ...]]] = {}
         # One hook object for all output gradients, partials of it per output: few Python objects per logging step.
         self._grad_hook, self._node_hook = OwnedHook(self._on_output_grad), OwnedHook(self._on_node_grad)
         self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
@@ -120,13 +123,20 @@ class OutputGradients:
         if not self._callback_queued:
             self._queue_backward_callback()
         small = self._pending.small
+        module, statistics = self.statistics.get(name, (None, ()))  # most steps: none
         try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
             copy = small.whole_copy(grad, self._options.histogram_sample_size)
-            reduction = small.add_copy(copy) if copy is not None else reduce_tensor(grad, self._options.histogram_sample_size, False)
+            if copy is not None:
+                reduction = small.add_copy(copy)
+            else:
+                outliers, units = summary_request(statistics, grad, module)
+                reduction = reduce_tensor(grad, self._options.histogram_sample_size, False, outliers=outliers, units=units)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return
         self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+        if statistics:
+            take_values(statistics, tag, module, grad, reduction, self._pending.layer_values, self._options)
         if self._noise is not None:
             self._noise.take_gradient(tag, grad)
 

@@ -1,7 +1,7 @@
 """A fixed probe input: the same picture through training, and Grad-CAM over it.
 
 Feature maps of the training batch show a different input at every image step. With
-``watch(..., probe=inputs)`` each image step instead sends the probe once through the
+``watch(..., extras=[actviz.Probe(inputs)])`` each image step instead sends the probe once through the
 model, under ``torch.no_grad()`` in eval mode, and draws the watched layers' outputs for
 probe sample 0: the slider in TensorBoard then shows one input's features evolving.
 The probe forward is not a step: it changes no parameter, gradient or BatchNorm statistic,
@@ -35,26 +35,26 @@ from ..pictures.rendering import _normalize, picture_source
 from ..selection import find_layer
 from ..tags import GRADCAM, PROBE_INPUT
 
-__all__ = ["Probe", "check_probe", "gradcam_layers", "probe_image", "try_probe", "unwrap_for_probe"]
+__all__ = ["ProbeForward", "check_probe", "gradcam_layers", "probe_image", "try_probe", "unwrap_for_probe"]
 
 #: ``(tag, draw, sources, full_tag)``: what PendingStep.add_picture takes.
 Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
 
 
 def check_probe(probe: Any, model: nn.Module) -> None:
-    """Raise a ``TypeError`` or ``ValueError`` naming ``probe=`` unless the model can take it here."""
+    """Raise a ``TypeError`` or ``ValueError`` naming ``actviz.Probe`` unless the model can take it here."""
     if probe is None:
         return
     values = probe.values() if isinstance(probe, Mapping) else probe if isinstance(probe, (tuple, list)) else [probe]
     if not values or not all(isinstance(value, torch.Tensor) for value in values):
         raise TypeError(
-            "probe= must be a batch the model takes: a tensor, or a tuple or dict of tensors passed as its "
-            f"arguments; got {type(probe).__name__}. For pictures, probe=actviz.load_images(['cat.jpg'])"
+            "actviz.Probe(batch) takes a batch the model takes: a tensor, or a tuple or dict of tensors passed as "
+            f"its arguments; got {type(probe).__name__}. For pictures, actviz.Probe(actviz.load_images(['cat.jpg']))"
         )
     if any(is_fsdp_parameter(param) for param in model.parameters()):
         raise ValueError(
-            "probe= does not work with FSDP: its forward gathers the parameters with collectives, which rank 0 "
-            "alone would wait on; leave probe= out (feature maps then come from the training batch)"
+            "actviz.Probe does not work with FSDP: its forward gathers the parameters with collectives, which rank 0 "
+            "alone would wait on; leave it out of extras= (feature maps then come from the training batch)"
         )
 
 
@@ -63,12 +63,13 @@ def gradcam_layers(model: nn.Module, gradcam: Any, probe: Any) -> list[tuple[str
     if gradcam is None or gradcam is False:
         return []
     if probe is None:
-        raise ValueError("gradcam= draws over the probe input: give probe= too, e.g. probe=actviz.load_images(['cat.jpg'])")
+        raise ValueError("gradcam= draws over the probe input: give a probe, e.g. "
+                         "extras=[actviz.Probe(actviz.load_images(['cat.jpg']), gradcam=True)]")
     if probe_image(probe) is None:  # Grad-CAM is drawn over probe sample 0 as a picture: none, no Grad-CAM
         raise ValueError(
-            f"gradcam={gradcam!r} draws over probe sample 0 as a picture, so probe= must be a batch of images, "
+            f"gradcam={gradcam!r} draws over probe sample 0 as a picture, so the probe must be a batch of images, "
             f"(N, 1 or 3, H, W) floats, first if it is a tuple or dict; got {_shapes(probe)}. For example "
-            "probe=actviz.load_images(['cat.jpg'])"
+            "actviz.Probe(actviz.load_images(['cat.jpg']), gradcam=True)"
         )
     if gradcam is True:
         names = [last_conv_name(model)]
@@ -116,7 +117,7 @@ def try_probe(model: nn.Module, probe: Any, gradcam: list[tuple[str, nn.Module]]
         gradcam: ``(name, module)`` pairs from :func:`gradcam_layers`.
 
     Raises:
-        ValueError: The forward raised (the message names ``probe=``, its shapes and torch's
+        ValueError: The forward raised (the message names ``actviz.Probe``, its shapes and torch's
             error), or a Grad-CAM layer is not reached or gives another output (it names ``gradcam=``).
 
     Example:
@@ -124,7 +125,7 @@ def try_probe(model: nn.Module, probe: Any, gradcam: list[tuple[str, nn.Module]]
         >>> try_probe(net, torch.zeros(1, 5, 8, 8), [])
         Traceback (most recent call last):
         ...
-        ValueError: probe= of shape (1, 5, 8, 8) does not go through the Sequential: RuntimeError: ...channels...
+        ValueError: actviz.Probe(batch) of shape (1, 5, 8, 8) does not go through the Sequential: RuntimeError: ...channels...
     """
     target = unwrap_for_probe(model)
     parameters = list(target.parameters())
@@ -153,10 +154,10 @@ def try_probe(model: nn.Module, probe: Any, gradcam: list[tuple[str, nn.Module]]
         where = ""
         if model_devices and not probe_devices <= model_devices:
             where = (f" The probe is on {', '.join(sorted(map(str, probe_devices)))} and the model on "
-                     f"{', '.join(sorted(map(str, model_devices)))}: move it, e.g. probe=probe.to(device).")
+                     f"{', '.join(sorted(map(str, model_devices)))}: move it, e.g. actviz.Probe(batch.to(device)).")
         raise ValueError(
-            f"probe= of {_shapes(probe)} does not go through the {type(target).__name__}: {type(error).__name__}: "
-            f"{error}.{where} Give a batch it takes, such as the first sample of a training batch: probe=inputs[:1]"
+            f"actviz.Probe(batch) of {_shapes(probe)} does not go through the {type(target).__name__}: {type(error).__name__}: "
+            f"{error}.{where} Give a batch it takes, such as the first sample of a training batch: actviz.Probe(inputs[:1])"
         ) from error
     finally:
         handles.remove()
@@ -207,7 +208,7 @@ def draw_probe_input(image: torch.Tensor) -> torch.Tensor:
     return to_uint8(_normalize(image.float(), dims=(0, 1, 2)))
 
 
-class Probe:
+class ProbeForward:
     """Runs the probe on image steps and returns the pictures for the step's results.
 
     Args:

@@ -56,7 +56,7 @@ from ..tags import LAYERS
 from .probe import unwrap_for_probe
 from ..selection import ROOT_NAME
 from ..statistics.gradient_noise import GradientNoise
-from ..statistics.layer_statistic import LayerStatistic, summary_request, warn_statistic_failed
+from ..statistics.layer_statistic import LayerStatistic, summary_request, take_values, warn_statistic_failed
 from .transformer_step import TransformerStep
 
 __all__ = ["StepCapture"]
@@ -147,7 +147,7 @@ class StepCapture:
         self._layers = dict(layers)
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
-        # watch(gradient_noise=True): layer inputs kept until their output's gradient comes, on stats steps alone
+        # statistics=[..., "gradient_noise"]: layer inputs kept until their output's gradient comes, on stats steps alone
         self._noise = GradientNoise(self._pending.add_host_work, on_error) if options.gradient_noise and want_stats else None
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
                                          self._hooks.group("gradients"), self._noise)
@@ -182,6 +182,10 @@ class StepCapture:
             self._layer_statistics, self._output_statistics = chosen.by_module, chosen.on_output
             self._pending.layer_values.warned = chosen.warned
             self._pending.layer_values.of_summaries = chosen.of_summaries  # the moments: nothing to do in the hooks
+            if chosen.of_gradients:  # statistics of the outputs' gradients, by layer name
+                self.gradients.statistics = {name: (module, chosen.of_gradients[id(module)])
+                                             for name, module in self._layer_pairs if id(module) in chosen.of_gradients}
+            self._parameters.statistics = (chosen.of_parameters, chosen.of_parameter_gradients)
             if chosen.unwatched:  # modules a statistic runs on alone (the ReLUs the default layers leave out)
                 hooked = [*self._layer_pairs, *chosen.unwatched]
                 self._statistics_only = {name for name, _ in chosen.unwatched}
@@ -273,21 +277,8 @@ class StepCapture:
 
     def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module,
                         tensor: torch.Tensor, reduction: Reduction | int | None = None) -> None:
-        """Each statistic's device half of one tensor, kept with the step's results (:mod:`actviz.statistics`):
-        from the numbers the summary's row holds where it has them, else by its own ops."""
-        summarized = isinstance(reduction, Reduction) and reduction.extra
-        for statistic in statistics:
-            try:
-                fields = reduction.extra_fields(statistic.summary_fields) if summarized else None  # type: ignore[union-attr]
-                if fields is not None:
-                    numbers = statistic.from_summary(fields, reduction.sample_values())  # type: ignore[union-attr]
-                else:
-                    numbers = statistic.device(tensor, module, self.options)
-            except Exception as error:  # noqa: BLE001 - a statistic must never stop training
-                warn_statistic_failed(statistic, error, self._pending.layer_values.warned)
-                continue
-            if numbers is not None:
-                self._pending.layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
+        """Each statistic's device half of one tensor (:func:`~actviz.statistics.layer_statistic.take_values`)."""
+        take_values(statistics, layer, module, tensor, reduction, self._pending.layer_values, self.options)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         self._hooks.remove("forward")

@@ -27,11 +27,12 @@ from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
-from ..output.pending_step import PendingStep
+from ..output.pending_step import LayerValues, PendingStep
 from ..summaries.header import Reduction
 from ..summaries.many_tensors import reduce_tensors
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard, reduce_tensor
+from ..statistics.layer_statistic import take_values
 from ..statistics.registry import Chosen
 from ..tags import UPDATE_RATIO
 
@@ -142,12 +143,19 @@ class StepParameters:
         self._trainable_params = [param for _, param in self.trainable]
         self._grad_refs: list[weakref.ref[torch.Tensor] | None] = []  # each .grad as the step's backward left it
         self.taken_at_step = False  # reduced as an optimizer applied them
+        # the statistics of targets "parameter" and "parameter_gradient" (set by the step), and the last device
+        # halves of the latter, replaced as the gradients are until the step ends
+        self.statistics: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
+        self._grad_values: LayerValues | None = None
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
 
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
         found = self._reduce(self.named, [param for _, param in self.named])
         self._pending.weights.add_many(found, mergeable=self._sharded)
+        if self.statistics[0]:
+            self._take_values(self.statistics[0], self.named, [param for _, param in self.named], found,
+                              self._pending.layer_values)
 
     def attach(
         self,
@@ -207,7 +215,12 @@ class StepParameters:
         if self.update_ratio and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
         if with_grads:
-            self._grads = self._reduce(with_grads, [param.grad for _, param in with_grads])
+            grads = [param.grad for _, param in with_grads]
+            self._grads = self._reduce(with_grads, grads)
+            if self.statistics[1]:  # kept apart until hand_over: a later take replaces them
+                self._grad_values = LayerValues()
+                self._grad_values.warned = self._pending.layer_values.warned
+                self._take_values(self.statistics[1], with_grads, grads, self._grads, self._grad_values)
             self._grads_scaled = self.scale_taken and not (
                 optimizer is not None and unscaled_by(self._grad_scaler, optimizer)
             )
@@ -219,6 +232,15 @@ class StepParameters:
             self._add_update_ratios(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
+        if self._grad_values is not None:
+            self._pending.layer_values.extend(self._grad_values)
+            self._grad_values = None
+
+    def _take_values(self, statistics: tuple[Any, ...], named: list[tuple[str, nn.Parameter]],
+                     tensors: list[torch.Tensor], reductions: dict[str, Reduction], into: LayerValues) -> None:
+        """The device halves of ``statistics`` of each of ``tensors`` (the parameters of ``named`` or their gradients)."""
+        for (name, _), tensor in zip(named, tensors):
+            take_values(statistics, name, None, tensor, reductions.get(name), into, self._options)
 
     def _add_update_ratios(self, before: list[torch.Tensor]) -> None:
         """``update_ratio/{param}`` of the parameters still shaped as ``before`` (a few ops for all of them).

@@ -16,12 +16,12 @@ the host in the step's one copy; :func:`finish_on_host` writes the tags on the w
 ==========================================  =================================================
 
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
-get them on every stats step (``watch(transformer_stats=None)``, the default);
-``transformer_stats=True`` forces them on (hand-written attention elsewhere), ``False`` off.
+get them on every stats step (``watch(statistics=None)``, the default);
+naming ``"attention"`` in ``statistics=`` forces them on (hand-written attention elsewhere), a list without it off.
 The same mode sees the routers of a mixture of experts (:mod:`actviz.transformers.moe`), whose
 tags are ``moe/{layer}/load_max_over_mean``, ``/dead_experts``, ``/router_entropy``, ``/topk_margin``
-and the histogram ``moe/{layer}/expert_load`` (``watch(moe=None)``: models with a module whose
-class name says MoE, router, gate or expert; ``True`` any model; ``False`` off).
+and the histogram ``moe/{layer}/expert_load`` (the default set: models with a module whose
+class name says MoE, router, gate or expert; ``"moe"`` named, any model; a list without it, off).
 Steps that do not log run nothing of this: no mode, no hook. The output logits and the layers'
 outliers are per-layer statistics like any other (:mod:`actviz.statistics.logits`,
 :mod:`actviz.statistics.outliers`), taken in the step's one layer hook.
@@ -56,7 +56,7 @@ from ..output.pending_step import PendingStep
 from ..common.results import StepResults
 from ..common.owned_hooks import HookHandles
 from .probe import unwrap_for_probe
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..summaries.one_tensor import finish, reduce_tensor
 from ..tags import ATTENTION, MOE
 from ..diagnosis.moe_alerts import DeadExperts
@@ -185,10 +185,8 @@ class TransformerStep:
 
 def _warn_once(error: BaseException, warned: set[str]) -> None:
     kind = type(error).__name__
-    if kind not in warned:
-        warned.add(kind)
-        warn_safely(f"actviz: transformer statistics failed, {kind}: {error} (training goes on; warned once)",
-                    RuntimeWarning, stacklevel=3)
+    warn_once(warned, kind, f"actviz: transformer statistics failed, {kind}: {error} (training goes on; warned once)",
+              RuntimeWarning, stacklevel=3)
     logger.debug("transformer statistics failed", exc_info=error)
 
 

@@ -20,7 +20,7 @@ _TEXTS = {
                    "updated the watched parameters first, or more forwards ran). If your loop calls the model more "
                    "than once per optimizer step, call it under torch.no_grad() where its output is not "
                    "backpropagated (a GAN generator's forward for the discriminator step), or number the steps "
-                   "yourself with actviz.watch(..., auto_step=False) and viz.set_step(step) before the forward you "
+                   "yourself with actviz.watch(..., options=actviz.Options(auto_step=False)) and viz.set_step(step) before the forward you "
                    "want logged. Warned once per run.",
     "compiled": "actviz could not log step {step}: the model ran compiled. It was compiled after watch() in a process "
                 "that had not imported torch.compile when watch() ran; later logging steps run eagerly and log. "

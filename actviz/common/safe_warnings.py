@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-__all__ = ["warn_safely"]
+__all__ = ["warn_once", "warn_safely"]
 
 logger = logging.getLogger("actviz")
 
@@ -34,3 +34,24 @@ def warn_safely(message: str, category: type[Warning] = RuntimeWarning, stacklev
         warnings.warn(message, category, stacklevel=stacklevel + 1)
     except Warning:
         logger.warning("%s", message)
+
+
+def warn_once(warned: set, key: object, message: str, category: type[Warning] = RuntimeWarning,
+              stacklevel: int = 2) -> bool:
+    """:func:`warn_safely` ``message`` unless ``key`` is in ``warned``, the set of what its owner said; then add it.
+    The one way actviz says a thing once. Returns whether it warned.
+
+    Example:
+        >>> said: set = set()
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     [warn_once(said, "disk", "actviz: the disk is full") for _ in range(2)]
+        [True, False]
+        >>> len(caught), said
+        (1, {'disk'})
+    """
+    if key in warned:
+        return False
+    warned.add(key)
+    warn_safely(message, category, stacklevel=stacklevel + 1)
+    return True

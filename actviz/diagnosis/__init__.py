@@ -5,7 +5,7 @@
 * :mod:`~actviz.diagnosis.trends`: the alerts that compare a layer with its own history;
 * :mod:`~actviz.diagnosis.transformer_alerts`: the rules over transformer statistics;
 * :mod:`~actviz.diagnosis.flow`: flow pictures, every layer over time;
-* :mod:`~actviz.diagnosis.spikes`: the spike recorder (``watch(spikes=True)``);
+* :mod:`~actviz.diagnosis.spikes`: the spike recorder (``watch(extras=[Spikes()])``);
 * :mod:`~actviz.diagnosis.silences`: why a run logs nothing, said once;
 * :mod:`~actviz.diagnosis.doctor`: ``actviz doctor RUN_DIR``.
 

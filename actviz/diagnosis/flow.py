@@ -5,7 +5,7 @@ run), one column per logging step of the latest :data:`WINDOW` (left: the oldest
 cell coloured by the log10 of the value on a viridis scale (dark: small) with a labelled
 colour bar of whole decades on the right. NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
-``flow/activation_std``, ``flow/zero_fraction`` and, with ``update_ratio=True``,
+``flow/activation_std``, ``flow/zero_fraction`` and, with ``statistics=[..., "update_ratio"]``,
 ``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every value the same,
 e.g. the zero fraction of layers with no exact zeros, and no NaN) is not drawn until it has. A picture shows
 the latest :data:`WINDOW` logging steps, so from then on every picture has the same size in pixels and about

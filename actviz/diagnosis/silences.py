@@ -137,7 +137,7 @@ class Silences:
             self._say("schedule", f"actviz logged nothing: it counted {self.steps} training steps (numbered "
                       f"{self.first_step} to {self.last_step}), and neither every= nor image_every= picks any of "
                       f"them ({_describe(stats)}; {_describe(images)}). Pick steps the run reaches (every=N "
-                      "logs step 0, N, 2N, ...), or, with auto_step=False, check the numbers given to viz.set_step().")
+                      "logs step 0, N, 2N, ...), or, with Options(auto_step=False), check the numbers given to viz.set_step().")
 
     def close(self) -> None:
         """Stop listening to optimizer steps. Safe to call more than once."""

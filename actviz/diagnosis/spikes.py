@@ -30,7 +30,7 @@ Example:
     >>> import tempfile, actviz
     >>> model = torch.nn.Linear(4, 1)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    >>> with actviz.watch(model, tempfile.mkdtemp(), every=1000, spikes=True) as viz:
+    >>> with actviz.watch(model, tempfile.mkdtemp(), every=1000, extras=[actviz.Spikes()]) as viz:
     ...     for step in range(40):
     ...         optimizer.zero_grad()
     ...         loss = model(torch.randn(8, 4)).square().mean() * (1000.0 if step == 30 else 1.0)

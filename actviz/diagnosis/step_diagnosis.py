@@ -38,7 +38,7 @@ class Diagnosis:
         sink: The sink spike records are written to, as steps of their own (:class:`actviz.output.sink.Sink`).
         monitor: The health rules, or ``None`` with ``alerts=False``.
         flow: The flow pictures' history.
-        spikes: Whether to record gradient spikes (``watch(spikes=True)``): see :meth:`spike_recorder`.
+        spikes: Whether to record gradient spikes (``watch(extras=[Spikes()])``): see :meth:`spike_recorder`.
         on_alert: Called with each alert (for spikes when the rules are off).
 
     Example:

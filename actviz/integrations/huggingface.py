@@ -20,7 +20,7 @@ from torch import nn
 from ..api import watch
 from ..common.safe_warnings import warn_safely
 from ..watcher import Watcher
-from . import _check_watch_kwargs
+from . import _check_watch_kwargs, _has_writer, adapter_options, with_destination
 
 try:
     from transformers.trainer_callback import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
@@ -80,7 +80,7 @@ def _tensorboard_folder(callbacks: list[TrainerCallback]) -> tuple[bool, str | N
 class ActvizCallback(TrainerCallback):
     """Watch the model while ``transformers.Trainer.train`` runs.
 
-    On ``on_train_begin`` it calls :func:`actviz.watch` with ``auto_step=False`` on the
+    On ``on_train_begin`` it calls :func:`actviz.watch` with ``Options(auto_step=False)`` on the
     model the Trainer passes to callbacks (the unwrapped model; a DDP wrapper calls it,
     so its hooks still run); on ``on_step_begin`` it calls
     :meth:`~actviz.Watcher.set_step` with ``state.global_step + 1``, the step at which
@@ -95,7 +95,7 @@ class ActvizCallback(TrainerCallback):
     applies, summed over all ``k``. If ``train()`` raises, the Trainer sends no ``on_train_end``:
     call :meth:`close` yourself to take the hooks off.
 
-    Where it writes: with ``report_to="tensorboard"`` (and no ``log_dir`` or ``writer``)
+    Where it writes: with ``report_to="tensorboard"`` (and no ``log_dir`` or ``SummaryWriter`` sink)
     it opens a ``SummaryWriter`` of its own in the folder of the Trainer's
     ``TensorBoardCallback`` and closes it when training ends. The two event files side
     by side are one TensorBoard run: the Trainer's ``train/loss`` beside actviz's tags,
@@ -106,17 +106,17 @@ class ActvizCallback(TrainerCallback):
 
     Args:
         log_dir: Folder for actviz's ``SummaryWriter``: a run of its own. Without it (and
-            without ``writer``): the Trainer's TensorBoard folder, as above; without TensorBoard
+            without a ``SummaryWriter`` sink): the Trainer's TensorBoard folder, as above; without TensorBoard
             reporting, ``args.logging_dir`` where ``TrainingArguments`` has one (transformers 4),
             else ``<args.output_dir>/runs``.
-        **watch_kwargs: Passed to :func:`actviz.watch`: ``every``, ``image_every``,
-            ``layers``, ``max_channels``, ``bins``, ``histogram_sample_size``, ``outputs``,
-            ``strict`` or ``writer``. Steps are the Trainer's global steps.
+        **watch_kwargs: Passed to :func:`actviz.watch`: ``sink``, ``every``, ``image_every``,
+            ``layers``, ``statistics``, ``extras``, ``alerts``, ``on_step``, ``on_alert`` or ``options``
+            (its ``auto_step`` is set to ``False``). Steps are the Trainer's global steps.
 
     Raises:
-        TypeError: An unknown ``watch()`` argument, or ``model=``/``auto_step=``, which
-            the callback sets itself.
-        ValueError: Both ``log_dir`` and ``writer``, or a bad schedule.
+        TypeError: An unknown or removed ``watch()`` argument (the message names the new spelling),
+            or ``model=``, which the callback sets itself.
+        ValueError: Both ``log_dir`` and a ``SummaryWriter`` as ``sink``, or a bad schedule.
 
     Example:
         >>> from transformers import Trainer, TrainingArguments  # doctest: +SKIP
@@ -156,11 +156,12 @@ class ActvizCallback(TrainerCallback):
             return
         # With fp16, accelerate wraps the optimizer and keeps the GradScaler on it; bf16 needs none.
         scaler = getattr(kwargs.get("optimizer"), "scaler", None)
-        kwargs_for_watch = {"grad_scaler": scaler if isinstance(scaler, torch.amp.GradScaler) else None}
-        kwargs_for_watch.update(self.watch_kwargs)
         destination = self._destination(args, _trainer_callbacks(self))
+        kwargs_for_watch = with_destination(destination, self.watch_kwargs)
+        kwargs_for_watch["options"] = adapter_options(
+            self.watch_kwargs.get("options"), scaler if isinstance(scaler, torch.amp.GradScaler) else None)
         try:
-            self._viz = watch(model, auto_step=False, **destination, **kwargs_for_watch)
+            self._viz = watch(model, **kwargs_for_watch)
         finally:
             if self._viz is None:
                 self.close()  # the writer opened for it
@@ -189,10 +190,10 @@ class ActvizCallback(TrainerCallback):
                 writer.close()
 
     def _destination(self, args: TrainingArguments, callbacks: list[TrainerCallback] | None) -> dict[str, Any]:
-        """``log_dir=`` or ``writer=`` for watch(), unless a ``writer`` was given."""
+        """``log_dir=``, or ``sink=`` a SummaryWriter, for watch(), unless a ``SummaryWriter`` was given."""
         if self.log_dir is not None:
             return {"log_dir": self.log_dir}
-        if self.watch_kwargs.get("writer") is not None:
+        if _has_writer(self.watch_kwargs.get("sink")):
             return {}
         logging_dir = getattr(args, "logging_dir", None)  # gone in transformers 5
         default = logging_dir or os.path.join(args.output_dir, "runs")
@@ -200,9 +201,9 @@ class ActvizCallback(TrainerCallback):
         if folder is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            # A writer of our own, passed as writer=: log_dir= would warn that the folder holds a run (the Trainer's).
+            # A writer of our own, passed as sink=: log_dir= would warn that the folder holds a run (the Trainer's).
             self._writer = SummaryWriter(folder)
-            return {"writer": self._writer}
+            return {"sink": self._writer}
         if has_tensorboard or (callbacks is None and "tensorboard" in (getattr(args, "report_to", None) or [])):
             warn_safely(
                 f"actviz could not find the folder of the Trainer's TensorBoardCallback, so it writes to {default!r}, "

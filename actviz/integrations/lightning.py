@@ -22,7 +22,7 @@ from torch.utils.hooks import RemovableHandle
 from ..api import watch
 from ..common.safe_warnings import warn_safely
 from ..watcher import Watcher
-from . import _check_watch_kwargs
+from . import _check_watch_kwargs, _has_writer, adapter_options, with_destination
 
 try:
     import lightning.pytorch as pl
@@ -56,7 +56,7 @@ class ActvizCallback(pl.Callback):
     """Watch the ``LightningModule`` while ``Trainer.fit`` runs.
 
     On ``on_fit_start`` (after the strategy has set the model up) it calls
-    :func:`actviz.watch` on the module with ``auto_step=False``; before each training
+    :func:`actviz.watch` on the module with ``Options(auto_step=False)``; before each training
     batch it calls :meth:`~actviz.Watcher.set_step` with ``trainer.global_step``; at the
     end of the fit, on ``teardown`` and on an exception it closes the watcher, removing
     every hook. Only global rank 0 watches anything. With ``precision="16-mixed"`` it
@@ -74,14 +74,14 @@ class ActvizCallback(pl.Callback):
             closes), so its tags share the run with Lightning's metrics; without such a
             logger it writes to an ``actviz`` folder in the first logger's folder, or in
             ``trainer.default_root_dir`` when there is no logger.
-        **watch_kwargs: Passed to :func:`actviz.watch`: ``every``, ``image_every``,
-            ``layers``, ``max_channels``, ``bins``, ``histogram_sample_size``, ``outputs``,
-            ``strict`` or ``writer``. Steps are Lightning's global steps.
+        **watch_kwargs: Passed to :func:`actviz.watch`: ``sink``, ``every``, ``image_every``,
+            ``layers``, ``statistics``, ``extras``, ``alerts``, ``on_step``, ``on_alert`` or ``options``
+            (its ``auto_step`` is set to ``False``). Steps are Lightning's global steps.
 
     Raises:
-        TypeError: An unknown ``watch()`` argument, or ``model=``/``auto_step=``, which
-            the callback sets itself.
-        ValueError: Both ``log_dir`` and ``writer``, or a bad schedule.
+        TypeError: An unknown or removed ``watch()`` argument (the message names the new spelling),
+            or ``model=``, which the callback sets itself.
+        ValueError: Both ``log_dir`` and a ``SummaryWriter`` as ``sink``, or a bad schedule.
 
     Example:
         >>> import lightning.pytorch as pl  # doctest: +SKIP
@@ -108,8 +108,9 @@ class ActvizCallback(pl.Callback):
         self.close()  # a watcher left by an earlier fit
         if not trainer.is_global_zero:
             return
-        kwargs = {"grad_scaler": trainer_grad_scaler(trainer), **self.watch_kwargs}
-        self._viz = watch(pl_module, auto_step=False, **self._destination(trainer), **kwargs)
+        kwargs = with_destination(self._destination(trainer), self.watch_kwargs)
+        kwargs["options"] = adapter_options(self.watch_kwargs.get("options"), trainer_grad_scaler(trainer))
+        self._viz = watch(pl_module, **kwargs)
         self._probed = False
 
     def on_train_batch_start(
@@ -157,10 +158,10 @@ class ActvizCallback(pl.Callback):
     # -- helpers -----------------------------------------------------------------------------
 
     def _destination(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """``log_dir=`` or ``writer=`` for watch()."""
+        """``log_dir=``, or ``sink=`` the logger's SummaryWriter, for watch()."""
         if self.log_dir is not None:
             return {"log_dir": self.log_dir}
-        if self.watch_kwargs.get("writer") is not None:
+        if _has_writer(self.watch_kwargs.get("sink")):
             return {}
         from torch.utils.tensorboard import SummaryWriter
 
@@ -168,7 +169,7 @@ class ActvizCallback(pl.Callback):
             if isinstance(logger, TensorBoardLogger):
                 experiment = logger.experiment
                 if isinstance(experiment, SummaryWriter):
-                    return {"writer": experiment}
+                    return {"sink": experiment}
                 return {"log_dir": logger.log_dir}  # a tensorboardX writer: same folder, own writer
         # trainer.log_dir's logic without its broadcast, which would hang with only rank 0 here.
         first = trainer.loggers[0] if trainer.loggers else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from .sink import failure_cause
 
 __all__ = ["OnceWarnings"]
@@ -38,10 +38,8 @@ class OnceWarnings:
 
     def warn(self, kind: str, message: str, error: BaseException | None = None) -> None:
         """Warn once per ``kind``; with ``error``, each failure is logged at DEBUG level too."""
-        if kind not in self.warned:
-            self.warned.add(kind)
-            later = "; later failures are logged at DEBUG level" if error is not None else ""
-            warn_safely(f"{message}. Training goes on{later}.", RuntimeWarning)
+        later = "; later failures are logged at DEBUG level" if error is not None else ""
+        warn_once(self.warned, kind, f"{message}. Training goes on{later}.")
         if error is not None:
             logger.debug("%s failed", kind, exc_info=error)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..options import cpu_shortcuts
 from ..summaries.header import Reduction
 from ..summaries.one_tensor import finish
@@ -174,7 +174,8 @@ class TaggedReductions:
 class LayerValues:
     """A step's per-layer statistics (:mod:`actviz.statistics`) as the hooks leave them: each statistic's device
     half, a few numbers per tensor, kept in parallel lists (no object per entry but its tensor), and the statistics
-    that read every output's summary instead (:attr:`of_summaries`, the moments): nothing per layer.
+    that read every summary of their target instead (:attr:`of_summaries`, the moments and the gradient norms):
+    nothing per layer.
 
     :meth:`finish`, on the writer thread, gives each statistic's host half its numbers, or each output's finished
     summary (``reads_summary``): the named values go into ``results.layer_values[statistic.name][layer]``, and
@@ -190,7 +191,7 @@ class LayerValues:
         self.tensors: list[torch.Tensor] = []
         self.numels: list[int] = []
         self.dtypes: list[torch.dtype] = []
-        self.of_summaries: tuple[Any, ...] = ()  # reads_summary statistics, taken of every output's summary
+        self.of_summaries: dict[str, tuple[Any, ...]] = {}  # target -> reads_summary statistics, of its summaries
         self.warned: set[str] = set()  # statistics that failed, warned about once: the watcher's, set by its steps
 
     def add(self, statistic: Any, layer: str, numbers: torch.Tensor, numel: int, dtype: torch.dtype) -> None:
@@ -201,16 +202,18 @@ class LayerValues:
         self.numels.append(numel)
         self.dtypes.append(dtype)
 
+    def extend(self, other: LayerValues) -> None:
+        """Keep ``other``'s entries too (a step's parameter gradients', taken apart until they are final)."""
+        for entry in zip(other.statistics, other.layers, other.tensors, other.numels, other.dtypes):
+            self.add(*entry)
+
     def finish(self, host: dict[int, torch.Tensor], results: StepResults) -> None:
         """On the host: every entry's named values into ``results`` (see the class docstring)."""
-        for statistic in self.of_summaries:
-            for layer, summary in results.activations.items():
-                try:
-                    values = statistic.from_layer_summary(summary)
-                except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
-                    _warn_once(statistic, error, self.warned)
-                    break
-                record_values(results, statistic, layer, values)
+        summaries = {"output": results.activations, "output_gradient": results.gradients,
+                     "parameter": results.weights, "parameter_gradient": results.weight_grads}
+        for target, statistics in self.of_summaries.items():
+            for statistic in statistics:
+                _from_summaries(statistic, summaries.get(target, {}), results, self.warned)
         for statistic, layer, tensor, numel, dtype in zip(self.statistics, self.layers, self.tensors, self.numels,
                                                           self.dtypes):
             try:
@@ -221,6 +224,17 @@ class LayerValues:
             record_values(results, statistic, layer, values)
 
 
+def _from_summaries(statistic: Any, summaries: dict[str, Any], results: StepResults, warned: set[str]) -> None:
+    """A ``reads_summary`` statistic's values of each of ``summaries`` (``{layer: Summary}``) into ``results``."""
+    for layer, summary in summaries.items():
+        try:
+            values = statistic.from_layer_summary(summary)
+        except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
+            _warn_once(statistic, error, warned)
+            break
+        record_values(results, statistic, layer, values)
+
+
 def record_values(results: StepResults, statistic: Any, layer: str, values: dict[str, float]) -> None:
     """``statistic``'s ``values`` of ``layer`` into ``results``: ``results.layer_values[statistic.name][layer]``,
     and the ones it writes into ``results.scalars`` under their tags (:meth:`~actviz.statistics.LayerStatistic.scalars`)."""
@@ -229,10 +243,8 @@ def record_values(results: StepResults, statistic: Any, layer: str, values: dict
 
 
 def _warn_once(statistic: Any, error: Exception, warned: set[str]) -> None:
-    if statistic.name not in warned:
-        warned.add(statistic.name)
-        warn_safely(f"actviz: the statistic {statistic.name!r} failed on the host, {type(error).__name__}: {error} "
-                    "(training goes on; warned once)", RuntimeWarning)
+    warn_once(warned, statistic.name, f"actviz: the statistic {statistic.name!r} failed on the host, "
+              f"{type(error).__name__}: {error} (training goes on; warned once)")
     logger.debug("statistic %s failed", statistic.name, exc_info=error)
 
 

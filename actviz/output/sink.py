@@ -37,7 +37,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..common.results import StepResults
 
 __all__ = ["FanOutSink", "Sink", "check_sink", "failure_cause", "sink_name"]
@@ -111,10 +111,8 @@ class FanOutSink:
                 if index < self.guard_from:
                     failed = failed or error  # raised once every sink had the step
                     continue
-                if (index, failure_cause(error, method)) not in self._warned:
-                    self._warned.add((index, failure_cause(error, method)))
-                    warn_safely(f"actviz's sink {type(sink).__name__}.{method}() raised {type(error).__name__}: "
-                                f"{error}. Training goes on; actviz keeps calling it", RuntimeWarning)
+                warn_once(self._warned, (index, failure_cause(error, method)), f"actviz's sink {type(sink).__name__}."
+                          f"{method}() raised {type(error).__name__}: {error}. Training goes on; actviz keeps calling it")
                 logger.debug("sink %s.%s() failed", type(sink).__name__, method, exc_info=True)
         self.calling = None
         if failed is not None:

@@ -5,10 +5,13 @@ Pure functions, so that :class:`~actviz.output.tensorboard.TensorBoardSink` only
 Example:
     >>> from actviz.summaries.one_tensor import finish, reduce_tensor
     >>> from actviz.tags import step_items
-    >>> results = StepResults(3, gradients={"fc": finish(reduce_tensor(torch.tensor([3.0, -4.0]), None), 2)})
+    >>> results = StepResults(3, gradients={"fc": finish(reduce_tensor(torch.tensor([3.0, -4.0]), None), 2)},
+    ...                       scalars={"gradient_stats/fc/norm": 5.0})
     >>> values = [value for item in step_items(results) for value in _values(*item)]
     >>> [(value.tag, round(value.simple_value, 3)) for value in values if value.HasField("simple_value")]
-    [('gradient_stats/fc/norm', 5.0), ('gradient_stats/fc/nonfinite', 0.0)]
+    [('gradient_stats/fc/norm', 5.0)]
+    >>> [value.tag for value in values if value.HasField("histo")]
+    ['gradients/fc']
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def load_images(paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
     The report's preprocessing: resize the shorter side to ``size * 256 / 224``, center-crop
     ``size`` and normalise with ImageNet's mean and std (what torchvision's pretrained
     AlexNet, VGG and ResNet weights expect at ``size=224``). Made for
-    ``actviz.watch(model, log_dir, probe=actviz.load_images(["cat.jpg"]))``.
+    ``actviz.watch(model, log_dir, extras=[actviz.Probe(actviz.load_images(["cat.jpg"]))])``.
 
     Args:
         paths: One path or a list of them.

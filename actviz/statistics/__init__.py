@@ -13,6 +13,6 @@ Example:
 """
 
 from .layer_statistic import LayerStatistic
-from .registry import BUILT_IN, check_statistics
+from .registry import BUILT_IN, NAMES, check_statistics, resolve_statistics
 
-__all__ = ["BUILT_IN", "LayerStatistic", "check_statistics"]
+__all__ = ["BUILT_IN", "LayerStatistic", "NAMES", "check_statistics", "resolve_statistics"]

@@ -1,23 +1,29 @@
-"""The per-layer statistic interface: one object, a device half and a host half.
+"""The statistic interface: one object, a device half and a host half, and a target.
 
-A :class:`LayerStatistic` is the one route by which a statistic of a layer's output reaches
-the event file:
+A :class:`LayerStatistic` is the one route by which a statistic of a tensor reaches the event file.
+It declares its :attr:`~LayerStatistic.target`, the tensors it is taken of (:data:`TARGETS`): a watched
+layer's output (``"output"``), the gradient with respect to it (``"output_gradient"``), a watched parameter
+(``"parameter"``) or its gradient as applied (``"parameter_gradient"``), or the model's output
+(``"model_output"``); and the one-pass fields it reads (:attr:`~LayerStatistic.summary_fields`). Capture runs
+every target's statistics the same way (:func:`take_values`), and nothing in capture or output names one:
 
 * :meth:`~LayerStatistic.applies_to` picks the watched layers it runs on, once per watcher;
-* :meth:`~LayerStatistic.device` runs inside the step's one layer hook, on the output's device:
+* :meth:`~LayerStatistic.device` runs inside the step's hook of its target, on the tensor's device:
   a few numbers per tensor as one small tensor, never read on the host (no sync). The step keeps it
   with its other small results and copies it to the host in the step's one copy
   (:class:`~actviz.output.pending_step.LayerValues`);
 * :meth:`~LayerStatistic.host` runs on the writer thread: those numbers, as floats, become named
   values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
   alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
-  ``activation_stats/{layer}/{name}`` (:meth:`~LayerStatistic.tag`).
+  ``activation_stats/{layer}/{name}`` (:meth:`~LayerStatistic.tag`; the pattern is its target's,
+  :data:`TARGET_TAGS`).
 
 A statistic with ``reads_summary = True`` has no device half: on the writer thread,
-:meth:`~LayerStatistic.from_layer_summary` takes its values of the layer's finished summary, which every
-summarized output has (the moments, :mod:`actviz.statistics.moments`).
+:meth:`~LayerStatistic.from_layer_summary` takes its values of each finished summary of its target, which every
+summarized tensor has (the moments, :mod:`actviz.statistics.moments`; the gradient norms,
+:mod:`actviz.statistics.gradient_norms`).
 
-A statistic with ``scope = "model"`` runs once per step on the model's output instead
+A statistic of ``target = "model_output"`` runs once per step on the model's output
 (:meth:`~LayerStatistic.select` picks the tensor), as the logit statistics do.
 
 Example:
@@ -47,11 +53,20 @@ import torch
 from torch import nn
 
 from ..common.results import Summary
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
+from ..summaries.header import Reduction
 from ..summaries.one_pass import OUTLIER_FIELDS, UNIT_FIELDS
-from ..tags import ACTIVATION_STAT
+from ..tags import ACTIVATION_STAT, GRADIENT_STAT, WEIGHT_GRAD_STAT, WEIGHT_STAT
 
-__all__ = ["LayerStatistic", "summary_request", "warn_statistic_failed"]
+__all__ = ["TARGETS", "TARGET_TAGS", "LayerStatistic", "summary_request", "take_values", "warn_statistic_failed"]
+
+#: What a statistic is taken of: each tensor of a watched layer's output, the gradient with respect to it, each
+#: watched parameter, its gradient as the optimizer applies it, or the model's output.
+TARGETS = ("output", "output_gradient", "parameter", "parameter_gradient", "model_output")
+
+#: The scalar tag pattern of each target's values (``{layer}`` is the parameter's name for the parameter targets).
+TARGET_TAGS = {"output": ACTIVATION_STAT, "output_gradient": GRADIENT_STAT, "parameter": WEIGHT_STAT,
+               "parameter_gradient": WEIGHT_GRAD_STAT, "model_output": ACTIVATION_STAT}
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +80,8 @@ class LayerStatistic:
             ``results.layer_values[name]``.
         names: The values :meth:`host` gives.
         written: Those of :attr:`names` written as scalars (:meth:`tag`); ``None`` for all of them.
-        scope: ``"layer"``: every tensor of each watched layer it applies to; ``"model"``: the model's
-            output, once per step (:meth:`select`).
+        target: What it is taken of (:data:`TARGETS`): ``"output"`` (the default), ``"output_gradient"``,
+            ``"parameter"``, ``"parameter_gradient"``, or ``"model_output"`` (once per step, :meth:`select`).
         cost: What :meth:`device` costs per tensor, as measured (kernels, no sync); said in the docs.
         unwatched_layers: Whether it also runs on the model's modules it applies to that are not watched:
             there it runs alone (:meth:`device` on their first call of a logging step), with no summary,
@@ -85,7 +100,7 @@ class LayerStatistic:
     name: str = ""
     names: tuple[str, ...] = ()
     written: tuple[str, ...] | None = None
-    scope: Literal["layer", "model"] = "layer"
+    target: Literal["output", "output_gradient", "parameter", "parameter_gradient", "model_output"] = "output"
     cost: str = ""
     summary_fields: tuple[str, ...] = ()
     unwatched_layers: bool = False
@@ -100,13 +115,13 @@ class LayerStatistic:
         return True
 
     def select(self, model: nn.Module, output: Any) -> torch.Tensor | None:
-        """``scope = "model"``: the tensor of the model's ``output`` it is taken of, or ``None`` for none."""
+        """``target = "model_output"``: the tensor of the model's ``output`` it is taken of, or ``None`` for none."""
         return output if isinstance(output, torch.Tensor) else None
 
     def device(self, tensor: torch.Tensor, module: nn.Module, options: Any) -> torch.Tensor | None:
-        """The device half: a few numbers of ``tensor`` (detach it first), an output of ``module`` (the model, for
-        ``scope = "model"``), as one small tensor on its device, never read on the host; ``None`` for a tensor it
-        does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
+        """The device half: a few numbers of ``tensor`` (detach it first), a tensor of its target of ``module`` (the
+        model, for ``target = "model_output"``; ``None`` for the parameter targets), as one small tensor on its
+        device, never read on the host; ``None`` for a tensor it does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
         raise NotImplementedError
 
     def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
@@ -131,8 +146,10 @@ class LayerStatistic:
         raise NotImplementedError
 
     def tag(self, layer: str, name: str) -> str:
-        """The scalar tag of value ``name`` of ``layer``: ``activation_stats/{layer}/{name}``."""
-        return ACTIVATION_STAT.format(layer=layer, statistic=name)
+        """The scalar tag of value ``name`` of ``layer``: its target's pattern (:data:`TARGET_TAGS`), e.g.
+        ``activation_stats/{layer}/{name}``."""
+        pattern = TARGET_TAGS[self.target]
+        return pattern.format(layer=layer, param=layer, statistic=name)
 
     def scalars(self, layer: str, values: dict[str, float]) -> dict[str, float]:
         """The scalars ``values`` of ``layer`` are written as: those of :attr:`written` under :meth:`tag`."""
@@ -145,23 +162,51 @@ class LayerStatistic:
 
 def summary_request(statistics: tuple[LayerStatistic, ...] | None, tensor: torch.Tensor,
                     module: nn.Module) -> tuple[bool, tuple[float, ...]]:
-    """What the layer's one-pass summary should add for ``statistics``: ``(outliers, units)``."""
+    """What a tensor's one-pass summary should add for the fields ``statistics`` read: ``(outliers, units)``, the
+    flags of :func:`~actviz.summaries.one_tensor.reduce_tensor` that add :data:`OUTLIER_FIELDS` and
+    :data:`UNIT_FIELDS` to its row. Asked of the fields each statistic declares, whichever statistic it is.
+
+    Example:
+        >>> class Reads(LayerStatistic):
+        ...     name, summary_fields = "reads", ("centred_fourths",)
+        >>> summary_request((Reads(),), torch.zeros(2), nn.Identity())
+        (True, ())
+    """
     if not statistics:
         return False, ()
     outliers, units = False, ()
     for statistic in statistics:
-        if statistic.summary_fields == OUTLIER_FIELDS:
-            outliers = True
-        elif statistic.summary_fields == UNIT_FIELDS and not units:
+        fields = statistic.summary_fields
+        outliers = outliers or any(field in OUTLIER_FIELDS for field in fields)
+        if not units and any(field in UNIT_FIELDS for field in fields):
             units = statistic.summary_units(tensor, module) or ()
     return outliers, units
+
+
+def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module, tensor: torch.Tensor,
+                reduction: Any, layer_values: Any, options: Any) -> None:
+    """Each statistic's device half of one tensor of its target, kept with the step's results (``layer_values``, a
+    :class:`~actviz.output.pending_step.LayerValues`): from the numbers the summary's row holds where it has them
+    (``reduction``, the tensor's :class:`~actviz.summaries.header.Reduction` with the fields of
+    :func:`summary_request`), else by its own ops. One that raises is warned about once; training goes on."""
+    summarized = isinstance(reduction, Reduction) and reduction.extra
+    for statistic in statistics:
+        try:
+            fields = reduction.extra_fields(statistic.summary_fields) if summarized else None
+            if fields is not None:
+                numbers = statistic.from_summary(fields, reduction.sample_values())
+            else:
+                numbers = statistic.device(tensor, module, options)
+        except Exception as error:  # noqa: BLE001 - a statistic must never stop training
+            warn_statistic_failed(statistic, error, layer_values.warned)
+            continue
+        if numbers is not None:
+            layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
 
 
 def warn_statistic_failed(statistic: LayerStatistic, error: BaseException, warned: set[str]) -> None:
     """Warn that a statistic raised (training goes on), once per statistic in ``warned`` (a watcher's); log each
     failure at DEBUG level."""
-    if statistic.name not in warned:
-        warned.add(statistic.name)
-        warn_safely(f"actviz: the statistic {statistic.name!r} failed, {type(error).__name__}: {error} "
-                    "(training goes on; warned once)", RuntimeWarning, stacklevel=3)
+    warn_once(warned, statistic.name, f"actviz: the statistic {statistic.name!r} failed, {type(error).__name__}: "
+              f"{error} (training goes on; warned once)", RuntimeWarning, stacklevel=3)
     logger.debug("statistic %s failed", statistic.name, exc_info=error)

@@ -12,8 +12,8 @@ classes (every other dimension a row: each position of each sample):
 Which output is a head's: :func:`find_logits`. :func:`logit_vector` is the device half: one op that reads
 each row once (:mod:`actviz.statistics.logit_rows`), then five small ones over the rows' numbers; no host sync.
 
-:class:`Logits` takes them of the model's output once per logging step (``scope = "model"``). It is on by
-default for models with an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any
+:class:`Logits` takes them of the model's output once per logging step (``target = "model_output"``). It is on by
+default for models with an attention module (``watch(statistics=None)``; naming ``"logits"`` turns it on for any
 model, ``False`` off), or wherever ``watch(statistics=[..., "logits"])`` names it: a CNN classifier's logits, say.
 Cost: 6 ops a step, the logits read once on CUDA with Triton; no sync.
 """
@@ -98,7 +98,7 @@ class Logits(LayerStatistic):
         [0.0, 1.3863, 1.3863]
     """
 
-    name, names, scope = "logits", ("max", "logsumexp", "entropy"), "model"
+    name, names, target = "logits", ("max", "logsumexp", "entropy"), "model_output"
     cost = "11 kernels a logging step (the model's output, one block of rows); no sync"
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ An output small enough to be batched with the step's others takes :func:`outlier
 kernels on that small tensor. No host sync either way; :func:`outlier_numbers` finishes it on the host.
 
 :class:`Outliers` runs them on every watched layer's floating outputs. It is on by default for models with
-an attention module (``watch(transformer_stats=None)``; ``True`` turns it on for any model, ``False`` off),
+an attention module (``watch(statistics=None)``; naming ``"outliers"`` turns it on for any model, a list without it off),
 or wherever ``watch(statistics=[..., "outliers"])`` names it: kurtosis of a CNN's activations, say.
 """
 
@@ -84,7 +84,7 @@ def outlier_numbers(vector: list[float], numel: int, dtype: torch.dtype) -> dict
 
 
 def on_for_transformers(model: nn.Module, options: Any) -> bool:
-    """The default of the outlier and logit statistics: ``watch(transformer_stats=...)`` if given, else whether
+    """The default of the outlier and logit statistics: ``CaptureOptions.transformer_stats`` (``statistics=[..., "transformer"]``) if set, else whether
     ``model`` has an attention module (:func:`~actviz.transformers.attention.attention_modules`)."""
     wanted = getattr(options, "transformer_stats", None)
     return bool(attention_modules(model)) if wanted is None else bool(wanted)

@@ -1,4 +1,11 @@
-"""The built-in per-layer statistics, and which of them a watcher runs: ``watch(statistics=...)``.
+"""The built-in statistics, and which of them a watcher runs: ``watch(statistics=...)``.
+
+``statistics=`` names every per-step number a watcher writes (:data:`NAMES`): the per-layer
+statistics of :data:`BUILT_IN`, and the step-wide ones, ``"attention"``, ``"moe"``, ``"update_ratio"`` and
+``"gradient_noise"``. ``"default"`` is the default set (what ``statistics=None`` runs), so that adding to it
+is one line, ``statistics=["default", "update_ratio"]``; ``"transformer"`` is short for ``"attention"``,
+``"outliers"`` and ``"logits"``. :func:`resolve_statistics` turns the list into the fields of
+:class:`~actviz.options.CaptureOptions` that capture reads.
 
 :data:`BUILT_IN` lists every statistic actviz ships, in the order their values are written. With
 ``watch(statistics=None)`` (the default) each runs where its own
@@ -17,16 +24,81 @@ from typing import Any
 from torch import nn
 
 from ..common.suggestions import did_you_mean
+from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
+from .gradient_norms import GradientNorms
 from .layer_statistic import LayerStatistic
 from .logits import Logits
 from .moments import Moments
 from .outliers import Outliers
 from .unit_counts import DeadChannels, Saturation
 
-__all__ = ["BUILT_IN", "Chosen", "check_statistics", "choose"]
+__all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
-BUILT_IN: tuple[LayerStatistic, ...] = (Moments(), DeadChannels(), Saturation(), Outliers(), Logits())
+BUILT_IN: tuple[LayerStatistic, ...] = (
+    Moments(), GradientNorms(), DeadChannels(), Saturation(), Outliers(), Logits(), GradientKurtosis(),
+    WeightGradKurtosis(),
+)
+
+#: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
+#: ``statistics=`` as the layer statistics are.
+STEP_WIDE: dict[str, str] = {
+    "attention": "attention health of every attention call (docs/transformers.md)",
+    "moe": "mixture-of-experts router health (docs/moe.md)",
+    "update_ratio": "update_ratio/{param}, the relative change of each parameter across the next update",
+    "gradient_noise": "gradient_noise/simple, the gradient noise scale (docs/gradient-noise.md)",
+}
+
+#: Names that stand for several: ``"default"`` for the default set, ``"transformer"`` for the transformer set.
+GROUPS: dict[str, tuple[str, ...]] = {"transformer": ("attention", "outliers", "logits")}
+
+#: Every name ``statistics=`` takes.
+NAMES: tuple[str, ...] = ("default", *(statistic.name for statistic in BUILT_IN), *STEP_WIDE, *GROUPS)
+
+
+def resolve_statistics(value: Any) -> dict[str, Any]:
+    """``watch(statistics=...)`` -> the :class:`~actviz.options.CaptureOptions` fields it sets.
+
+    ``None`` and ``["default"]`` are the default set: each built-in layer statistic where it is on by
+    default, attention and outlier statistics on models with an attention module, router statistics on
+    models with a mixture-of-experts module. A name given in the list runs on any model. A list without
+    ``"default"`` runs only what it names.
+
+    Raises:
+        TypeError, ValueError: As :func:`check_statistics`.
+
+    Example:
+        >>> resolve_statistics(["default", "update_ratio"])["update_ratio"]
+        True
+        >>> fields = resolve_statistics(["moments", "transformer"])
+        >>> [s.name for s in fields["statistics"]], fields["transformer_stats"], fields["moe"]
+        (['moments', 'outliers', 'logits'], True, False)
+    """
+    if value is None:
+        return {"statistics": None, "with_defaults": False, "transformer_stats": None, "moe": None,
+                "update_ratio": False, "gradient_noise": False}
+    if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
+        check_statistics(value)  # raises its TypeError
+    items = list(value)
+    expanded: list[Any] = []
+    for item in items:
+        expanded.extend(GROUPS.get(item, (item,)) if isinstance(item, str) else (item,))
+    with_defaults = "default" in expanded
+    named = {item for item in expanded if isinstance(item, str)}
+    layer_items = [item for item in expanded if not (isinstance(item, str) and item in (*STEP_WIDE, "default"))]
+    unique: list[Any] = []
+    for item in layer_items:  # a group may name what the list names too: once each
+        if not (isinstance(item, str) and item in unique):
+            unique.append(item)
+    statistics = check_statistics(unique)
+    return {
+        "statistics": None if with_defaults and not statistics else statistics,
+        "with_defaults": with_defaults and bool(statistics),
+        "transformer_stats": True if "attention" in named else None if with_defaults else False,
+        "moe": True if "moe" in named else None if with_defaults else False,
+        "update_ratio": "update_ratio" in named,
+        "gradient_noise": "gradient_noise" in named,
+    }
 
 
 def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
@@ -49,13 +121,14 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
         return None
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         raise TypeError(f"statistics must be None or a list of names and LayerStatistic objects, got "
-                        f"{type(value).__name__}: {value!r}; for example statistics=['moments', 'outliers']")
+                        f"{type(value).__name__}: {value!r}; for example statistics=['default', 'update_ratio']")
     known = {statistic.name: statistic for statistic in BUILT_IN}
+    everything = [*NAMES]
     found: list[LayerStatistic] = []
     for item in value:
         if isinstance(item, str):
             if item not in known:
-                hint = did_you_mean(item, known, otherwise=f"; known: {', '.join(known)}")
+                hint = did_you_mean(item, everything, otherwise=f"; known: {', '.join(everything)}")
                 raise ValueError(f"unknown statistic {item!r}{hint}")
             item = known[item]
         elif isinstance(item, type) and issubclass(item, LayerStatistic):
@@ -72,7 +145,8 @@ def check_statistics(value: Any) -> tuple[LayerStatistic, ...] | None:
 
 
 class Chosen:
-    """The statistics one watcher runs on one set of layers, looked up once: per module, and on the model's output.
+    """The statistics one watcher runs on one set of layers, looked up once, by target: per module (of its outputs
+    and of their gradients), of every watched parameter and parameter gradient, and of the model's output.
 
     ``unwatched``: the model's modules that are not watched but that a statistic with
     :attr:`~actviz.statistics.layer_statistic.LayerStatistic.unwatched_layers` applies to (the ReLUs of a
@@ -92,26 +166,43 @@ class Chosen:
         (('1', ReLU()),)
     """
 
-    __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "warned")
+    __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "of_gradients", "of_parameters",
+                 "of_parameter_gradients", "warned")
 
     def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...],
-                 unwatched: tuple[tuple[str, nn.Module], ...] = (), of_summaries: tuple[LayerStatistic, ...] = ()) -> None:
+                 unwatched: tuple[tuple[str, nn.Module], ...] = (),
+                 of_summaries: dict[str, tuple[LayerStatistic, ...]] | None = None,
+                 of_gradients: dict[int, tuple[LayerStatistic, ...]] | None = None,
+                 of_parameters: tuple[LayerStatistic, ...] = (),
+                 of_parameter_gradients: tuple[LayerStatistic, ...] = ()) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
-        self.on_output = on_output  # scope "model": taken of the model's output
+        self.on_output = on_output  # target "model_output": taken of the model's output
         self.unwatched = unwatched  # (name, module) pairs run for their statistics alone
-        self.of_summaries = of_summaries  # reads_summary: taken of every output's summary on the writer thread
+        self.of_summaries = of_summaries or {}  # target -> reads_summary ones, taken of its summaries on the writer thread
+        self.of_gradients = of_gradients or {}  # id(module) -> the statistics of its outputs' gradients
+        self.of_parameters = of_parameters  # target "parameter": of every watched parameter
+        self.of_parameter_gradients = of_parameter_gradients  # target "parameter_gradient"
         self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:
         running = choose(model, options)
-        of_summaries = tuple(statistic for statistic in running if statistic.reads_summary)
-        per_layer = [statistic for statistic in running if statistic.scope == "layer" and not statistic.reads_summary]
+        of_summaries: dict[str, tuple[LayerStatistic, ...]] = {}
+        for statistic in running:
+            if statistic.reads_summary:
+                of_summaries[statistic.target] = (*of_summaries.get(statistic.target, ()), statistic)
+        in_hooks = [statistic for statistic in running if not statistic.reads_summary]
+        per_layer = [statistic for statistic in in_hooks if statistic.target == "output"]
+        of_gradient = [statistic for statistic in in_hooks if statistic.target == "output_gradient"]
         by_module: dict[int, tuple[LayerStatistic, ...]] = {}
+        of_gradients: dict[int, tuple[LayerStatistic, ...]] = {}
         for _, module in layers:
             applying = tuple(statistic for statistic in per_layer if statistic.applies_to(module))
             if applying:
                 by_module[id(module)] = applying
+            applying = tuple(statistic for statistic in of_gradient if statistic.applies_to(module))
+            if applying:
+                of_gradients[id(module)] = applying
         unwatched = []
         reaching = [statistic for statistic in per_layer if statistic.unwatched_layers]
         if reaching:
@@ -123,13 +214,21 @@ class Chosen:
                 if applying:
                     by_module[id(module)] = applying
                     unwatched.append((name, module))
-        on_output = tuple(statistic for statistic in running if statistic.scope == "model")
-        return cls(by_module, on_output, tuple(unwatched), of_summaries)
+        on_output = tuple(statistic for statistic in in_hooks if statistic.target == "model_output")
+        return cls(by_module, on_output, tuple(unwatched), of_summaries, of_gradients,
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter"),
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter_gradient"))
 
 
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:
     """The statistics a watcher of ``model`` runs: ``options.statistics``, or where ``None`` the built-ins on by default."""
     chosen = getattr(options, "statistics", None)
-    if chosen is not None:
+    if chosen is not None and not getattr(options, "with_defaults", False):
         return tuple(chosen)
-    return tuple(statistic for statistic in BUILT_IN if statistic.on_by_default(model, options))
+    defaults = tuple(statistic for statistic in BUILT_IN if statistic.on_by_default(model, options))
+    if chosen is None:
+        return defaults
+    order = {statistic.name: index for index, statistic in enumerate(BUILT_IN)}
+    named = {statistic.name for statistic in chosen}
+    merged = [statistic for statistic in defaults if statistic.name not in named] + list(chosen)
+    return tuple(sorted(merged, key=lambda statistic: order.get(statistic.name, len(order))))  # sorted() is stable

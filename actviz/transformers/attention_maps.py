@@ -1,6 +1,6 @@
 """Attention pictures of the probe: each head's weights as a grid, and attention rollout over a ViT's image.
 
-On image steps with ``watch(..., probe=...)``, the probe's forward runs inside an
+On image steps with ``watch(..., extras=[actviz.Probe(batch)])``, the probe's forward runs inside an
 :class:`~actviz.transformers.attention.AttentionMode` that keeps the whole softmax of probe sample 0
 for each attention module (its first ``MAX_POSITIONS`` queries and keys):
 
@@ -151,7 +151,7 @@ Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
 
 
 def attention_pictures(maps: list[tuple[str, torch.Tensor]], image: torch.Tensor | None) -> list[Picture]:
-    """The probe's pictures (what :func:`record_attention` left), as :class:`~actviz.capture.probe.Probe` hands them on."""
+    """The probe's pictures (what :func:`record_attention` left), as :class:`~actviz.capture.probe.ProbeForward` hands them on."""
     pictures: list[Picture] = [(ATTENTION_MAPS.format(layer=name), draw_heads, (weights,), True)
                                for name, weights in maps if name != ROLLOUT]
     head_means = dict(maps).get(ROLLOUT)
