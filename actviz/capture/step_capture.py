@@ -148,7 +148,8 @@ class StepCapture:
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
         # watch(gradient_noise=True): layer inputs kept until their output's gradient comes, on stats steps alone
-        self._noise = GradientNoise(self._pending.add_host_work, on_error) if options.gradient_noise and want_stats else None
+        self._noise = (GradientNoise(self._pending.add_host_work, on_error, self._history.noise_run(model))
+                       if options.gradient_noise and want_stats else None)
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
                                          self._hooks.group("gradients"), self._noise)
         self._seen: set[str] = set()  # layers logged: a module called twice logs its first call
@@ -222,9 +223,9 @@ class StepCapture:
         # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
         draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
         try:
+            if self._noise is not None and first is not None and first.requires_grad:
+                self._noise.take_input(name, module, inputs, first)
             if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
-                if self._noise is not None and output.requires_grad:
-                    self._noise.take_input(name, module, inputs, output)
                 self._capture_tensor(name, name, batch_dim, module, output, draw)
             else:
                 self._capture_output(name, batch_dim, module, output, draw)
@@ -324,7 +325,7 @@ class StepCapture:
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._noise is not None:
-            self._noise.hand_over()
+            self._noise.hand_over(backward_seen=bool(self.gradients.seen))
         if self._shapes is not None:
             self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:
