@@ -129,6 +129,7 @@ class StepCapture:
         stance: EagerStance | None = None,
         history: LoopHistory | None = None,
         hold_stance: bool = True,
+        register: Callable[[StepCapture], None] | None = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -161,15 +162,28 @@ class StepCapture:
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
         self._statistics_only: set[str] | frozenset[str] = frozenset()  # hooked for their statistics alone
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
-        self._eager.enter()
         try:
+            if register is not None:  # the watcher knows the step before any hook is on: close() finds them all
+                register(self)
+            self._eager.enter()
             self._attach(model)
-        except BaseException:
-            self._end_eager()
+        except BaseException:  # Ctrl-C or an error while attaching: no hook stays behind
+            self.abandon()
             raise
 
     def release_stance(self) -> None:
         self._end_eager()
+
+    def abandon(self) -> None:
+        """End a step cut short by an exception in one of its stages (Ctrl-C): every hook off, nothing delivered,
+        no collective started. Safe to call again, and after the step ended."""
+        self._deliver = self._on_no_backward = None
+        self._merge = False
+        try:
+            self.end.close()  # hand_over: the hooks off, nothing sent without deliver
+        finally:
+            self._hooks.remove()  # where hand_over itself was cut short
+            self._end_eager()
 
     def _end_eager(self) -> None:
         stance, self._eager = self._eager, None
@@ -291,6 +305,13 @@ class StepCapture:
                 self._pending.layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
+        try:
+            self._forward_done(model, output)
+        except BaseException:  # Ctrl-C while the step moves on: no hook left, the next steps start afresh
+            self.abandon()
+            raise
+
+    def _forward_done(self, model: nn.Module, output: Any) -> None:
         self._hooks.remove("forward")
         if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
             self._end_eager()
@@ -320,8 +341,10 @@ class StepCapture:
 
         ``missed_backward`` says the gradients the step waited for never came, or were dropped.
         """
-        self._end_eager()
-        self._hooks.remove()
+        try:
+            self._end_eager()
+        finally:
+            self._hooks.remove()
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._noise is not None:
