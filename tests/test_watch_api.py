@@ -110,3 +110,33 @@ def test_results_statistics_of_an_all_nan_tensor_are_nan_not_errors(tmp_path):
     stats = seen[0].statistics()["activations/0"]
     assert stats["nonfinite"] == stats["count"] == 2 * 6 * 8 * 8
     assert math.isnan(stats["mean"]) and math.isnan(stats["std"])
+
+
+# --- Arguments checked at watch(), where the mistake is made.
+
+
+def test_an_empty_probe_batch_is_rejected_at_watch_naming_it(tmp_path):
+    model = small_cnn()
+    for empty in (torch.zeros(0, 3, 8, 8), (torch.zeros(0, 3, 8, 8),), {"x": torch.zeros(0, 3, 8, 8)}):
+        with pytest.raises(ValueError, match=r"probe= is an empty batch \(.*0, 3, 8, 8.*\).*probe=inputs\[:1\]"):
+            actviz.watch(model, tmp_path / "run", probe=empty)
+    assert hooks_left(model) == NO_HOOKS and not (tmp_path / "run").exists()
+
+
+def test_numpy_integers_are_step_numbers(tmp_path):
+    np = pytest.importorskip("numpy")
+    model = small_cnn()
+    written = []
+    with actviz.watch(model, tmp_path, every=[np.int64(0), np.int32(2)], image_every=np.int64(2),
+                      on_step=lambda results: written.append(results.step)) as viz:
+        for _ in range(3):
+            train_step(model)
+        viz.flush()
+    assert written == [0, 2]
+
+
+def test_an_over_long_log_dir_name_is_a_value_error_naming_the_limit(tmp_path):
+    model = small_cnn()
+    with pytest.raises(ValueError, match=r"folder name of 300 bytes .* 255 bytes .*NAME_MAX.*log_dir='runs/exp1'"):
+        actviz.watch(model, tmp_path / ("a" * 300))
+    assert hooks_left(model) == NO_HOOKS

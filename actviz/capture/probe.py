@@ -51,6 +51,9 @@ def check_probe(probe: Any, model: nn.Module) -> None:
             "probe= must be a batch the model takes: a tensor, or a tuple or dict of tensors passed as its "
             f"arguments; got {type(probe).__name__}. For pictures, probe=actviz.load_images(['cat.jpg'])"
         )
+    if any(value.numel() == 0 for value in values):  # an empty batch fails at the first image step, later
+        raise ValueError(f"probe= is an empty batch ({_shapes(probe)}): nothing to draw; give at least one sample, "
+                         "such as the first of a training batch: probe=inputs[:1]")
     if any(is_fsdp_parameter(param) for param in model.parameters()):
         raise ValueError(
             "probe= does not work with FSDP: its forward gathers the parameters with collectives, which rank 0 "

@@ -162,7 +162,11 @@ class _Events:
 def _event_files(root: Path, skipped: list[FileProblem]) -> dict[Path, list[Path]]:
     """The event files below ``root`` by folder; anything else so named goes to ``skipped``."""
     folders: dict[Path, list[Path]] = {}
-    for folder, subfolders, files in os.walk(root):
+
+    def unreadable(error: OSError) -> None:
+        skipped.append(FileProblem(str(error.filename or root), None, f"cannot be read: {error.strerror or error}"))
+
+    for folder, subfolders, files in os.walk(root, onerror=unreadable):
         subfolders.sort()
         for name in sorted(files + subfolders):
             if name.startswith(EVENT_FILE_PREFIX):
@@ -323,18 +327,30 @@ def format_run(health: RunHealth) -> str:
 
 
 def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
-    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file."""
+    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file.
+
+    With ``as_json`` the text is JSON whatever happens: ``{"error": ..., "status": 2, "problems": [...]}`` where
+    there is no run to report (as ``actviz diff --json``).
+
+    Example:
+        >>> import json, tempfile
+        >>> status, text = doctor(tempfile.mkdtemp(), as_json=True)
+        >>> status, sorted(json.loads(text))
+        (2, ['error', 'problems', 'status'])
+    """
     root = Path(run_dir)
-    if not root.is_dir():
-        return EXIT_NO_RUN, f"actviz doctor: error: {ascii(str(root))} is not a folder"
     problems: list[FileProblem] = []
-    runs = diagnose_runs(root, problems)
+    if not root.is_dir():
+        return _no_run(f"{ascii(str(root))} is not a folder", problems, as_json)
+    try:
+        runs = diagnose_runs(root, problems)
+    except OSError as error:  # a folder that vanished or cannot be listed while it is read
+        return _no_run(f"{ascii(str(root))} cannot be read: {error.strerror or error}", problems, as_json)
     damaged = any(problem.reason.startswith("damaged") for problem in problems)
     if not runs and not damaged:
-        return EXIT_NO_RUN, "\n".join([
-            f"actviz doctor: no actviz run in {ascii(str(root))}: no event file with actviz's tags "
-            "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.",
-            *(_problem_line(problem) for problem in problems)])
+        return _no_run(f"no actviz run in {ascii(str(root))}: no event file with actviz's tags "
+                       "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.",
+                       problems, as_json, label="")
     status = EXIT_DAMAGED if damaged else EXIT_ALERTS if any(run.alerts for run in runs) else EXIT_HEALTHY
     if as_json:
         report = {"status": status, "runs": [asdict(run) for run in runs], "problems": [asdict(p) for p in problems]}
@@ -343,6 +359,13 @@ def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
     if problems:
         text += ("\n\n" if text else "") + "\n".join(_problem_line(problem) for problem in problems)
     return status, text
+
+
+def _no_run(reason: str, problems: list[FileProblem], as_json: bool, label: str = "error: ") -> tuple[int, str]:
+    """Exit status 2, with ``reason`` as text or as ``{"error": ...}``."""
+    if as_json:
+        return EXIT_NO_RUN, json.dumps({"error": reason, "status": EXIT_NO_RUN, "problems": [asdict(p) for p in problems]})
+    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(_problem_line(p) for p in problems)])
 
 
 def _no_nan(value: Any) -> Any:
