@@ -295,13 +295,13 @@ def test_the_device_half_is_a_few_ops_per_layer_and_no_sync(monkeypatch):
 # --- The batch dimension of time-first layouts, the memory of long sequences, and a step that counts nothing.
 
 
-def loop_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_dim: int) -> torch.Tensor:
+def loop_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_dim: int, y_dim: int | None = None) -> torch.Tensor:
     """``(B, parameters)``: each example's gradient of its own mean squared error, one backward per example,
     over the parameters that require grad (the reference for layers torch.func cannot map over)."""
     params = [p for p in model.parameters() if p.requires_grad]
     rows = []
     for b in range(x.shape[batch_dim]):
-        xb, yb = x.narrow(batch_dim, b, 1), y.narrow(batch_dim, b, 1)
+        xb, yb = x.narrow(batch_dim, b, 1), y.narrow(batch_dim if y_dim is None else y_dim, b, 1)
         out = model(xb)
         out = out[0] if isinstance(out, tuple) else out
         rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(nn.functional.mse_loss(out, yb), params)]))
@@ -323,20 +323,35 @@ class TimeFirstLSTM(nn.Module):
         return self.decoder(output)
 
 
-@pytest.mark.parametrize("make", [TimeFirstLSTM, lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)],
-                         ids=["lstm", "transformer"])
+class LastHiddenClassifier(nn.Module):
+    """A time-first LSTM whose last hidden state, (B, hidden), goes to a Linear: a 2-D input in a time-first model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = nn.LSTM(4, 8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, (hidden, _) = self.rnn(x)
+        return self.fc(hidden[-1])
+
+
+@pytest.mark.parametrize("make", [TimeFirstLSTM, LastHiddenClassifier,
+                                  lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)],
+                         ids=["lstm", "lstm, last hidden state", "transformer"])
 def test_a_time_first_model_takes_its_examples_from_dimension_1(make):
     # (T, B, features) with T = 7, B = 5: the examples are dimension 1, not the time steps of dimension 0.
     model = make()
     torch.manual_seed(1)
-    width = 4 if isinstance(model, TimeFirstLSTM) else 8
+    width = 4 if isinstance(model, (TimeFirstLSTM, LastHiddenClassifier)) else 8
     x = torch.randn(7, 5, width)
     y = torch.randn(model(x).shape)
     reference_model = copy.deepcopy(model)
     for name, parameter in reference_model.named_parameters():  # the counted layers' parameters alone
         owner = reference_model.get_submodule(name.rpartition(".")[0])
         parameter.requires_grad_(isinstance(owner, gradient_noise.COUNTED) and type(owner).__name__ != "NonDynamicallyQuantizableLinear")
-    expected = reference(loop_gradients(reference_model, x, y, batch_dim=1))
+    expected = reference(loop_gradients(reference_model, x, y, batch_dim=1, y_dim=1 if y.dim() == 3 else 0))
     with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, gradient_noise=True) as viz:
         nn.functional.mse_loss(model(x), y).backward()
         viz.flush()
@@ -432,7 +447,8 @@ class MixedLayouts(nn.Module):
 
 
 NOTHING_COUNTS = {  # model, its input: the cause the warning names
-    "a batch of one": (lambda: nn.Linear(8, 1), torch.randn(1, 8), "a batch of one example"),
+    "a batch of one": (lambda: nn.Linear(8, 1), torch.randn(1, 8), "a batch of 1 example "),
+    "an empty batch": (lambda: nn.Linear(8, 1), torch.randn(0, 8), "a batch of 0 examples"),
     "1-D inputs": (lambda: nn.Linear(8, 1), torch.randn(8), "1-D inputs"),
     "convolutions only": (ConvOnly, torch.randn(4, 3, 6, 6), "no watched nn.Linear, nn.LayerNorm or nn.RMSNorm"),
     "mixed layouts": (lambda: MixedLayouts(), torch.randn(4, 3, 8), "the batch dimension cannot be told"),

@@ -367,7 +367,7 @@ class GradientNoise:
             dim = self._run.batch_dim
         size = x.shape[dim]
         if size < 2:
-            return "a batch of one example (the noise scale compares examples)"
+            return f"a batch of {size} example{'s' * (size != 1)} (the noise scale compares two or more)"
         if output.dim() <= dim or output.shape[dim] != size or size != (self._batch or size):
             return f"inputs whose dimension {dim} is not the step's batch size"
         return None
