@@ -159,7 +159,8 @@ class RunStream:
             raise NoRunToCompare(f"{ascii(str(self.root))} is not a folder")
         self.path = str(self.root)
         self.files = _event_files(self.root)
-        self.problems: list[str] = []
+        self.problems: list[str] = []  # damaged files
+        self.notes: list[str] = []  # what was left out, not damage
         self.steps_seen: list[int] = [0, -1, -1]  # how many, the first, the last
         self._table: list[str] = []
         self._outputs: dict[str, None] = {}  # ordered set
@@ -219,8 +220,8 @@ class RunStream:
                 except DecodeError:  # whole by its checksums, but not an event
                     continue
                 if step is not None and event.step != step:
-                    if event.step < step:
-                        backwards += 1
+                    if event.step < step:  # a user's own value at an earlier step (writer=): not actviz's, or out of order
+                        backwards += any(_read_value(value, {}, {}) for value in event.summary.value)
                         continue
                     yield step, values
                     values = {}
@@ -235,7 +236,8 @@ class RunStream:
             read = "nothing read" if step is None else f"read to step {step}"
             self.problems.append(f"{_shown(file)}: damaged ({error}); {read}")
         if backwards:
-            self.problems.append(f"{_shown(file)}: {backwards} event(s) of a step before the one read last, left out")
+            self.notes.append(f"{_shown(file)}: {backwards} event(s) of statistics at a step before the one read "
+                              "last, left out")
         if step is not None:
             yield step, values
 
@@ -274,19 +276,21 @@ def _event_files(root: Path) -> list[Path]:
     return sorted(path for path in below[0].iterdir() if is_event_file(path))
 
 
-def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[str, None]) -> None:
-    """Put one ``Summary.Value`` in ``values`` if it is one of :data:`STATISTICS`; note output layers in order."""
+def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[str, None]) -> bool:
+    """Put one ``Summary.Value`` in ``values`` if it is one of :data:`STATISTICS` (then return True); note output
+    layers in order."""
     tag = value.tag.removeprefix(TENSORBOARD_PREFIX)
     prefix = next((prefix for prefix in ("activation_stats/", "activations/", "gradient_stats/", "gradients/")
                    if tag.startswith(prefix)), None)
     if prefix is None:
-        return
+        return False
     rest = tag[len(prefix):]
     if value.HasField("histo"):
         for field_name in ("sum", "sum_squares"):
             values[(rest, _BY_SOURCE[(prefix, f"histo:{field_name}")])] = getattr(value.histo, field_name)
         if prefix == "activations/":
             outputs.setdefault(rest)
+        return True
     elif "/" in rest:
         layer, stat = rest.rsplit("/", 1)
         name = _BY_SOURCE.get((prefix, f"stat:{stat}"))
@@ -296,6 +300,8 @@ def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[
             values[(layer, name)] = float(number)
             if prefix == "activation_stats/":
                 outputs.setdefault(layer)
+            return True
+    return False
 
 
 def _table_layers(text: str) -> list[str]:
@@ -455,6 +461,7 @@ def diff(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str], rtol: flo
         found = None if first is None else {key: _finite(value) for key, value in asdict(first).items()}
         return status, json.dumps({"first_divergence": found, "status": status, "problems": problems})
     text = format_comparison(comparison, rtol, atol)
+    text += "".join(f"\nnote: {note}" for run in runs for note in run.notes)
     if problems:
         text += ("\n\nexit 3: an event file is damaged, and the comparison covers only what was read before the "
                  "damage:\n" + "\n".join(f"damaged: {problem}" for problem in problems))
