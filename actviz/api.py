@@ -27,7 +27,7 @@ from .output.sink import FanOutSink, check_sink
 from .output.step_callbacks import StepCallbacks
 from .output.tensorboard import TensorBoardSink, use_fast_crc
 from .capture.probe import ProbeForward, check_probe, gradcam_layers, try_probe
-from .output.run_folders import warn_if_reused, warn_if_shared
+from .output.run_folders import check_name_lengths, warn_if_reused, warn_if_shared
 from .schedule import Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, select_layers
 from .statistics import LayerStatistic, resolve_statistics
@@ -68,6 +68,7 @@ def _check_log_dir(log_dir: Any) -> None:
     except UnicodeEncodeError:
         raise ValueError(f"log_dir must be encodable as UTF-8 (TensorBoard writes the folder's name in UTF-8), got "
                          f"{path!r}; for example log_dir='runs/exp1'") from None
+    check_name_lengths(path)
 
 
 def _check_not_scripted(model: nn.Module) -> None:

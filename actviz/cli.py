@@ -5,7 +5,7 @@ and :mod:`actviz.run_diff`.
 failed (the others are still reported), 2 when the report could not start (bad option,
 unknown model, weights that cannot be downloaded or loaded), 130 on Ctrl-C.
 ``actviz doctor`` exit codes: 0 no alert, 1 at least one alert, 2 no actviz run, 3 a damaged event file.
-``actviz diff`` exit codes: 0 the runs agree, 1 they part, 2 no actviz run or no common step.
+``actviz diff`` exit codes: 0 the runs agree, 1 they part, 2 no actviz run or no common step, 3 a damaged event file.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ an infinity equals only itself). At the first step where one differs, the layer 
 
 Forward order is the order of the run's ``layers`` text (the model's), else the order the layers' output
 tags first appear in. :func:`diff` is the command: its text or JSON and its exit status
-(:data:`EXIT_SAME`, :data:`EXIT_PARTED`, :data:`EXIT_NO_RUN`).
+(:data:`EXIT_SAME`, :data:`EXIT_PARTED`, :data:`EXIT_NO_RUN`, :data:`EXIT_DAMAGED`). Both runs are walked side by
+side in step order (:class:`RunStream`): the memory held is one step's values, whatever the runs' length.
 
 Example:
     >>> a = RunStatistics("a", ["fc1", "fc2"], {0: {("fc1", "activation_mean"): 0.5, ("fc2", "activation_mean"): 1.0},
@@ -28,9 +29,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +42,14 @@ from .output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_fi
 from .tags import LAYERS, TENSORBOARD_PREFIX
 
 __all__ = [
-    "DIFF_DESCRIPTION", "DIFF_EPILOG", "EXIT_NO_RUN", "EXIT_PARTED", "EXIT_SAME", "STATISTICS", "Comparison",
-    "Difference", "NoRunToCompare", "RunStatistics", "add_diff_parser", "agree", "compare_runs", "diff",
+    "DIFF_DESCRIPTION", "DIFF_EPILOG", "EXIT_DAMAGED", "EXIT_NO_RUN", "EXIT_PARTED", "EXIT_SAME", "STATISTICS",
+    "Comparison", "Difference", "NoRunToCompare", "RunStatistics", "RunStream", "add_diff_parser", "agree", "compare_runs", "diff",
     "format_comparison", "read_run",
 ]
 
-#: ``actviz diff``'s exit statuses: every common step agrees, the runs part, a folder holds no run or no common step.
-EXIT_SAME, EXIT_PARTED, EXIT_NO_RUN = 0, 1, 2
+#: ``actviz diff``'s exit statuses: every common step agrees, the runs part, a folder holds no run or no common step,
+#: an event file is damaged (over the others: what was read before the damage is compared and reported).
+EXIT_SAME, EXIT_PARTED, EXIT_NO_RUN, EXIT_DAMAGED = 0, 1, 2, 3
 
 #: The statistics compared, in the order a layer's are checked: name -> (tag prefix, what is read).
 #: ``stat:`` reads the scalar ``{prefix}{layer}/{stat}``, ``histo:`` a field of the histogram ``{prefix}{layer}``.
@@ -93,8 +97,10 @@ tolerances:
   histogram's sum) need --atol once the runs are on different hardware or kernels.
 
 exit codes: 0 every common step agrees, 1 the runs part, 2 a folder holds no actviz run
-  or the two runs share no logged step. A damaged event file is read up to the damage and
-  named after the result.
+  or the two runs share no logged step, 3 an event file is damaged (bad checksum, cut
+  short): it is read up to the damage, compared that far and named after the result
+  (--json: "problems"). 3 comes before 1 and 0: a CI step must not pass on a run it
+  could not read whole.
 """
 
 
@@ -106,6 +112,10 @@ class RunStatistics:
     layers: list[str]
     steps: dict[int, dict[tuple[str, str], float]]
     problems: list[str] = field(default_factory=list)
+
+    def walk(self) -> Iterator[tuple[int, dict[tuple[str, str], float]]]:
+        """The steps in order, each with its values."""
+        return iter(sorted(self.steps.items()))
 
 
 @dataclass
@@ -134,8 +144,107 @@ class NoRunToCompare(Exception):
     """A folder holds no actviz run, or two runs share no logged step or layer: exit status 2."""
 
 
+class RunStream:
+    """A run folder's statistics, read one step at a time in step order: what is held is one step's values and
+    the layers' names, whatever the run's length (:func:`compare_runs` walks two of them side by side).
+
+    ``layers`` grows as the walk meets layers (the ``layers`` text's order, then the order outputs first
+    appear); ``problems`` gets each damaged file, and ``steps_seen`` counts the steps walked, with the first
+    and last. Raises :class:`NoRunToCompare` where the folder holds no event file.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.root = Path(folder)
+        if not self.root.is_dir():
+            raise NoRunToCompare(f"{ascii(str(self.root))} is not a folder")
+        self.path = str(self.root)
+        self.files = _event_files(self.root)
+        self.problems: list[str] = []  # damaged files
+        self.notes: list[str] = []  # what was left out, not damage
+        self.steps_seen: list[int] = [0, -1, -1]  # how many, the first, the last
+        self._table: list[str] = []
+        self._outputs: dict[str, None] = {}  # ordered set
+        self._seen: set[str] = set()
+        self._layers: list[str] | None = None
+
+    @property
+    def layers(self) -> list[str]:
+        """The layers met so far, in forward order."""
+        if self._layers is None:
+            ordered = [layer for layer in dict.fromkeys([*self._table, *self._outputs]) if layer in self._seen]
+            self._layers = ordered + sorted(self._seen - set(ordered))
+        return self._layers
+
+    def walk(self) -> Iterator[tuple[int, dict[tuple[str, str], float]]]:
+        """``(step, {(layer, statistic): value})`` in step order; a later file's value of a step replaces an
+        earlier one's. A step with none of :data:`STATISTICS` is left out."""
+        merged = heapq.merge(*(self._file_steps(file) for file in self.files), key=lambda item: item[0])
+        current: tuple[int, dict[tuple[str, str], float]] | None = None
+        for step, values in merged:
+            if current is not None and step == current[0]:
+                current[1].update(values)
+                continue
+            if current is not None and current[1]:
+                yield self._finished(*current)
+            current = (step, values)
+        if current is not None and current[1]:
+            yield self._finished(*current)
+        if not self.steps_seen[0]:
+            raise NoRunToCompare(f"no actviz run in {ascii(self.path)}: no per-layer statistics (~activation_stats/, "
+                                 "~gradient_stats/). Give the folder actviz.watch() wrote to.")
+
+    def _finished(self, step: int, values: dict[tuple[str, str], float]) -> tuple[int, dict[tuple[str, str], float]]:
+        for layer, statistic in list(values):  # NaN/Inf counts are written from their first step that is not 0
+            if layer not in self._seen:
+                self._seen.add(layer)
+                self._layers = None
+            if statistic in ("activation_mean", "gradient_norm"):
+                values.setdefault((layer, statistic.split("_")[0] + "_nonfinite"), 0.0)
+        count, first, _ = self.steps_seen
+        self.steps_seen = [count + 1, first if count else step, step]
+        return step, values
+
+    def _file_steps(self, file: Path) -> Iterator[tuple[int, dict[tuple[str, str], float]]]:
+        """One file's steps in its order, consecutive events of a step together; a step that goes back is
+        left out and named in ``problems``."""
+        from google.protobuf.message import DecodeError
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        step: int | None = None
+        values: dict[tuple[str, str], float] = {}
+        backwards = 0
+        try:
+            for data in read_records(file):
+                try:
+                    event = Event.FromString(data)
+                except DecodeError:  # whole by its checksums, but not an event
+                    continue
+                if step is not None and event.step != step:
+                    if event.step < step:  # a user's own value at an earlier step (sink=SummaryWriter): not actviz's, or out of order
+                        backwards += any(_read_value(value, {}, {}) for value in event.summary.value)
+                        continue
+                    yield step, values
+                    values = {}
+                step = event.step
+                for value in event.summary.value:
+                    if value.tag == LAYERS and value.tensor.string_val and not self._table:
+                        self._table = _table_layers(value.tensor.string_val[0].decode("utf-8", "replace"))
+                        self._layers = None
+                    else:
+                        _read_value(value, values, self._outputs)
+        except (DamagedEventFile, OSError) as error:
+            read = "nothing read" if step is None else f"read to step {step}"
+            self.problems.append(f"{_shown(file)}: damaged ({error}); {read}")
+        if backwards:
+            self.notes.append(f"{_shown(file)}: {backwards} event(s) of statistics at a step before the one read "
+                              "last, left out")
+        if step is not None:
+            yield step, values
+
+
 def read_run(folder: str | os.PathLike[str]) -> RunStatistics:
-    """The statistics of :data:`STATISTICS` that the run in ``folder`` logged, per step.
+    """The statistics of :data:`STATISTICS` that the run in ``folder`` logged, per step, all in memory
+    (:func:`diff` walks a :class:`RunStream` instead).
 
     ``folder`` is a run folder (a ``log_dir``), or a folder with exactly one run folder below it
     (``lightning_logs``). Several event files are read in name order, a later value of a step
@@ -148,44 +257,9 @@ def read_run(folder: str | os.PathLike[str]) -> RunStatistics:
         ...
         actviz.run_diff.NoRunToCompare: no actviz run in '...': no event file (events.out.tfevents.*)
     """
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto.event_pb2 import Event
-
-    root = Path(folder)
-    if not root.is_dir():
-        raise NoRunToCompare(f"{ascii(str(root))} is not a folder")
-    run = RunStatistics(str(root), [], {})
-    outputs: list[str] = []
-    table: list[str] = []
-    for file in _event_files(root):
-        step: int | None = None
-        try:
-            for data in read_records(file):
-                try:
-                    event = Event.FromString(data)
-                except DecodeError:  # whole by its checksums, but not an event
-                    continue
-                step = event.step
-                for value in event.summary.value:
-                    if value.tag == LAYERS and value.tensor.string_val and not table:
-                        table = _table_layers(value.tensor.string_val[0].decode("utf-8", "replace"))
-                    else:
-                        _read_value(value, run.steps.setdefault(step, {}), outputs)
-        except (DamagedEventFile, OSError) as error:
-            read = "nothing read" if step is None else f"read to step {step}"
-            run.problems.append(f"{_shown(file)}: damaged ({error}); {read}")
-    run.steps = {step: values for step, values in sorted(run.steps.items()) if values}
-    if not run.steps:
-        raise NoRunToCompare(f"no actviz run in {ascii(str(root))}: no per-layer statistics (~activation_stats/, "
-                             "~gradient_stats/). Give the folder actviz.watch() wrote to.")
-    for values in run.steps.values():  # NaN/Inf counts are written from their first step that is not 0
-        for layer, statistic in list(values):
-            if statistic in ("activation_mean", "gradient_norm"):
-                values.setdefault((layer, statistic.split("_")[0] + "_nonfinite"), 0.0)
-    layers = {layer for values in run.steps.values() for layer, _ in values}
-    ordered = [layer for layer in dict.fromkeys([*table, *outputs]) if layer in layers]
-    run.layers = ordered + sorted(layers - set(ordered))
-    return run
+    stream = RunStream(folder)
+    steps = dict(stream.walk())
+    return RunStatistics(stream.path, stream.layers, steps, stream.problems)
 
 
 def _event_files(root: Path) -> list[Path]:
@@ -202,19 +276,21 @@ def _event_files(root: Path) -> list[Path]:
     return sorted(path for path in below[0].iterdir() if is_event_file(path))
 
 
-def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: list[str]) -> None:
-    """Put one ``Summary.Value`` in ``values`` if it is one of :data:`STATISTICS`; note output layers in order."""
+def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[str, None]) -> bool:
+    """Put one ``Summary.Value`` in ``values`` if it is one of :data:`STATISTICS` (then return True); note output
+    layers in order."""
     tag = value.tag.removeprefix(TENSORBOARD_PREFIX)
     prefix = next((prefix for prefix in ("activation_stats/", "activations/", "gradient_stats/", "gradients/")
                    if tag.startswith(prefix)), None)
     if prefix is None:
-        return
+        return False
     rest = tag[len(prefix):]
     if value.HasField("histo"):
         for field_name in ("sum", "sum_squares"):
             values[(rest, _BY_SOURCE[(prefix, f"histo:{field_name}")])] = getattr(value.histo, field_name)
-        if prefix == "activations/" and rest not in outputs:
-            outputs.append(rest)
+        if prefix == "activations/":
+            outputs.setdefault(rest)
+        return True
     elif "/" in rest:
         layer, stat = rest.rsplit("/", 1)
         name = _BY_SOURCE.get((prefix, f"stat:{stat}"))
@@ -222,8 +298,10 @@ def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: list[
             value.tensor.float_val[0] if value.tensor.float_val else None)
         if name is not None and number is not None:
             values[(layer, name)] = float(number)
-            if prefix == "activation_stats/" and layer not in outputs:
-                outputs.append(layer)
+            if prefix == "activation_stats/":
+                outputs.setdefault(layer)
+            return True
+    return False
 
 
 def _table_layers(text: str) -> list[str]:
@@ -246,38 +324,71 @@ def agree(a: float, b: float, rtol: float, atol: float) -> bool:
     return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
 
 
-def compare_runs(run_a: RunStatistics, run_b: RunStatistics, rtol: float = 1e-3, atol: float = 0.0) -> Comparison:
+def compare_runs(run_a: RunStatistics | RunStream, run_b: RunStatistics | RunStream, rtol: float = 1e-3,
+                 atol: float = 0.0) -> Comparison:
     """The first step both runs logged where a statistic differs, and the layer where they part (module docstring).
 
-    Raises :class:`NoRunToCompare` when the runs share no logged step, or no statistic of a layer.
+    Walks both runs side by side in step order (:meth:`RunStream.walk`), one step of each in memory; once they
+    part, the rest of each run is read for its damage alone. Raises :class:`NoRunToCompare` when the runs share
+    no logged step, or no statistic of a layer.
     """
-    common = sorted(set(run_a.steps) & set(run_b.steps))
+    walks = run_a.walk(), run_b.walk()
+    common: list[int] = []
+    shared = False
+    found: Comparison | None = None
+    a, b = next(walks[0], None), next(walks[1], None)
+    while a is not None and b is not None and found is None:
+        if a[0] != b[0]:
+            if a[0] < b[0]:
+                a = next(walks[0], None)
+            else:
+                b = next(walks[1], None)
+            continue
+        step = a[0]
+        common.append(step)
+        layers = [layer for layer in dict.fromkeys([*run_a.layers, *run_b.layers])
+                  if layer in run_a.layers and layer in run_b.layers]
+        shared = shared or bool(layers)
+        differing = _differing(step, layers, a[1], b[1], rtol, atol)
+        if differing:
+            outputs = [difference for difference in differing if difference.statistic.startswith("activation_")]
+            found = Comparison(common, layers, outputs[0] if outputs else differing[-1], differing)
+        a, b = next(walks[0], None), next(walks[1], None)
+    for walk in walks:  # the rest: its damage, and whether it holds a run at all
+        for _ in walk:
+            pass
+    if found is not None:
+        return found
     if not common:
         raise NoRunToCompare(f"the runs share no logged step: {_steps(run_a)} in {ascii(run_a.path)}, "
                              f"{_steps(run_b)} in {ascii(run_b.path)}")
-    layers = [layer for layer in dict.fromkeys([*run_a.layers, *run_b.layers])
-              if layer in run_a.layers and layer in run_b.layers]
-    if not layers:
+    if not shared:
         raise NoRunToCompare("the runs share no watched layer: "
                              f"{', '.join(run_a.layers[:3])} and {', '.join(run_b.layers[:3])}")
-    for step in common:
-        differing = []
-        for layer in layers:
-            for statistic in STATISTICS:
-                a, b = run_a.steps[step].get((layer, statistic)), run_b.steps[step].get((layer, statistic))
-                if a is not None and b is not None and not agree(a, b, rtol, atol):
-                    differing.append(Difference(step, layer, statistic, a, b))
-                    break  # a layer's first differing statistic; outputs come before gradients
-        if differing:
-            outputs = [difference for difference in differing if difference.statistic.startswith("activation_")]
-            first = outputs[0] if outputs else differing[-1]
-            return Comparison(common, layers, first, differing)
+    layers = [layer for layer in dict.fromkeys([*run_a.layers, *run_b.layers])
+              if layer in run_a.layers and layer in run_b.layers]
     return Comparison(common, layers, None, [])
 
 
-def _steps(run: RunStatistics) -> str:
-    steps = list(run.steps)
-    return f"steps {steps[0]} to {steps[-1]} ({len(steps)} logged)" if len(steps) > 1 else f"step {steps[0]}"
+def _differing(step: int, layers: list[str], values_a: dict[tuple[str, str], float],
+               values_b: dict[tuple[str, str], float], rtol: float, atol: float) -> list[Difference]:
+    """Each layer's first statistic that differs at ``step``, in forward order; outputs come before gradients."""
+    differing = []
+    for layer in layers:
+        for statistic in STATISTICS:
+            a, b = values_a.get((layer, statistic)), values_b.get((layer, statistic))
+            if a is not None and b is not None and not agree(a, b, rtol, atol):
+                differing.append(Difference(step, layer, statistic, a, b))
+                break
+    return differing
+
+
+def _steps(run: RunStatistics | RunStream) -> str:
+    if isinstance(run, RunStream):
+        count, first, last = run.steps_seen
+    else:
+        count, first, last = len(run.steps), min(run.steps), max(run.steps)
+    return f"steps {first} to {last} ({count} logged)" if count > 1 else f"step {first}"
 
 
 def _shown(text: object) -> str:
@@ -325,27 +436,36 @@ def format_comparison(comparison: Comparison, rtol: float, atol: float) -> str:
 
 def diff(run_a: str | os.PathLike[str], run_b: str | os.PathLike[str], rtol: float = 1e-3, atol: float = 0.0,
          as_json: bool = False) -> tuple[int, str]:
-    """``(exit status, text)`` of ``actviz diff run_a run_b``: 0 they agree, 1 they part, 2 nothing to compare.
+    """``(exit status, text)`` of ``actviz diff run_a run_b``: 0 they agree, 1 they part, 2 nothing to compare,
+    3 a damaged event file (the comparison covers what was read before the damage; over 1 and 0, as doctor's).
 
     Example:
         >>> import tempfile
         >>> diff(tempfile.mkdtemp(), tempfile.mkdtemp())[0]
         2
     """
+    runs: list[RunStream] = []
     try:
-        runs = read_run(run_a), read_run(run_b)
+        runs += [RunStream(run_a), RunStream(run_b)]
         comparison = compare_runs(*runs, rtol=rtol, atol=atol)
     except NoRunToCompare as error:
+        problems = [problem for run in runs for problem in run.problems]
+        status = EXIT_DAMAGED if problems else EXIT_NO_RUN
         if as_json:
-            return EXIT_NO_RUN, json.dumps({"error": str(error)})
-        return EXIT_NO_RUN, f"actviz diff: error: {error}"
-    status = EXIT_SAME if comparison.first_divergence is None else EXIT_PARTED
+            return status, json.dumps({"error": str(error), "status": status, "problems": problems})
+        return status, "\n".join([f"actviz diff: error: {error}", *(f"damaged: {p}" for p in problems)])
+    problems = [problem for run in runs for problem in run.problems]
+    status = EXIT_DAMAGED if problems else EXIT_SAME if comparison.first_divergence is None else EXIT_PARTED
     if as_json:
         first = comparison.first_divergence
         found = None if first is None else {key: _finite(value) for key, value in asdict(first).items()}
-        return status, json.dumps({"first_divergence": found})
-    problems = [problem for run in runs for problem in run.problems]
-    return status, "\n".join([format_comparison(comparison, rtol, atol), *(f"warning: {p}" for p in problems)])
+        return status, json.dumps({"first_divergence": found, "status": status, "problems": problems})
+    text = format_comparison(comparison, rtol, atol)
+    text += "".join(f"\nnote: {note}" for run in runs for note in run.notes)
+    if problems:
+        text += ("\n\nexit 3: an event file is damaged, and the comparison covers only what was read before the "
+                 "damage:\n" + "\n".join(f"damaged: {problem}" for problem in problems))
+    return status, text
 
 
 def _finite(value: Any) -> Any:
@@ -373,4 +493,4 @@ def add_diff_parser(commands: Any, formatter: type[argparse.HelpFormatter]) -> N
     parser.add_argument("--atol", type=_tolerance, default=0.0,
                         help="absolute tolerance, for statistics near 0 (default: 0)")
     parser.add_argument("--json", action="store_true",
-                        help='print {"first_divergence": {"step", "layer", "statistic", "a", "b"} or null}')
+                        help='print {"first_divergence": {"step", "layer", "statistic", "a", "b"} or null, "status", "problems"}')

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -12,7 +13,14 @@ ScheduleSpec = int | Collection[int] | Callable[[int], bool]
 
 
 def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A Python int or a NumPy integer (``np.int64`` from ``np.arange``), not a bool.
+
+    Example:
+        >>> import numpy as np
+        >>> _is_int(3), _is_int(np.int64(3)), _is_int(True), _is_int(3.0)
+        (True, True, False, False)
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class Schedule:
         if spec is True:
             raise TypeError(f"{name}=True is ambiguous; give a number of steps, for example {name}=100 "
                             f"(or {name}=False to log none)")
+        if _is_int(spec):  # a NumPy integer too
+            spec = int(spec)  # type: ignore[call-overload]
         if hasattr(spec, "tolist") and hasattr(spec, "ndim"):  # a tensor or an array: whose numbers, on which device?
             example = f"{name}={spec.tolist()}" if getattr(spec, "ndim", 1) == 0 else f"{name}=steps.tolist()"
             raise TypeError(f"{name} must be a Python int or a collection of ints, got a {type(spec).__name__}: "
@@ -80,7 +90,7 @@ class Schedule:
             if not steps:
                 raise ValueError(f"{name} is an empty collection of steps; nothing would be logged; for example "
                                  f"{name}=[0, 10, 100]")
-            return cls(steps=frozenset(steps))
+            return cls(steps=frozenset(int(step) for step in steps))
         if callable(spec):
             return cls(predicate=spec)
         raise TypeError(

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from .common._internals import inside_functorch_transform
+from .common._internals import forward_depth, inside_functorch_transform
 from .capture.step_capture import StepCapture
 from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
 from .diagnosis.step_diagnosis import Alert, Diagnosis
@@ -289,8 +289,12 @@ class Watcher:
         return step
 
     def _start_step(self, model: nn.Module) -> None:
-        if self._open.in_forward() or (step := self._count_step()) is None:
-            return  # the model called itself inside a logging forward, or the step goes on: same step
+        if self._open.in_forward():
+            if forward_depth(model) > 1:
+                return  # the model called itself inside a logging forward: same step
+            self._open.end_interrupted()  # a forward that Ctrl-C left: its step is abandoned
+        if (step := self._count_step()) is None:
+            return  # the step goes on: a later micro-batch
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
         if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
             want_stats = want_images = True
@@ -309,7 +313,7 @@ class Watcher:
             except Exception as error:  # noqa: BLE001 - never stop training
                 self._probe = None  # pictures come from the training batch from now on
                 self._report("(probe)", error)
-        self._open.add(StepCapture(
+        StepCapture(  # registered (register=) before its first hook: close() finds every hook, Ctrl-C or not
             step,
             model,
             # the same pairs (the capture copies the lists): no new tuples, and no list made while nothing is skipped
@@ -326,7 +330,8 @@ class Watcher:
             pictures=pictures,
             stance=take_eager_ahead(),
             history=self._history, hold_stance=unwrap_compiled(self.model) is self.model,
-        ))
+            register=self._open.add,
+        )
         self._layers_described = self._layers_described or (want_stats and writes)
 
     def _warn_no_backward(self, capture: StepCapture) -> None:

@@ -83,3 +83,47 @@ def test_an_unwatched_relu_costs_three_small_ops_and_no_sync(monkeypatch):
         added.remove(kernel)
     assert sorted(added) == sorted(["aten.amax.default", "aten.eq.Scalar", "aten.mean.default"] * 2
                                    + ["aten.cat.default"]), added
+
+
+def sequence_mlp(dead: int) -> nn.Sequential:
+    """A transformer's MLP on (B, T, 16) tokens: Linear(16, 128) → ReLU → Linear(128, 16), ``dead`` units of 128 off."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 128), nn.ReLU(), nn.Linear(128, 16))
+    with torch.no_grad():
+        model[0].bias[:dead] = -1e4
+    return model
+
+
+@pytest.mark.usefixtures("both_paths")
+@pytest.mark.parametrize(("positions", "layers"), [(8, None), (8, "all"), (512, "all")],
+                         ids=["an unwatched ReLU", "batched with the step's small tensors", "the one-pass op's read"])
+def test_the_dead_units_of_a_sequence_output_are_counted_over_its_features(positions, layers):
+    # (B, T, 128): 122 of the 128 features are zero at every token; the token positions are all alive.
+    model = sequence_mlp(dead=122)
+    x = torch.randn(4, positions, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, layers=layers) as viz:
+            model(x).square().mean().backward()
+            viz.flush()
+    with torch.no_grad():
+        by_hand = float((model[1](model[0](x)).amax(dim=(0, 1)) == 0).double().mean())
+    assert by_hand == 122 / 128
+    assert viz.latest.layer_values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(by_hand)
+    assert [(alert.rule, alert.layer) for alert in viz.alerts if alert.rule == "dead_units"] == [("dead_units", "1")]
+    assert any("dead units at step 0 in '1'" in str(w.message) for w in caught)
+
+
+@pytest.mark.usefixtures("both_paths")
+def test_a_conv1d_relu_output_keeps_its_channels_in_dimension_1():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv1d(3, 10, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(10 * 600, 2))
+    with torch.no_grad():
+        model[0].bias[:9] = -1e4  # 9 of 10 channels dead at every position
+    x = torch.randn(4, 3, 600)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False) as viz:
+            model(x).square().mean().backward()
+            viz.flush()
+    assert viz.latest.layer_values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(0.9)

@@ -333,3 +333,24 @@ def test_alert_text_round_trips_any_layer_name(layer):
     text = "\n\n".join(alert.line() for alert in alerts)
     assert "\n" not in alerts[0].line() and text.encode("utf-8")
     assert parse_alert_lines(text) == [(a.step, a.rule, a.layer, a.message) for a in alerts]
+
+
+def test_json_answers_in_json_whatever_happens(tmp_path):
+    # No run in the folder, a path that is not a folder, a folder that cannot be listed: JSON, exit 2, as diff --json.
+    (tmp_path / "empty").mkdir()
+    cases = [(tmp_path / "empty", "no actviz run in"), (tmp_path / "missing", "is not a folder")]
+    locked = tmp_path / "locked"
+    _write_run(locked / "run", *_good_steps())
+    if os.geteuid() != 0:  # root reads any folder
+        cases.append((locked, "no actviz run in"))
+    locked.chmod(0)
+    try:
+        for folder, reason in cases:
+            done = _doctor(folder, "--json")
+            assert done.returncode == 2, done.stderr
+            report = json.loads(done.stdout)
+            assert report["status"] == 2 and reason in report["error"], report
+            if folder == locked:
+                assert any("cannot be read" in problem["reason"] for problem in report["problems"]), report
+    finally:
+        locked.chmod(0o755)

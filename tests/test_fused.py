@@ -252,3 +252,47 @@ def test_default_is_eager_on_every_device_and_only_the_switch_compiles(monkeypat
     monkeypatch.delenv("ACTVIZ_FUSED")
     actviz.summaries.one_tensor.reduce_tensor(torch.randn(100_000))  # sampled: the path the compiled summaries used to take by default
     assert sum(f.calls for f in fused.compiled_functions().values() if f) == before
+
+
+TRAIN_A_TRANSFORMER = """
+import tempfile, warnings
+import torch
+from torch import nn
+import actviz
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 2, 64, dropout=0.0), 2), nn.Linear(32, 100))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with actviz.watch(model, tempfile.mkdtemp(), every=1) as viz:
+        for step in range(6):
+            optimizer.zero_grad()
+            model(torch.randn(35, 8, 32)).square().mean().backward()
+            optimizer.step()
+        viz.flush()
+        print("logged", viz.latest.step)
+print("\\n".join(str(w.message) for w in caught if "compil" in str(w.message)))
+"""
+
+
+@pytest.mark.slow
+def test_a_transformer_trained_with_the_compiled_path_never_raises(tmp_path):
+    # A time-first Transformer with attention statistics, ACTVIZ_FUSED=1, in fresh processes. The writer thread
+    # compiled its small summaries, which set torch's process-wide compiling flag; the optimizer hook, seeing it
+    # in eager code, recursed until RecursionError (3 runs of 3 on a 2-core CPU, 2026-11-29), and a compile at
+    # exit warned "can't register atexit after shutdown". Two runs here, each with a hard timeout.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, ACTVIZ_FUSED="1", ACTVIZ_CPU_SHORTCUTS="0", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", TRAIN_A_TRANSFORMER], env=env, capture_output=True, text=True,
+                              timeout=400, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "logged 5" in done.stdout
+        assert "RecursionError" not in done.stderr and "atexit" not in done.stdout + done.stderr
+        assert "failed" not in done.stdout, done.stdout  # no compile warned about

@@ -285,9 +285,190 @@ def test_the_device_half_is_a_few_ops_per_layer_and_no_sync(monkeypatch):
     assert off.syncs == on.syncs == []
     added = Counter(on.kernels) - Counter(off.kernels)
     assert Counter(off.kernels) - Counter(on.kernels) == Counter()  # nothing of the step changes, ops are added
-    linear = ["aten.bmm.default", "aten.bmm.default", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.sum.dim_IntList",
-              "aten.mm.default", "aten.dot.default", "aten.sum.dim_IntList", "aten.dot.default", "aten.add_.Tensor"]
+    batch = ["aten.mm.default", "aten.dot.default", "aten.sum.dim_IntList", "aten.dot.default", "aten.add_.Tensor"]
+    gram = ["aten.bmm.default", "aten.bmm.default", "aten.add_.Tensor", "aten.mul_.Tensor", "aten.sum.dim_IntList"]
+    weight = ["aten.bmm.default", "aten.pow_.Scalar", "aten.sum.dim_IntList",  # Linear(16, 1): its 16 weights per example
+              "aten.sum.dim_IntList", "aten.pow_.Scalar", "aten.sum.dim_IntList", "aten.add_.Tensor"]
     norm = ["aten.native_layer_norm.default", "aten.mul.Tensor", "aten.cat.default", "aten.sum.dim_IntList",
             "aten.sum.dim_IntList", "aten.mul.Tensor", "aten.sum.dim_IntList", "aten.dot.default"]
     packing = ["aten.cat.default"]  # the step's one copy to the host takes the norms along
-    assert added == Counter(linear * 2 + norm + packing), sorted(added.elements())
+    assert added == Counter(gram + batch + weight + batch + norm + packing), sorted(added.elements())
+
+
+# --- The batch dimension of time-first layouts, the memory of long sequences, and a step that counts nothing.
+
+
+def loop_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_dim: int, y_dim: int | None = None) -> torch.Tensor:
+    """``(B, parameters)``: each example's gradient of its own mean squared error, one backward per example,
+    over the parameters that require grad (the reference for layers torch.func cannot map over)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for b in range(x.shape[batch_dim]):
+        xb, yb = x.narrow(batch_dim, b, 1), y.narrow(batch_dim if y_dim is None else y_dim, b, 1)
+        out = model(xb)
+        out = out[0] if isinstance(out, tuple) else out
+        rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(nn.functional.mse_loss(out, yb), params)]))
+    return torch.stack(rows).double()
+
+
+class TimeFirstLSTM(nn.Module):
+    """word_language_model's layout: (T, B) in, an LSTM with batch_first=False, a Linear decoder on (T, B, hidden)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.project = nn.Linear(4, 6)
+        self.rnn = nn.LSTM(6, 8)
+        self.decoder = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output, _ = self.rnn(torch.tanh(self.project(x)))
+        return self.decoder(output)
+
+
+class LastHiddenClassifier(nn.Module):
+    """A time-first LSTM whose last hidden state, (B, hidden), goes to a Linear: a 2-D input in a time-first model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.rnn = nn.LSTM(4, 8)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, (hidden, _) = self.rnn(x)
+        return self.fc(hidden[-1])
+
+
+@pytest.mark.parametrize("make", [TimeFirstLSTM, LastHiddenClassifier,
+                                  lambda: nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)],
+                         ids=["lstm", "lstm, last hidden state", "transformer"])
+def test_a_time_first_model_takes_its_examples_from_dimension_1(make):
+    # (T, B, features) with T = 7, B = 5: the examples are dimension 1, not the time steps of dimension 0.
+    model = make()
+    torch.manual_seed(1)
+    width = 4 if isinstance(model, (TimeFirstLSTM, LastHiddenClassifier)) else 8
+    x = torch.randn(7, 5, width)
+    y = torch.randn(model(x).shape)
+    reference_model = copy.deepcopy(model)
+    for name, parameter in reference_model.named_parameters():  # the counted layers' parameters alone
+        owner = reference_model.get_submodule(name.rpartition(".")[0])
+        parameter.requires_grad_(isinstance(owner, gradient_noise.COUNTED) and type(owner).__name__ != "NonDynamicallyQuantizableLinear")
+    expected = reference(loop_gradients(reference_model, x, y, batch_dim=1, y_dim=1 if y.dim() == 3 else 0))
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, statistics=["default", "gradient_noise"]) as viz:
+        nn.functional.mse_loss(model(x), y).backward()
+        viz.flush()
+    assert {tag: viz.latest.scalars[tag] for tag in GRADIENT_NOISE} == pytest.approx(expected, rel=1e-5)
+
+
+def test_squared_norms_follow_the_batch_dimension_given():
+    torch.manual_seed(0)
+    layer = nn.Linear(5, 3).double()
+    x = torch.randn(4, 6, 5, dtype=torch.double)  # (T, B, in)
+    g = torch.randn(4, 6, 3, dtype=torch.double)
+    per_example, batch = squared_norms(layer, x, g, batch_dim=1)
+    shares = contributions(layer, x.transpose(0, 1), g.transpose(0, 1))
+    torch.testing.assert_close(per_example, shares.square().sum(1))
+    torch.testing.assert_close(batch, shares.sum(0).square().sum())
+
+
+ROUTES = {  # (B, T, in, out), the floor of memory: the route and the examples taken at a time
+    "whole-batch gram": ((4, 1, 8, 8), None, ("batch gram", 4)),
+    "gram": ((6, 4, 16, 32), None, ("gram", 6)),
+    "weight": ((6, 40, 3, 2), None, ("weight", 6)),
+    # A floor of 1 element bounds the intermediates by the layer alone: a few examples at a time.
+    "weight in chunks": ((4, 2, 2, 2), 1, ("weight", 2)),
+    "gram in uneven chunks": ((4, 2, 2, 8), 1, ("gram", 3)),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTES))
+def test_each_route_and_its_chunks_give_each_examples_norm(monkeypatch, case):
+    (batch, steps, d_in, d_out), floor, chosen = ROUTES[case]
+    if floor is not None:
+        monkeypatch.setattr(gradient_noise, "MEMORY_FLOOR", floor)
+    assert gradient_noise.linear_route(batch, steps, d_in, d_out) == chosen
+    torch.manual_seed(0)
+    layer = nn.Linear(d_in, d_out).double()
+    x = torch.randn(batch, steps, d_in, dtype=torch.double)
+    g = torch.randn(batch, steps, d_out, dtype=torch.double)
+    per_example, total = squared_norms(layer, x, g)
+    shares = contributions(layer, x, g)
+    torch.testing.assert_close(per_example, shares.square().sum(1))
+    torch.testing.assert_close(total, shares.sum(0).square().sum())
+
+
+class LargestOutput(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most bytes one op's output took: what a route's intermediates cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in torch.utils._pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and not func.is_view:
+                self.largest = max(self.largest, tensor.numel() * tensor.element_size())
+        return out
+
+
+def test_a_long_sequence_costs_the_layers_size_not_t_squared():
+    # T = 8,192 positions through a Linear(16, 16): two 8,192² Gram matrices per example would take 512 MB each;
+    # each example's 16 × 16 weight-gradient share takes 1 KB. No intermediate may exceed the layer's input (1 MB).
+    torch.manual_seed(0)
+    layer = nn.Linear(16, 16)
+    x, g = torch.randn(2, 8192, 16), torch.randn(2, 8192, 16)
+    with LargestOutput() as meter:
+        per_example, batch = squared_norms(layer, x, g)
+    assert meter.largest <= x.numel() * x.element_size()
+    shares = torch.cat([torch.einsum("bto,bti->boi", g.double(), x.double()).flatten(1), g.double().sum(1)], dim=1)
+    torch.testing.assert_close(per_example.double(), shares.square().sum(1), rtol=1e-4, atol=0)
+    torch.testing.assert_close(batch.double(), shares.sum(0).square().sum(), rtol=1e-4, atol=0)
+
+
+class ConvOnly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean((1, 2, 3))
+
+
+class MixedLayouts(nn.Module):
+    """A batch-first GRU and a time-first LSTM: a 3-D input's batch dimension cannot be told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.gru = nn.GRU(8, 8, batch_first=True)
+        self.lstm = nn.LSTM(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lstm(self.gru(self.fc(x))[0].transpose(0, 1))[0]
+
+
+NOTHING_COUNTS = {  # model, its input: the cause the warning names
+    "a batch of one": (lambda: nn.Linear(8, 1), torch.randn(1, 8), "a batch of 1 example "),
+    "an empty batch": (lambda: nn.Linear(8, 1), torch.randn(0, 8), "a batch of 0 examples"),
+    "1-D inputs": (lambda: nn.Linear(8, 1), torch.randn(8), "1-D inputs"),
+    "convolutions only": (ConvOnly, torch.randn(4, 3, 6, 6), "no watched nn.Linear, nn.LayerNorm or nn.RMSNorm"),
+    "mixed layouts": (lambda: MixedLayouts(), torch.randn(4, 3, 8), "the batch dimension cannot be told"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOTHING_COUNTS))
+def test_a_step_that_counts_nothing_warns_once_naming_the_cause(case):
+    make, x, cause = NOTHING_COUNTS[case]
+    torch.manual_seed(0)
+    model = make()
+    with pytest.warns(RuntimeWarning, match="gradient_noise") as caught:
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, statistics=["default", "gradient_noise"]) as viz:
+            for _ in range(3):
+                out = model(x)
+                (out[0] if isinstance(out, tuple) else out).square().mean().backward()
+                viz.flush()
+    said = [str(w.message) for w in caught if "gradient_noise" in str(w.message)]
+    assert len(said) == 1 and cause in said[0], said
+    assert not any(tag.startswith("gradient_noise/") for tag in viz.latest.scalars)

@@ -348,3 +348,55 @@ def test_a_failing_router_statistic_warns_once_and_training_goes_on(tmp_path, re
     assert len([w for w in caught if "broken on purpose" in str(w.message)]) == 1
     run = read_run(tmp_path)
     assert run.scalar_events("activation_stats/1.router/mean") and not any(t.startswith("moe/") for t in run.scalar_tags)
+
+
+# --- What a router's numbers mean at the edges: a NaN router, no tokens, a dense k == experts router.
+
+
+def test_a_nan_router_names_no_dead_expert(tmp_path, read_run):
+    # topk of NaN rows picks the same experts whatever the router learned: no routing collapse to report.
+    model = moe_model()
+    with torch.no_grad():
+        model[1].router.bias[0] = math.nan  # every row of logits has a NaN: its softmax is NaN
+    viz = train(model, tmp_path, [torch.randn(4, 32, WIDTH) for _ in range(DEAD_EXPERT_STEPS + 1)])
+    run = read_run(tmp_path)
+    assert not {tag for tag in run.scalar_tags if tag.endswith(("/dead_experts", "/load_max_over_mean"))}
+    assert "moe/1.router/expert_load" not in run.histogram_tags
+    assert math.isnan(run.scalar("moe/1.router/router_entropy", DEAD_EXPERT_STEPS))  # the NaN itself is written
+    assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []
+
+
+def test_a_batch_of_no_tokens_writes_no_router_numbers(tmp_path, read_run):
+    model = moe_model()
+    train(model, tmp_path, [torch.randn(4, 32, WIDTH), torch.randn(0, 32, WIDTH)])
+    run = read_run(tmp_path)
+    assert run.scalar("moe/1.router/dead_experts", 0) == 0
+    at_step_1 = [tag for tag in run.scalar_tags if tag.startswith("moe/") and 1 in [e.step for e in run.scalar_events(tag)]]
+    at_step_1 += [tag for tag in run.histogram_tags if tag.startswith("moe/") and 1 in run.histogram_steps(tag)]
+    assert at_step_1 == []
+
+
+class DenseMoE(TopKMoE):
+    """k == experts: every token goes to every expert, weighted by the softmax (a dense config of a top-k block)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.softmax(self.router(x), dim=-1).topk(EXPERTS, dim=-1)
+        return sum(layer(x) * (weights * (chosen == expert)).sum(-1, keepdim=True)
+                   for expert, layer in enumerate(self.experts))
+
+
+def test_a_dense_router_is_named_once_with_its_entropy(tmp_path, read_run):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), DenseMoE())
+    batches = [torch.randn(4, 32, WIDTH) for _ in range(2)]
+    with pytest.warns(RuntimeWarning, match=r"router '1\.router' chooses every one of its experts") as caught:
+        with actviz.watch(model, tmp_path, every=1) as viz:
+            for x in batches:
+                model(x).square().mean().backward()
+    assert len([w for w in caught if "chooses every one" in str(w.message)]) == 1
+    run = read_run(tmp_path)
+    assert {tag for tag in run.scalar_tags | run.histogram_tags if tag.startswith("moe/")} == {"moe/1.router/router_entropy"}
+    with torch.no_grad():
+        p = torch.softmax(model[1].router(model[0](batches[1])).double(), -1)
+    assert run.scalar("moe/1.router/router_entropy", 1) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
+    assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []

@@ -116,3 +116,35 @@ def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatc
     assert sorted(extra) == sorted(["aten._foreach_norm.Scalar", "aten.stack.out", "aten.linalg_vector_norm.default",
                                     "aten.copy_.default"]), extra
     assert counts[True].syncs == counts[False].syncs == []
+
+
+class DenseAndIdleExpert(torch.nn.Module):
+    """A dense layer, and an expert whose output is multiplied by 0 (no token routed to it) until it is switched on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(4, 1)
+        self.expert = torch.nn.Linear(4, 1)
+        self.expert_on = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x) + self.expert_on * self.expert(x)
+
+
+def test_a_layer_with_no_gradient_before_is_ranked_after_the_layers_that_grew(tmp_path):
+    # Step 30: the loss ×1000 and the idle expert gets its first gradient. Its history is exactly 0 (σ = 0): growth
+    # from nothing has no z-score, and must not put it ahead of the dense layer that carries the spike.
+    torch.manual_seed(0)
+    model = DenseAndIdleExpert()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with actviz.watch(model, tmp_path, every=1000, extras=[actviz.Spikes()]) as viz:
+        for step in range(34):
+            model.expert_on = 1.0 if step == 30 else 0.0
+            optimizer.zero_grad()
+            (model(torch.randn(8, 4)).square().mean() * (1000.0 if step == 30 else 1.0)).backward()
+            optimizer.step()
+        viz.flush()
+    (alert,) = [alert for alert in viz.alerts if alert.rule == "gradient_spike"]
+    assert alert.step == 30 and alert.layer == "dense", alert.message
+    assert "expert (no z-score: no gradient before)" in alert.message
+    assert alert.message.index("dense (z=") < alert.message.index("expert (")

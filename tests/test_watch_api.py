@@ -212,3 +212,33 @@ def test_a_summary_writer_and_a_sink_of_your_own_in_one_list_both_get_each_step(
     assert mine.steps == [0, 1] and [event.step for event in read_run(tmp_path / "mine").scalar_events("activation_stats/0/mean")] == [0, 1]
     assert writer.file_writer is not None  # yours: written to, never closed
     writer.close()
+
+
+# --- Arguments checked at watch(), where the mistake is made.
+
+
+def test_an_empty_probe_batch_is_rejected_at_watch_naming_it(tmp_path):
+    model = small_cnn()
+    for empty in (torch.zeros(0, 3, 8, 8), (torch.zeros(0, 3, 8, 8),), {"x": torch.zeros(0, 3, 8, 8)}):
+        with pytest.raises(ValueError, match=r"actviz.Probe\(batch\) got an empty batch \(.*0, 3, 8, 8.*\).*actviz.Probe\(inputs\[:1\]\)"):
+            actviz.watch(model, tmp_path / "run", extras=[actviz.Probe(empty)])
+    assert hooks_left(model) == NO_HOOKS and not (tmp_path / "run").exists()
+
+
+def test_numpy_integers_are_step_numbers(tmp_path):
+    np = pytest.importorskip("numpy")
+    model = small_cnn()
+    written = []
+    with actviz.watch(model, tmp_path, every=[np.int64(0), np.int32(2)], image_every=np.int64(2),
+                      on_step=lambda results: written.append(results.step)) as viz:
+        for _ in range(3):
+            train_step(model)
+        viz.flush()
+    assert written == [0, 2]
+
+
+def test_an_over_long_log_dir_name_is_a_value_error_naming_the_limit(tmp_path):
+    model = small_cnn()
+    with pytest.raises(ValueError, match=r"folder name of 300 bytes .* 255 bytes .*NAME_MAX.*log_dir='runs/exp1'"):
+        actviz.watch(model, tmp_path / ("a" * 300))
+    assert hooks_left(model) == NO_HOOKS

@@ -56,13 +56,29 @@ class OpenSteps:
         waiting = [capture for capture in self.captures if capture.end.stage is not Stage.DONE]
         for capture in waiting[:-MAX_WAITING]:
             capture.end.give_up()
+        if len(waiting) != len(self.captures):  # ended: any hook a Ctrl-C inside its end left behind goes now
+            for capture in self.captures:
+                if capture.end.stage is Stage.DONE:
+                    capture.abandon()
         self.captures = waiting[-MAX_WAITING:]
         self._release()
 
     def finish_all(self) -> None:
-        captures, self.captures = self.captures, []
-        for capture in captures:
-            capture.end.close()
+        captures = self.captures
+        while captures:  # one at a time: a Ctrl-C here leaves the rest open for the next call
+            captures[0].end.close()
+            captures[0].abandon()  # ended: any hook a Ctrl-C inside its end left behind goes too
+            del captures[0]
+        self._release()
+
+    def end_interrupted(self) -> None:
+        """Abandon the steps still in their forward when a new top-level forward starts: an exception that is not
+        an ``Exception`` (Ctrl-C) left their forward without the hook that ends it (torch runs ``always_call``
+        hooks on an ``Exception`` only)."""
+        for capture in self.captures:
+            if capture.end.stage is Stage.FORWARD:
+                capture.abandon()
+        self.captures = [capture for capture in self.captures if capture.end.stage is not Stage.DONE]
         self._release()
 
     def release_stances(self) -> None:

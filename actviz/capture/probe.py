@@ -51,6 +51,9 @@ def check_probe(probe: Any, model: nn.Module) -> None:
             "actviz.Probe(batch) takes a batch the model takes: a tensor, or a tuple or dict of tensors passed as "
             f"its arguments; got {type(probe).__name__}. For pictures, actviz.Probe(actviz.load_images(['cat.jpg']))"
         )
+    if any(value.numel() == 0 for value in values):  # an empty batch fails at the first image step, later
+        raise ValueError(f"actviz.Probe(batch) got an empty batch ({_shapes(probe)}): nothing to draw; give at least one "
+                         "sample, such as the first of a training batch: actviz.Probe(inputs[:1])")
     if any(is_fsdp_parameter(param) for param in model.parameters()):
         raise ValueError(
             "actviz.Probe does not work with FSDP: its forward gathers the parameters with collectives, which rank 0 "

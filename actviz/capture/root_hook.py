@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..common._internals import exporting_now, forward_hooks, mark_trace_time_constant
+from ..common._internals import exporting_now, forward_hooks, mark_trace_time_constant, traced_here
 
 __all__ = ["StepHook", "compiled_forward", "inert_step_hook", "leave_out_of_copies"]
 
@@ -207,12 +207,12 @@ def _forward_input_type(model: nn.Module) -> str:
 # The root hook's source. TorchScript compiles a model's hooks from their source, and wants the
 # pre-hook's input typed as the forward's: so the function is made from this text, with that type.
 _HOOK_SOURCE = """
-def make(state, key, forward_step, is_exporting, op_ready, token, drop):
+def make(state, key, forward_step, is_exporting, op_ready, token, drop, traced_here):
     def {name}(module, args):
         # type: ({args}) -> None
         if torch.jit.is_scripting():
             return None
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and traced_here():  # not another thread's compile
             if op_ready():  # not is_exporting(): Dynamo may fold that to True under torch.compile
                 forward_step(token, key, module.training and torch.is_grad_enabled())
             return None
@@ -235,7 +235,8 @@ def _make_hook(name: str, args_type: str, state: dict[str, Any], key: int) -> Ca
     namespace: dict[str, Any] = {"torch": torch, "typing": typing, "__name__": __name__}
     exec(compile(source, filename, "exec"), namespace)
     forward_step = _ForwardStep()
-    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token, _drop_hook)
+    return namespace["make"](state, key, forward_step, torch.compiler.is_exporting, _op_ready, _token, _drop_hook,
+                             traced_here)
 
 
 class _ForwardStep:

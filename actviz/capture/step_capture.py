@@ -129,6 +129,7 @@ class StepCapture:
         stance: EagerStance | None = None,
         history: LoopHistory | None = None,
         hold_stance: bool = True,
+        register: Callable[[StepCapture], None] | None = None,
     ) -> None:
         self.step = step
         self.want_stats = want_stats
@@ -148,7 +149,8 @@ class StepCapture:
         self._parameters = StepParameters(parameters, options, self._pending, on_error, grad_scaler, self._history)
         self.end = StepEnd(self._parameters, self._history, want_stats=want_stats, hand_over=self.hand_over)
         # statistics=[..., "gradient_noise"]: layer inputs kept until their output's gradient comes, on stats steps alone
-        self._noise = GradientNoise(self._pending.add_host_work, on_error) if options.gradient_noise and want_stats else None
+        self._noise = (GradientNoise(self._pending.add_host_work, on_error, self._history.noise_run(model))
+                       if options.gradient_noise and want_stats else None)
         self.gradients = OutputGradients(self.end, self._pending, self._parameters, options, on_error,
                                          self._hooks.group("gradients"), self._noise)
         self._seen: set[str] = set()  # layers logged: a module called twice logs its first call
@@ -160,15 +162,28 @@ class StepCapture:
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
         self._statistics_only: set[str] | frozenset[str] = frozenset()  # hooked for their statistics alone
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
-        self._eager.enter()
         try:
+            if register is not None:  # the watcher knows the step before any hook is on: close() finds them all
+                register(self)
+            self._eager.enter()
             self._attach(model)
-        except BaseException:
-            self._end_eager()
+        except BaseException:  # Ctrl-C or an error while attaching: no hook stays behind
+            self.abandon()
             raise
 
     def release_stance(self) -> None:
         self._end_eager()
+
+    def abandon(self) -> None:
+        """End a step cut short by an exception in one of its stages (Ctrl-C): every hook off, nothing delivered,
+        no collective started. Safe to call again, and after the step ended."""
+        self._deliver = self._on_no_backward = None
+        self._merge = False
+        try:
+            self.end.close()  # hand_over: the hooks off, nothing sent without deliver
+        finally:
+            self._hooks.remove()  # where hand_over itself was cut short
+            self._end_eager()
 
     def _end_eager(self) -> None:
         stance, self._eager = self._eager, None
@@ -226,9 +241,9 @@ class StepCapture:
         # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
         draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
         try:
+            if self._noise is not None and first is not None and first.requires_grad:
+                self._noise.take_input(name, module, inputs, first)
             if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
-                if self._noise is not None and output.requires_grad:
-                    self._noise.take_input(name, module, inputs, output)
                 self._capture_tensor(name, name, batch_dim, module, output, draw)
             else:
                 self._capture_output(name, batch_dim, module, output, draw)
@@ -281,6 +296,13 @@ class StepCapture:
         take_values(statistics, layer, module, tensor, reduction, self._pending.layer_values, self.options)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
+        try:
+            self._forward_done(model, output)
+        except BaseException:  # Ctrl-C while the step moves on: no hook left, the next steps start afresh
+            self.abandon()
+            raise
+
+    def _forward_done(self, model: nn.Module, output: Any) -> None:
         self._hooks.remove("forward")
         if not self._hold_stance:  # the root hook runs outside compiled calls: they may compile again now
             self._end_eager()
@@ -310,12 +332,14 @@ class StepCapture:
 
         ``missed_backward`` says the gradients the step waited for never came, or were dropped.
         """
-        self._end_eager()
-        self._hooks.remove()
+        try:
+            self._end_eager()
+        finally:
+            self._hooks.remove()
         self._drawn = DrawnTensors()
         self._parameters.hand_over()
         if self._noise is not None:
-            self._noise.hand_over()
+            self._noise.hand_over(backward_seen=bool(self.gradients.seen))
         if self._shapes is not None:
             self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
         if missed_backward and self._on_no_backward is not None:

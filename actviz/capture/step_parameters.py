@@ -33,6 +33,7 @@ from ..summaries.many_tensors import reduce_tensors
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard, reduce_tensor
 from ..statistics.layer_statistic import take_values
+from ..statistics.gradient_noise import NoiseRun
 from ..statistics.registry import Chosen
 from ..tags import UPDATE_RATIO
 
@@ -62,6 +63,13 @@ class LoopHistory:
     resized: set[str] = field(default_factory=set)  # parameters whose update ratio was skipped, warned about
     layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
     statistic_lookup: tuple[list[tuple[str, nn.Module]], Chosen] | None = None
+    noise: NoiseRun | None = None  # statistics=[..., "gradient_noise"]: the model's batch dimension, the causes warned about
+
+    def noise_run(self, model: nn.Module) -> NoiseRun:
+        """The gradient noise scale's state shared by the steps (:class:`~actviz.statistics.gradient_noise.NoiseRun`)."""
+        if self.noise is None:
+            self.noise = NoiseRun.of(model)
+        return self.noise
 
     def lookup(self, layers: list[tuple[str, nn.Module]]) -> tuple[dict[int, tuple[Any, ...]], list[dict[int, Any]]]:
         """``layers_by_module(layers)`` and each of its modules' forward hook dicts (what

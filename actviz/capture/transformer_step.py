@@ -175,6 +175,12 @@ class TransformerStep:
         for failed in (self._mode.failed, self._routers and self._routers.failed):
             if failed is not None:
                 _warn_once(failed, self._info.warned)
+        for name in sorted(self._routers.dense if self._routers is not None else ()):
+            if f"dense {name}" not in self._info.warned:
+                self._info.warned.add(f"dense {name}")
+                warn_safely(f"actviz: the router {name!r} chooses every one of its experts (top-k with k equal to the "
+                            "number of experts, a dense layer): its load, dead experts and top-k margin mean nothing "
+                            f"there, only moe/{name}/router_entropy is written (warned once)", RuntimeWarning, stacklevel=2)
 
     def remove(self) -> None:
         """Leave the mode, if still in it. Safe to call more than once."""
@@ -219,9 +225,10 @@ def _finish_routers(routers: list[tuple[str, int]], dead_experts: DeadExperts, b
     loads = {}
     for name, k in routers:
         numbers, load = router_numbers(next(found), k)
-        loads[name] = load.tolist()
         results.scalars.update({MOE.format(layer=name, statistic=key): value for key, value in numbers.items()})
-        results.histograms[MOE.format(layer=name, statistic="expert_load")] = _histogram(load, bins)
+        if load is not None:  # no rows, a non-finite router output, a dense router: no load to judge
+            loads[name] = load.tolist()
+            results.histograms[MOE.format(layer=name, statistic="expert_load")] = _histogram(load, bins)
     if loads:
         results.alerts.extend(dead_experts.check(results.step, loads))
 

@@ -96,32 +96,41 @@ def subscribe(listener: Listener, after: Listener | None = None) -> OptimizerSte
 
 
 def _on_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    if torch.compiler.is_compiling() and _untraced_ready():  # Dynamo traces this: the call it makes runs eagerly
-        return _untraced["step"](optimizer, args, kwargs)
-    _call(_listeners, optimizer)
-    _stepping.depth = 1  # not counted up: a step that raised never reaches its post-hook
-    return None
+    # torch.compiler.is_compiling() is True while Dynamo traces this, and also, in eager code, while any thread
+    # compiles (torch holds one process-wide flag for a compile session: actviz's writer thread compiling a summary
+    # made it so). Either way the twin runs the listeners eagerly, and it never asks again: no recursion.
+    if torch.compiler.is_compiling() and _untraced_ready():
+        return _untraced["step"](optimizer)
+    return _step_listeners(optimizer)
 
 
 def _on_step_done(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if torch.compiler.is_compiling() and _untraced_ready():
-        return _untraced["done"](optimizer, args, kwargs)
+        return _untraced["done"](optimizer)
+    return _done_listeners(optimizer)
+
+
+def _step_listeners(optimizer: torch.optim.Optimizer) -> None:
+    _call(_listeners, optimizer)
+    _stepping.depth = 1  # not counted up: a step that raised never reaches its post-hook
+
+
+def _done_listeners(optimizer: torch.optim.Optimizer) -> None:
     _stepping.depth = 0
     _call(_after, optimizer)
-    return None
 
 
-_untraced: dict[str, Callable[..., None]] = {}  # the two hooks as torch.compiler.disable makes them
+_untraced: dict[str, Callable[..., None]] = {}  # the listeners' calls as torch.compiler.disable makes them
 
 
 def _untraced_ready() -> bool:
-    """Make the hooks' untraced twins: Dynamo calls this for real while it traces a hook (a trace-time constant).
+    """Make the listeners' untraced calls: Dynamo calls this for real while it traces a hook (a trace-time constant).
 
     Made then, not at import: ``torch.compiler.disable`` imports Dynamo (seconds), which is loaded by then.
     """
     if not _untraced:
-        _untraced["done"] = torch.compiler.disable(_on_step_done)
-        _untraced["step"] = torch.compiler.disable(_on_step)
+        _untraced["done"] = torch.compiler.disable(_done_listeners)
+        _untraced["step"] = torch.compiler.disable(_step_listeners)
     return True
 
 

@@ -132,14 +132,15 @@ class ForwardHooks:
     def add_to(self, hook_dicts: list[dict[int, Any]]) -> None:
         """Put the hook into each of ``hook_dicts``, modules' forward hook dicts (``_internals.forward_hooks``)."""
         key, hook = self._key, self._hook
+        self._dicts.extend(hook_dicts)  # known before they are filled: remove() finds them after a Ctrl-C here
         for hooks in hook_dicts:
             hooks[key] = hook
-        self._dicts.extend(hook_dicts)
 
     def remove(self) -> None:
-        dicts, self._dicts = self._dicts, []
-        for hooks in dicts:
-            hooks.pop(self._key, None)
+        dicts, key = self._dicts, self._key
+        while dicts:  # one at a time: a Ctrl-C here leaves the rest for the next call
+            dicts[-1].pop(key, None)
+            dicts.pop()
 
 
 class HookHandles:
@@ -173,10 +174,11 @@ class HookHandles:
     def remove(self, group: str | None = None) -> None:
         """Remove the hooks of ``group``, or all of them."""
         for name in [group] if group is not None else list(self._groups):
-            handles = self._groups.pop(name, [])
-            for handle in handles:
-                handle.remove()
-            handles.clear()  # a hook that appended to the list itself (group()) holds it no longer
+            handles = self._groups.get(name, [])
+            while handles:  # one at a time, each remove() idempotent: a Ctrl-C here leaves the rest for the next call
+                handles[-1].remove()
+                handles.pop()  # a hook that appended to the list itself (group()) holds it no longer
+            self._groups.pop(name, None)
 
     def __enter__(self) -> HookHandles:
         return self

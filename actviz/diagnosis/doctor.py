@@ -14,6 +14,7 @@ event file (:data:`EXIT_DAMAGED`, over 1 and 0: what it holds before the damage 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -100,18 +101,72 @@ class FileProblem:
     reason: str
 
 
+#: The values of each statistic the doctor keeps: the trend's (the last 12 logged gradient norms).
+KEPT_VALUES = 12
+
+
+class _Series:
+    """One scalar tag's last :data:`KEPT_VALUES` points by step, and its largest value: what the table reads.
+
+    Points come in file order, mostly by step; one that comes late takes its place by step.
+
+    Example:
+        >>> series = _Series()
+        >>> for step in [*range(20), 3]:
+        ...     series.add(step, float(step))
+        >>> series.values()[:2], series.values()[-1], series.largest
+        ([8.0, 9.0], 19.0, 19.0)
+    """
+
+    __slots__ = ("points", "largest")
+
+    def __init__(self) -> None:
+        self.points: list[tuple[int, float]] = []
+        self.largest = -math.inf
+
+    def add(self, step: int, value: float) -> None:
+        if not math.isnan(value):
+            self.largest = max(self.largest, value)
+        points = self.points
+        if not points or step >= points[-1][0]:
+            points.append((step, value))
+        else:
+            bisect.insort(points, (step, value), key=lambda point: point[0])
+        if len(points) > KEPT_VALUES:
+            del points[0]
+
+    def values(self) -> list[float]:
+        return [value for _, value in self.points]
+
+
 @dataclass
 class _Events:
-    """What a run folder's event files hold that the doctor reads: scalars and texts by tag."""
+    """What a run folder's event files hold that the doctor reads: each per-layer statistic's last values
+    (:class:`_Series`), the first ``layers`` text and the alerts texts. Memory grows with the layers, not the steps."""
 
-    scalars: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    scalars: dict[str, _Series] = field(default_factory=dict)
     texts: dict[str, list[tuple[int, list[bytes]]]] = field(default_factory=dict)
+
+    def add_scalar(self, tag: str, step: int, value: float) -> None:
+        if tag.removeprefix(TENSORBOARD_PREFIX).startswith(("activation_stats/", "gradient_stats/")):
+            series = self.scalars.get(tag)
+            if series is None:
+                series = self.scalars[tag] = _Series()
+            series.add(step, value)
+
+    def add_text(self, tag: str, step: int, strings: list[bytes]) -> None:
+        if tag == ALERTS or (tag == "layers" and tag not in self.texts):
+            self.texts.setdefault(tag, []).append((step, strings))
 
 
 def _event_files(root: Path, skipped: list[FileProblem]) -> dict[Path, list[Path]]:
     """The event files below ``root`` by folder; anything else so named goes to ``skipped``."""
     folders: dict[Path, list[Path]] = {}
-    for folder, subfolders, files in os.walk(root):
+
+    def unreadable(error: OSError) -> None:
+        skipped.append(FileProblem(str(error.filename or root), None, f"cannot be read: {error.strerror or error}"))
+
+    for folder, subfolders, files in os.walk(root, onerror=unreadable):
         subfolders.sort()
         for name in sorted(files + subfolders):
             if name.startswith(EVENT_FILE_PREFIX):
@@ -144,11 +199,11 @@ def _read_events(files: list[Path], damaged: list[FileProblem]) -> _Events:
                 step = event.step
                 for value in event.summary.value:
                     if value.HasField("simple_value"):
-                        events.scalars.setdefault(value.tag, []).append((step, value.simple_value))
+                        events.add_scalar(value.tag, step, value.simple_value)
                     elif value.tensor.string_val:
-                        events.texts.setdefault(value.tag, []).append((step, list(value.tensor.string_val)))
+                        events.add_text(value.tag, step, list(value.tensor.string_val))
                     elif value.metadata.plugin_data.plugin_name == "scalars" and value.tensor.float_val:
-                        events.scalars.setdefault(value.tag, []).append((step, value.tensor.float_val[0]))
+                        events.add_scalar(value.tag, step, value.tensor.float_val[0])
         except DamagedEventFile as error:
             read = "nothing read" if step is None else f"read to step {step}, nothing after it"
             damaged.append(FileProblem(str(file), step, f"{error.reason} at byte {error.offset}; {read}"))
@@ -165,20 +220,21 @@ def _read(folder: Path, files: list[Path], damaged: list[FileProblem]) -> RunHea
     if not stats and ALERTS not in events.texts:
         return None
     names = _layer_order(events.texts.get("layers", []), stats)
-    series = {tag: sorted(events.scalars[written[tag]], key=lambda point: point[0]) for tag in stats}
-    last_step = max((points[-1][0] for points in series.values() if points), default=0)
+    series = {tag: events.scalars[written[tag]] for tag in stats}
+    last_step = max((points.points[-1][0] for points in series.values() if points.points), default=0)
     layers = []
+    empty = _Series()
     for name in names:
         def values(tag: str) -> list[float]:
-            return [value for _, value in series.get(tag, [])]
+            return series.get(tag, empty).values()
 
         gradient = values(f"gradient_stats/{name}/norm")
         std = values(f"activation_stats/{name}/std")
         zeros = values(f"activation_stats/{name}/zero_fraction")
-        bad = values(f"activation_stats/{name}/nonfinite") + values(f"gradient_stats/{name}/nonfinite")
+        bad = [series.get(f"{kind}_stats/{name}/nonfinite", empty).largest for kind in ("activation", "gradient")]
         layers.append(LayerHealth(
-            name, gradient[-1] if gradient else None, gradient[-12:], std[-1] if std else None,
-            zeros[-1] if zeros else (0.0 if std else None), int(max(bad, default=0)),
+            name, gradient[-1] if gradient else None, gradient[-KEPT_VALUES:], std[-1] if std else None,
+            zeros[-1] if zeros else (0.0 if std else None), int(min(max(0.0, *bad), 2.0**53)),
         ))
     alerts = []
     for step, texts in events.texts.get(ALERTS, []):
@@ -271,18 +327,30 @@ def format_run(health: RunHealth) -> str:
 
 
 def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
-    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file."""
+    """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file.
+
+    With ``as_json`` the text is JSON whatever happens: ``{"error": ..., "status": 2, "problems": [...]}`` where
+    there is no run to report (as ``actviz diff --json``).
+
+    Example:
+        >>> import json, tempfile
+        >>> status, text = doctor(tempfile.mkdtemp(), as_json=True)
+        >>> status, sorted(json.loads(text))
+        (2, ['error', 'problems', 'status'])
+    """
     root = Path(run_dir)
-    if not root.is_dir():
-        return EXIT_NO_RUN, f"actviz doctor: error: {ascii(str(root))} is not a folder"
     problems: list[FileProblem] = []
-    runs = diagnose_runs(root, problems)
+    if not root.is_dir():
+        return _no_run(f"{ascii(str(root))} is not a folder", problems, as_json)
+    try:
+        runs = diagnose_runs(root, problems)
+    except OSError as error:  # a folder that vanished or cannot be listed while it is read
+        return _no_run(f"{ascii(str(root))} cannot be read: {error.strerror or error}", problems, as_json)
     damaged = any(problem.reason.startswith("damaged") for problem in problems)
     if not runs and not damaged:
-        return EXIT_NO_RUN, "\n".join([
-            f"actviz doctor: no actviz run in {ascii(str(root))}: no event file with actviz's tags "
-            "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.",
-            *(_problem_line(problem) for problem in problems)])
+        return _no_run(f"no actviz run in {ascii(str(root))}: no event file with actviz's tags "
+                       "(~activation_stats/, ~gradient_stats/, alerts). Give the folder actviz.watch() wrote to.",
+                       problems, as_json, label="")
     status = EXIT_DAMAGED if damaged else EXIT_ALERTS if any(run.alerts for run in runs) else EXIT_HEALTHY
     if as_json:
         report = {"status": status, "runs": [asdict(run) for run in runs], "problems": [asdict(p) for p in problems]}
@@ -291,6 +359,13 @@ def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
     if problems:
         text += ("\n\n" if text else "") + "\n".join(_problem_line(problem) for problem in problems)
     return status, text
+
+
+def _no_run(reason: str, problems: list[FileProblem], as_json: bool, label: str = "error: ") -> tuple[int, str]:
+    """Exit status 2, with ``reason`` as text or as ``{"error": ...}``."""
+    if as_json:
+        return EXIT_NO_RUN, json.dumps({"error": reason, "status": EXIT_NO_RUN, "problems": [asdict(p) for p in problems]})
+    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(_problem_line(p) for p in problems)])
 
 
 def _no_nan(value: Any) -> Any:

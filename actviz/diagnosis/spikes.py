@@ -19,7 +19,8 @@ steps become the new baseline. A lasting change of scale is one alert. The first
 episode gives:
 
 * an :class:`~actviz.diagnosis.alerts.Alert` (rule ``gradient_spike``) names the step and the layers
-  ranked by their own z-scores over the ring buffer;
+  ranked by their own z-scores over the ring buffer (a layer whose gradient was exactly 0 before, an expert
+  no token chose, has none and comes after the layers that grew);
 * ``spikes/gradient_norm/{layer}`` and ``spikes/global_gradient_norm`` are written for the
   last :data:`RING` steps, from the ring buffer;
 * the next :data:`FOLLOW` steps log in full, pictures included.
@@ -109,7 +110,8 @@ class SpikeRecord:
             values[step][SPIKE_GLOBAL_NORM] = float(ring[index].double().square().sum().sqrt())
         ranked = sorted(((self._z_score(per_layer, rows, i), name) for i, name in enumerate(self.layer_names)),
                         key=lambda item: -item[0] if not math.isnan(item[0]) else math.inf)
-        named = ", ".join(f"{name} (z={z:.3g})" for z, name in ranked[:5])
+        named = ", ".join(f"{name} ({f'z={z:.3g}' if not math.isnan(z) else 'no z-score: no gradient before'})"
+                          for z, name in ranked[:5])
         what = "is not finite" if not math.isfinite(self.norm) else f"{self.norm:.3g} is above {self.limit:.3g}"
         message = (f"gradient spike at step {self.step}: the global gradient norm {what} (the median {self.median:.3g} "
                    f"of the last {WINDOW} steps without a spike, times the larger of {FLOOR:g} and {SIGMA:g} robust "
@@ -123,6 +125,8 @@ class SpikeRecord:
         before = [float(per_layer[index, layer]) for step, index in rows if step < self.step]
         if not now or len(before) < 2 or not math.isfinite(now[0]):
             return math.inf if now and not math.isfinite(now[0]) else math.nan
+        if not any(before):  # no gradient before (an expert no token chose): growth from 0 has no z-score
+            return math.nan  # ranked after the layers that grew
         sigma = statistics.pstdev(before)
         deviation = now[0] - statistics.fmean(before)
         return deviation / sigma if sigma > 0 else (math.inf if deviation > 0 else 0.0)

@@ -22,7 +22,7 @@ from tensorboard.compat.proto.event_pb2 import Event
 
 from ..common.safe_warnings import warn_safely
 
-__all__ = ["DamagedEventFile", "earlier_runs", "is_event_file", "read_records", "warn_if_reused", "warn_if_shared"]
+__all__ = ["DamagedEventFile", "check_name_lengths", "earlier_runs", "is_event_file", "read_records", "warn_if_reused", "warn_if_shared"]
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
 
@@ -136,6 +136,47 @@ def _has_values(file: Path) -> bool:
     except Exception:  # noqa: BLE001 - an unreadable or damaged file is not ours to judge here: actviz doctor does
         return False
     return False
+
+
+#: The longest file or folder name most file systems take, in bytes (ext4, XFS, APFS, NTFS: 255).
+NAME_MAX = 255
+
+
+def check_name_lengths(log_dir: str) -> None:
+    """Raise a ``ValueError`` naming the limit where a folder name of ``log_dir`` is longer than the file system
+    takes (``NAME_MAX``, from the nearest existing folder, else :data:`NAME_MAX`), instead of the ``OSError``
+    ``File name too long`` that creating it, or checking it, would raise.
+
+    Example:
+        >>> check_name_lengths("runs/" + "a" * 300)
+        Traceback (most recent call last):
+        ...
+        ValueError: log_dir has a folder name of 300 bytes ('aaa...'...), over the 255 bytes a file name may have here (NAME_MAX); ...
+    """
+    parts = Path(log_dir).parts
+    for part in parts:
+        size = len(part.encode("utf-8", "surrogateescape"))
+        if size <= NAME_MAX:
+            continue
+        limit = _name_max(log_dir)
+        if size > limit:
+            raise ValueError(f"log_dir has a folder name of {size} bytes ({part[:24]!r}{'...' if len(part) > 24 else ''}"
+                             f"), over the {limit} bytes a file name may have here (NAME_MAX); give a shorter name, "
+                             "for example log_dir='runs/exp1'")
+
+
+def _name_max(log_dir: str) -> int:
+    """``NAME_MAX`` of the file system of ``log_dir``'s nearest existing folder, else :data:`NAME_MAX`."""
+    folder = Path(log_dir).absolute()
+    while True:
+        try:
+            if folder.is_dir():
+                return int(os.pathconf(folder, "PC_NAME_MAX"))
+        except (OSError, ValueError, AttributeError):  # no pathconf (Windows), a name too long to look at
+            pass
+        if folder.parent == folder:
+            return NAME_MAX
+        folder = folder.parent
 
 
 def warn_if_reused(log_dir: str | os.PathLike[str]) -> None:

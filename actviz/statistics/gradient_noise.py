@@ -21,12 +21,14 @@ dimension is not the step's batch size ``B`` (that of the first counted layer) a
 
 **Per-example norms, no per-example gradient.** A layer's forward hook keeps its input ``x``, the tensor autograd
 keeps for the layer's own backward anyway, until the pre-hook on its output's gradient ``g`` (the step's existing
-hooks, :mod:`actviz.capture.output_gradients`) takes it and drops it. The first dimension is the batch; every
-other dimension but the last is a sequence ``T`` (flattened). Example ``b``'s share of a ``Linear``'s gradient is
+hooks, :mod:`actviz.capture.output_gradients`) takes it and drops it. The first dimension is the batch (the
+second in a time-first model, :class:`NoiseRun`); every other dimension but the last is a sequence ``T``
+(flattened). Example ``b``'s share of a ``Linear``'s gradient is
 ``c_b = Σ_t g_bt x_btᵀ`` (and ``Σ_t g_bt`` for the bias), and ``‖c_b‖² = sum((G_b G_bᵀ) ⊙ (X_b X_bᵀ + 1))``:
-two ``T × T`` Gram matrices per example, ``+ 1`` for the bias. The batch's ``‖Σ_b c_b‖²`` is the squared norm of
-``gᵀx`` (one matmul of the layer's own weight-gradient size), or, where it costs fewer operations, the same
-Gram sum over all ``B·T`` rows, whose diagonal blocks give the per-example norms in the same ops. A norm layer's
+two ``T × T`` Gram matrices per example, ``+ 1`` for the bias, or each example's ``c_b`` made, where that costs
+less (:func:`linear_route`: intermediates never larger than the layer). The batch's ``‖Σ_b c_b‖²`` is the squared
+norm of ``gᵀx`` (one matmul of the layer's own weight-gradient size), or, where it costs fewer operations, the
+same Gram sum over all ``B·T`` rows, whose diagonal blocks give the per-example norms in the same ops. A norm layer's
 share is ``Σ_t g_bt ⊙ x̂_bt`` (``x̂`` the normalised input, computed again from ``x``) and ``Σ_t g_bt``: vectors of
 the layer's width. Everything runs on the device, in float32 at least, with no sync; each layer leaves a
 ``(B,)`` tensor and a 0-dim one, which go to the host in the step's one copy, and :func:`noise_scale` makes the
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -60,9 +63,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.distributed_types import is_dtensor
+from ..common.safe_warnings import warn_safely
 from ..tags import GRAD_SCALE, GRADIENT_NOISE
 
-__all__ = ["COUNTED", "FAILED", "GradientNoise", "noise_scale", "squared_norms"]
+__all__ = ["COUNTED", "FAILED", "GradientNoise", "NoiseRun", "linear_route", "noise_scale", "squared_norms"]
 
 _NORMS = (nn.LayerNorm, nn.RMSNorm)
 #: The layer types whose parameters count.
@@ -84,13 +88,15 @@ def counts(module: nn.Module) -> tuple[bool, bool]:
 
 
 @torch.no_grad()
-def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor,
+                  batch_dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Each example's squared norm of its share of ``module``'s parameter gradient, and the batch's.
 
     Args:
         module: An ``nn.Linear``, ``nn.LayerNorm`` or ``nn.RMSNorm``; its parameters that require grad count.
         x: The layer's input, ``(B, ..., features)``; ``None`` where the weight does not count.
         g: The gradient with respect to its output, as the backward gives it: the shape of the output.
+        batch_dim: The dimension of ``x`` and ``g`` that holds the examples (1 for a time-first ``(T, B, ...)``).
 
     Returns:
         ``(B,)``: ``‖c_b‖²`` summed over the counted parameters, and a 0-dim tensor: ``‖Σ_b c_b‖²``, both in
@@ -100,6 +106,9 @@ def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor) ->
     weight = weight and x is not None
     wide = g.dtype == torch.float64 or (x is not None and x.dtype == torch.float64)
     dtype = torch.float64 if wide else torch.float32  # float32 at least, one dtype for both (autocast mixes them)
+    if batch_dim:  # time-first: the examples to the front (a view; reshape copies only where it must)
+        g = g.movedim(batch_dim, 0)
+        x = x.movedim(batch_dim, 0) if x is not None else None
     batch = g.shape[0]
     width = math.prod(module.normalized_shape) if isinstance(module, _NORMS) else g.shape[-1]
     g = g.reshape(batch, -1, width).to(dtype)
@@ -111,10 +120,49 @@ def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor) ->
     return _linear(x, g, weight, bias)
 
 
+#: The fewest elements a route's intermediate tensors may hold, whatever the layer's size (16 MB in float32).
+MEMORY_FLOOR = 1 << 22
+
+
+def linear_route(batch: int, steps: int, d_in: int, d_out: int) -> tuple[str, int]:
+    """How :func:`squared_norms` takes a Linear's norms, and how many examples at a time.
+
+    The fewest operations among the routes whose intermediates fit the layer's own size (the larger of its
+    weight and its input, or :data:`MEMORY_FLOOR` elements); where none fits, the route of least memory per
+    example, as many examples at a time as fit. The routes, with their intermediate elements and operations
+    (``B`` examples of ``T`` positions, ``in``/``out`` features; the last two add ``B·T·in·out`` for the batch's
+    ``gᵀx``): ``"batch gram"``, the whole batch's two ``B·T × B·T`` Gram matrices (``2(BT)²``,
+    ``(BT)²(in+out)``); ``"gram"``, two ``T × T`` Gram matrices per example (``2BT²``, ``BT²(in+out)``);
+    ``"weight"``, each example's weight-gradient share (``B·in·out``, ``BT·in·out``).
+
+    Example:
+        >>> linear_route(16, 4, 8, 16)  # short sequences: the Gram matrices
+        ('gram', 16)
+        >>> linear_route(2, 8192, 16, 16)  # long ones: each example's 16 × 16 weight gradient, not 8192²
+        ('weight', 2)
+        >>> linear_route(32, 1024, 64, 4096)  # neither fits whole: 15 examples' weight gradients at a time
+        ('weight', 15)
+    """
+    rows = batch * steps
+    weight_size = max(d_in, 1) * d_out + d_out  # a frozen weight: the bias alone
+    budget = max(weight_size, rows * d_in, MEMORY_FLOOR)
+    routes = {  # route: (operations, intermediate elements per example, for the whole batch)
+        "batch gram": (rows * rows * (d_in + d_out), 2 * rows * rows, 2 * rows * rows),
+        "gram": (rows * steps * (d_in + d_out) + rows * d_in * d_out, 2 * steps * steps, 2 * batch * steps * steps),
+        "weight": (2 * rows * d_in * d_out, weight_size, batch * weight_size),
+    }
+    fitting = [(ops, name) for name, (ops, _, memory) in routes.items() if memory <= budget]
+    if fitting:
+        return min(fitting)[1], batch
+    each, name = min((routes[name][1], name) for name in ("gram", "weight"))
+    return name, max(1, budget // each)
+
+
 def _linear(x: torch.Tensor | None, g: torch.Tensor, weight: bool, bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, steps, d_out = g.shape
     d_in = x.shape[-1] if x is not None and weight else 0
-    if (batch - 1) * steps * (d_in + d_out) <= d_in * d_out:  # the whole batch's Gram costs less than gᵀx
+    route, chunk = linear_route(batch, steps, d_in, d_out)
+    if route == "batch gram":  # the whole batch's Gram costs less than gᵀx
         rows_g = g.reshape(batch * steps, d_out)
         products = torch.mm(rows_g, rows_g.T)
         if weight:
@@ -124,19 +172,43 @@ def _linear(x: torch.Tensor | None, g: torch.Tensor, weight: bool, bias: bool) -
             products.mul_(grams.add_(1.0) if bias else grams)
         blocks = products.view(batch, steps, batch, steps).diagonal(dim1=0, dim2=2)  # (T, T, B): same example
         return blocks.sum((0, 1)), products.sum()
-    products = torch.bmm(g, g.transpose(1, 2))  # (B, T, T)
+    each = _gram_norms if route == "gram" else _weight_norms
+    parts = [each(x[start:start + chunk] if x is not None and weight else None, g[start:start + chunk], bias)
+             for start in range(0, batch, chunk)]
+    per_example = parts[0][0] if len(parts) == 1 else torch.cat([part[0] for part in parts])
     total = None
     if weight:
         assert x is not None
-        grams = torch.bmm(x, x.transpose(1, 2))
-        products.mul_(grams.add_(1.0) if bias else grams)
         summed = torch.mm(g.reshape(-1, d_out).T, x.reshape(-1, d_in)).reshape(-1)
         total = torch.dot(summed, summed)
     if bias:
         summed = g.sum((0, 1))
         total = torch.dot(summed, summed) if total is None else total.add_(torch.dot(summed, summed))
     assert total is not None
-    return products.sum((1, 2)), total
+    return per_example, total
+
+
+def _gram_norms(x: torch.Tensor | None, g: torch.Tensor, bias: bool) -> tuple[torch.Tensor]:
+    """``sum((G_b G_bᵀ) ⊙ (X_b X_bᵀ + 1))`` of each example: two ``T × T`` Gram matrices per example."""
+    products = torch.bmm(g, g.transpose(1, 2))  # (B, T, T)
+    if x is not None:
+        grams = torch.bmm(x, x.transpose(1, 2))
+        products.mul_(grams.add_(1.0) if bias else grams)
+    return (products.sum((1, 2)),)
+
+
+def _weight_norms(x: torch.Tensor | None, g: torch.Tensor, bias: bool) -> tuple[torch.Tensor]:
+    """``‖G_bᵀ X_b‖² + ‖Σ_t g_bt‖²`` of each example: its weight-gradient share, ``out × in``, made."""
+    per_example = None
+    if x is not None:
+        shares = torch.bmm(g.transpose(1, 2), x)  # (B, out, in)
+        per_example = shares.square_().sum((1, 2))
+    if bias:
+        sums = g.sum(1)
+        norms = sums.square_().sum(1)
+        per_example = norms if per_example is None else per_example.add_(norms)
+    assert per_example is not None
+    return (per_example,)
 
 
 def _norm_layer(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor, weight: bool,
@@ -186,12 +258,50 @@ def finish_on_host(results: Any, carried: list[torch.Tensor]) -> None:
     results.scalars.update(noise_scale(per_example.tolist(), batch, scale))
 
 
+#: What a step that counted nothing says, when no layer gave a more precise cause.
+NO_LAYER = ("no watched nn.Linear, nn.LayerNorm or nn.RMSNorm with a trainable parameter ran with grad "
+            "(convolutions, embeddings and the other layers do not count)")
+#: A time-first layer (``batch_first=False``: nn.LSTM, nn.GRU, nn.RNN, nn.MultiheadAttention, nn.Transformer*).
+_TIME_FIRST = 1
+
+
+@dataclass
+class NoiseRun:
+    """What a watcher's steps share: the batch dimension of its model's sequence inputs, and the causes said.
+
+    ``batch_dim`` is 1 where the model's layers with a ``batch_first`` attribute all have it ``False``
+    (PyTorch's default for nn.LSTM, nn.GRU, nn.RNN, nn.MultiheadAttention and nn.Transformer*), 0 where they
+    all have it ``True`` or there are none, and ``None`` where both are found: the batch dimension of a
+    sequence cannot be told, and nothing is counted.
+
+    Example:
+        >>> NoiseRun.of(nn.Sequential(nn.Linear(2, 2))).batch_dim, NoiseRun.of(nn.LSTM(2, 2)).batch_dim
+        (0, 1)
+        >>> print(NoiseRun.of(nn.ModuleList([nn.LSTM(2, 2), nn.GRU(2, 2, batch_first=True)])).batch_dim)
+        None
+    """
+
+    batch_dim: int | None = 0
+    warned: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> NoiseRun:
+        layouts = {time_first(module) for module in model.modules() if "batch_first" in vars(module)}
+        return cls(None if len(layouts) > 1 else _TIME_FIRST if True in layouts else 0)
+
+
+def time_first(module: nn.Module) -> bool:
+    """Whether ``module`` takes ``(T, B, ...)`` inputs: its ``batch_first`` is ``False``."""
+    return vars(module).get("batch_first") is False
+
+
 class GradientNoise:
     """One logging step's device half: inputs kept from the forward hooks, squared norms from the gradient hooks.
 
     Args:
         add_host_work: The step's :meth:`PendingStep.add_host_work <actviz.output.pending_step.PendingStep.add_host_work>`.
         on_error: Called with :data:`FAILED` and the exception when a hook's part fails; the step then takes no more.
+        run: What the watcher's steps share (:class:`NoiseRun`): the batch dimension, the causes warned about.
 
     Example:
         >>> carried = []
@@ -206,44 +316,87 @@ class GradientNoise:
         [(4,), ()]
     """
 
-    def __init__(self, add_host_work: Callable[..., None], on_error: Callable[[str, BaseException], None]) -> None:
+    def __init__(self, add_host_work: Callable[..., None], on_error: Callable[[str, BaseException], None],
+                 run: NoiseRun | None = None) -> None:
         self._add_host_work = add_host_work
         self._on_error = on_error
-        self._inputs: dict[str, tuple[nn.Module, torch.Tensor | None]] = {}
+        self._run = run or NoiseRun()
+        self._inputs: dict[str, tuple[nn.Module, torch.Tensor | None, int]] = {}
         self._carried: list[torch.Tensor] = []
-        self._batch: int | None = None  # B, set by the first layer counted
+        self._batch: int | None = None  # B, set by the first layer counted or a time-first layer's input
         self._failed = False
+        self._skipped: str | None = None  # why the first layer left out was left out
 
     def take_input(self, tag: str, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
-        """A counted layer's forward hook: keep its input (for the weight's share) until its output's gradient comes."""
-        weight, bias = counts(module)
-        if not (weight or bias) or not inputs or self._failed or not torch.is_grad_enabled():
+        """A counted layer's forward hook: keep its input (for the weight's share) until its output's gradient comes.
+
+        A time-first layer's input tells the step's batch size (its dimension 1).
+        """
+        if self._failed or not inputs or not torch.is_grad_enabled():
             return
         x = inputs[0]
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 2) or x.is_nested:
+        weight, bias = counts(module)
+        if not (weight or bias):
+            if time_first(module) and self._batch is None and isinstance(x, torch.Tensor) and x.dim() == 3:
+                self._batch = x.shape[1]
             return
-        size = x.shape[0]
-        if size < 2 or output.shape[0] != size or is_dtensor(x) or size != (self._batch or size):
+        skipped = self._left_out(x, output)
+        if skipped is not None:
+            self._skipped = self._skipped or skipped
             return
-        self._batch = size
-        self._inputs[tag] = (module, x.detach() if weight else None)  # autograd keeps the same tensor for the weight
+        dim = 0 if x.dim() == 2 else self._run.batch_dim
+        assert dim is not None
+        self._batch = x.shape[dim]
+        self._inputs[tag] = (module, x.detach() if weight else None, dim)  # autograd keeps it for the weight anyway
+
+    def _left_out(self, x: Any, output: torch.Tensor) -> str | None:
+        """Why a counted layer's input does not count, or ``None``."""
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point()) or x.is_nested or is_dtensor(x):
+            return "the counted layers' inputs are not plain floating-point tensors"
+        if x.dim() < 2:
+            return "1-D inputs (a single example, no batch dimension)"
+        if x.dim() == 2:
+            dim = 0
+            if self._run.batch_dim == _TIME_FIRST and self._batch is None:
+                return ("a 2-D input in a time-first model before any layer told the batch size: "
+                        "its rows may be time steps × examples")
+        elif self._run.batch_dim is None:
+            return ("the batch dimension cannot be told: the model has layers with batch_first=True and "
+                    "others with batch_first=False")
+        else:
+            dim = self._run.batch_dim
+        size = x.shape[dim]
+        if size < 2:
+            return f"a batch of {size} example{'s' * (size != 1)} (the noise scale compares two or more)"
+        if output.dim() <= dim or output.shape[dim] != size or size != (self._batch or size):
+            return f"inputs whose dimension {dim} is not the step's batch size"
+        return None
 
     def take_gradient(self, tag: str, grad: torch.Tensor) -> None:
         """The gradient with respect to the output of a layer whose input was kept: its squared norms, input dropped."""
         entry = self._inputs.pop(tag, None)
         if entry is None:
             return
-        module, x = entry
+        module, x, dim = entry
         try:
-            self._carried.extend(squared_norms(module, x, grad))
+            self._carried.extend(squared_norms(module, x, grad, batch_dim=dim))
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._failed = True
             self._inputs.clear()
             self._on_error(FAILED, error)
 
-    def hand_over(self) -> None:
-        """The step is over: drop the inputs still kept, and carry the norms to the writer thread."""
+    def hand_over(self, backward_seen: bool = False) -> None:
+        """The step is over: drop the inputs still kept, and carry the norms to the writer thread.
+
+        A step whose backward came (``backward_seen``) and counted nothing warns once per cause.
+        """
         self._inputs.clear()
         if self._carried:
             self._add_host_work(finish_on_host, *self._carried)
             self._carried = []
+        elif backward_seen and not self._failed:
+            cause = self._skipped or NO_LAYER
+            if cause not in self._run.warned:
+                self._run.warned.add(cause)
+                warn_safely(f"actviz: the gradient_noise statistic counted nothing in this step: {cause}; no "
+                            "gradient_noise/ values are written (warned once)", RuntimeWarning, stacklevel=3)

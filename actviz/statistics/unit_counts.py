@@ -2,7 +2,10 @@
 
 * :class:`DeadChannels`, on ReLU-family outputs with channels (3-D and up): the fraction of channels
   that are zero for the whole batch; on every ReLU-family module of the model, watched or not (one
-  not watched counts its first call of a logging step, reading its output once: ``amax``, ``eq``, ``mean``);
+  not watched counts its first call of a logging step, reading its output once: ``amax``, ``eq``, ``mean``).
+  The channels of a 4-D output are its dimension 1; those of a 3-D output its last dimension, the features
+  of a ``(batch, positions, features)`` sequence (a transformer's MLP, an RNN's), except after a 1-D
+  convolution-family sibling (``Conv1d``, ``BatchNorm1d``... then ReLU: ``(batch, channels, length)``);
 * :class:`Saturation`, on Tanh and Sigmoid outputs: the fraction within :data:`SATURATION_MARGIN` of a
   bound.
 
@@ -19,6 +22,7 @@ Every other layer costs nothing on a step: which layers they apply to is found o
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -28,7 +32,7 @@ from ..common.distributed_types import is_dtensor
 from ..summaries.one_pass import UNIT_FIELDS, channel_layout
 from .layer_statistic import LayerStatistic
 
-__all__ = ["SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family"]
+__all__ = ["ONE_D_CHANNELS", "SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family", "note_layouts"]
 
 #: Distance from a Tanh's (±1) or Sigmoid's (0, 1) bound counted as saturated: the slope there is
 #: below 0.06 (Tanh) or 0.03 (Sigmoid), under a sixteenth of its slope at 0.
@@ -55,12 +59,48 @@ def _values(tensor: torch.Tensor) -> torch.Tensor | None:
     return values.to_local() if is_dtensor(values) else values
 
 
+#: Layers whose 3-D output is ``(batch, channels, length)``: a ReLU right after one of them reads dimension 1.
+ONE_D_CHANNELS: tuple[type[nn.Module], ...] = (
+    nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d, nn.MaxPool1d, nn.AvgPool1d,
+    nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d,
+)
+#: ReLU-family modules whose 3-D outputs are ``(batch, channels, length)`` (:func:`note_layouts`).
+_CHANNELS_FIRST: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def note_layouts(model: nn.Module) -> None:
+    """Note the ReLU-family modules of ``model`` registered right after a 1-D convolution-family sibling
+    (:data:`ONE_D_CHANNELS`): their 3-D outputs have their channels in dimension 1, where other 3-D outputs are
+    ``(batch, positions, features)``.
+
+    Example:
+        >>> cnn, mlp = nn.Sequential(nn.Conv1d(2, 4, 3), nn.ReLU()), nn.Sequential(nn.Linear(2, 4), nn.ReLU())
+        >>> note_layouts(cnn); note_layouts(mlp)
+        >>> _sequence(torch.ones(2, 4, 5), cnn[1]), _sequence(torch.ones(2, 5, 4), mlp[1])
+        (False, True)
+    """
+    for parent in model.modules():
+        before = None
+        for child in parent.children():
+            if is_relu_family(child) and isinstance(before, ONE_D_CHANNELS):
+                _CHANNELS_FIRST.add(child)
+            before = child
+
+
+def _sequence(tensor: torch.Tensor, module: nn.Module) -> bool:
+    """Whether ``tensor``, ``module``'s output, is ``(batch, positions, features)``: 3-D, not after a 1-D conv."""
+    return tensor.dim() == 3 and module not in _CHANNELS_FIRST
+
+
 class DeadChannels(LayerStatistic):
     """``dead_channel_fraction``: the fraction of a ReLU's channels that are zero for the whole batch.
 
     Example:
-        >>> batch = torch.zeros(2, 4, 3); batch[:, 0] = 1.0   # channel 0 alive, three dead
+        >>> batch = torch.zeros(2, 4, 3, 3); batch[:, 0] = 1.0   # channel 0 alive, three dead
         >>> DeadChannels().device(batch, nn.ReLU(), None).item()
+        0.75
+        >>> tokens = torch.zeros(2, 5, 4); tokens[..., 0] = 1.0   # (batch, positions, features): feature 0 alive
+        >>> DeadChannels().device(tokens, nn.ReLU(), None).item()
         0.75
     """
 
@@ -72,6 +112,7 @@ class DeadChannels(LayerStatistic):
     unwatched_layers = True  # a conv → BN → ReLU network's ReLUs, which the default layers leave out
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
+        note_layouts(model)
         return bool(getattr(options, "unit_counts", True))  # with the alerts
 
     def applies_to(self, module: nn.Module) -> bool:
@@ -81,13 +122,14 @@ class DeadChannels(LayerStatistic):
         values = _values(tensor)
         if values is None or values.dim() < 3:
             return None
-        dims = [dim for dim in range(values.dim()) if dim != 1]
+        channel = values.dim() - 1 if _sequence(values, module) else 1
+        dims = [dim for dim in range(values.dim()) if dim != channel]
         return torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32)
 
     def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
         if not tensor.is_floating_point() or is_dtensor(tensor):
             return None
-        layout = channel_layout(tensor)
+        layout = channel_layout(tensor, sequence=_sequence(tensor, module))
         return (1, *layout) if layout is not None else None
 
     def from_summary(self, fields: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,11 @@ for its size.
 * **Its own code object per key.** Dynamo counts compiled entries per code object
   against ``torch._dynamo.config.recompile_limit``; a copy of the function's code
   per key keeps each key's count its own, however many dtypes a run has.
+* **On the training thread, not at exit.** The writer thread's small host tensors take the eager path:
+  torch holds one process-wide flag while any thread compiles, so a compile there would make
+  ``torch.compiler.is_compiling()`` true in the training thread's eager code (its hooks, an
+  ``optimizer.step()``), and two threads compiling at once share Dynamo's global state. Nothing is
+  compiled once the interpreter shuts down (Inductor's compile threads cannot start then).
 * **Fail safe.** If compiling or running fails (no C++ compiler, an Inductor error,
   an old torch), a ``RuntimeWarning`` says why once, :func:`run` returns ``None``
   for that key from then on, and the caller takes the eager path. Tensor
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import types
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -43,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ..common._internals import compiler_stance, inductor_backend, mark_size_unbacked
+from ..common._internals import compiler_stance, inductor_backend, interpreter_shutting_down, mark_size_unbacked
 from ..common.safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
@@ -56,6 +62,9 @@ logger = logging.getLogger(__name__)
 #: CPU loop goes parallel from 512 elements per thread of the hint).
 LARGE = 1 << 15
 SIZE_HINTS = {False: 1 << 8, True: 1 << 24}
+
+#: The name of actviz's writer thread (:mod:`actviz.output.writer_thread`), which never compiles.
+WRITER_THREAD = "actviz-writer"
 
 Key = tuple[str, str, torch.dtype, bool]
 #: (function name, device, dtype, large) -> its compiled function, or None once it failed. The device
@@ -100,6 +109,8 @@ def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) 
 def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) -> torch.Tensor | None:
     if type(values) is not torch.Tensor or values.is_inference():
         return None  # a subclass (DTensor) or an inference tensor: its own guards, so leave it to eager torch
+    if threading.current_thread().name == WRITER_THREAD or interpreter_shutting_down():
+        return None  # see the module docstring: compiled on the training thread alone, and not at exit
     # Dynamo guards on the stride, even of a length-1 tensor, and on the shape of a view's base: give it
     # stride 1 and no base, so that one graph serves every call of its size class.
     if values.stride() != (1,):

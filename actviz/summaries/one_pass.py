@@ -117,16 +117,23 @@ SUMMARIZE = define_op(
     summarize, _fake_summarize)
 
 
-def channel_layout(tensor: torch.Tensor) -> tuple[int, int, int] | None:
+def channel_layout(tensor: torch.Tensor, sequence: bool = False) -> tuple[int, int, int] | None:
     """How a layer output's channels lie in its memory order: ``(channels, spatial, channels_last)``, or ``None`` for
     a layout the one-pass op does not read by channel (fewer than 3 dimensions, neither contiguous nor channels-last).
+
+    With ``sequence``, a 3-D output is ``(batch, positions, features)``, as a transformer's or an RNN's layers give
+    it: its channels are its last dimension, channels-last in memory where it is contiguous.
 
     Example:
         >>> channel_layout(torch.zeros(2, 3, 4, 5)), channel_layout(torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last))
         ((3, 20, 0), (3, 20, 1))
+        >>> channel_layout(torch.zeros(2, 7, 128), sequence=True)  # 128 features at each of 7 positions
+        (128, 7, 1)
     """
     if tensor.dim() < 3 or tensor.numel() == 0:
         return None
+    if sequence and tensor.dim() == 3:
+        return (tensor.shape[2], tensor.shape[1], 1) if tensor.is_contiguous() else None
     channels = tensor.shape[1]
     spatial = tensor.numel() // (tensor.shape[0] * channels)
     if tensor.is_contiguous():

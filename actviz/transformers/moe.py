@@ -32,6 +32,7 @@ of the softmax entropy and of the gap between the k-th and (k+1)-th probability.
 
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from collections.abc import Callable
@@ -94,7 +95,8 @@ def router_vector(probabilities: torch.Tensor, indices: torch.Tensor, k: int) ->
 
     ``[tokens per expert..., Σ entropy, Σ (p_k - p_{k+1})]``: how many rows chose each expert among
     their ``k``, then the sums over rows of the softmax entropy (nats) and of the gap between the
-    k-th and (k+1)-th largest probability: 10 kernels, none of which waits for the device.
+    k-th and (k+1)-th largest probability (0 where ``k`` is every expert): 10 kernels, none of which waits for
+    the device. A non-finite router output makes the entropy's sum NaN, which :func:`router_numbers` reads.
 
     Example:
         >>> p = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]])
@@ -106,31 +108,47 @@ def router_vector(probabilities: torch.Tensor, indices: torch.Tensor, k: int) ->
     chosen = indices.reshape(-1)
     out = torch.zeros(experts + 2, device=p.device)
     out.scatter_add_(0, chosen, torch.ones_like(chosen, dtype=out.dtype))
-    top = torch.topk(p, k + 1, dim=-1).values
-    out[experts:] = torch.stack([torch.special.entr(p).sum(), (top[:, k - 1] - top[:, k]).sum()])
+    top = torch.topk(p, min(k + 1, experts), dim=-1).values
+    margin = (top[:, k - 1] - top[:, k]).sum() if k < experts else top.new_zeros(())
+    out[experts:] = torch.stack([torch.special.entr(p).sum(), margin])
     return out
 
 
-def router_numbers(vector: torch.Tensor, k: int) -> tuple[dict[str, float], torch.Tensor]:
+def router_numbers(vector: torch.Tensor, k: int) -> tuple[dict[str, float], torch.Tensor | None]:
     """On the host: ``({statistic: value}, tokens per expert)`` of a :func:`router_vector`.
 
     ``load_max_over_mean`` is the busiest expert's tokens over the mean (1 when balanced, ``experts / k``
     when every row chooses the same ``k``), ``dead_experts`` the experts no row chose, ``router_entropy`` and
     ``topk_margin`` the means over rows.
 
+    What no longer means anything is left out, and the load is ``None``: everything for a call of no rows; the
+    load, ``load_max_over_mean`` and ``dead_experts`` where the router's output was not finite (a NaN's topk
+    picks the same experts whatever the router learned: no routing collapse to report); all but
+    ``router_entropy`` for a dense router (``k`` is every expert: each row chooses all of them).
+
     Example:
         >>> numbers, load = router_numbers(torch.tensor([3.0, 1.0, 0.0, 0.0, 2.4, 0.8], dtype=torch.float64), 1)
         >>> numbers
         {'load_max_over_mean': 3.0, 'dead_experts': 2.0, 'router_entropy': 0.6, 'topk_margin': 0.2}
+        >>> router_numbers(torch.tensor([3.0, 1.0, 0.0, 0.0, math.nan, 0.5]), 1)
+        ({'router_entropy': nan, 'topk_margin': 0.125}, None)
+        >>> router_numbers(torch.zeros(6), 1)
+        ({}, None)
     """
     load = vector[:-2].double()
     rows = float(load.sum()) / k
-    mean = float(load.mean())
+    if not rows:
+        return {}, None
+    entropy, margin = float(vector[-2]) / rows, float(vector[-1]) / rows
+    if k >= len(load):
+        return {"router_entropy": entropy}, None
+    if not math.isfinite(entropy):
+        return {"router_entropy": entropy, "topk_margin": margin}, None
     return {
-        "load_max_over_mean": float(load.max()) / mean if mean > 0 else float("nan"),
+        "load_max_over_mean": float(load.max()) / float(load.mean()),
         "dead_experts": float((load == 0).sum()),
-        "router_entropy": float(vector[-2]) / rows if rows else float("nan"),
-        "topk_margin": float(vector[-1]) / rows if rows else float("nan"),
+        "router_entropy": entropy,
+        "topk_margin": margin,
     }, load
 
 
@@ -165,6 +183,7 @@ class RouterCalls:
         self.candidates = candidates
         self.calls: list[RouterCall] = []
         self.failed: BaseException | None = None
+        self.dense: set[str] = set()  # routers whose topk takes every expert (k == experts)
         # id(tensor) -> (weak reference to it, the module whose output it was or None, whether probabilities)
         self._origins: dict[int, tuple[weakref.ref[torch.Tensor], str | None, bool]] = {}
         self._kept: dict[str, int] = {}  # router -> its call's place in calls
@@ -214,7 +233,7 @@ class RouterCalls:
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
         experts = x.shape[-1]
-        if (not isinstance(k, int) or not 0 < k < experts or dim not in (-1, x.dim() - 1) or not largest
+        if (not isinstance(k, int) or not 0 < k <= experts or dim not in (-1, x.dim() - 1) or not largest
                 or not x.is_floating_point()):
             return
         origin = self._origin(x)
@@ -231,6 +250,8 @@ class RouterCalls:
         with torch.no_grad():
             probabilities = x if origin and origin[1] else torch.softmax(x.detach().float(), dim=-1)
             call = RouterCall(name, k, router_vector(probabilities, result[1], k))
+        if k == experts:  # every expert chosen by every row: a dense layer, named once by the step
+            self.dense.add(name)
         if kept is None:
             self._kept[name] = len(self.calls)
             self.calls.append(call)
