@@ -19,7 +19,7 @@ from torch import nn
 import actviz
 from actviz.capture.open_steps import OpenSteps
 from actviz.capture.output_gradients import OutputGradients
-from actviz.capture.probe import Probe
+from actviz.capture.probe import ProbeForward
 from actviz.capture.step_capture import StepCapture
 from actviz.capture.step_end import StepEnd
 from actviz.capture.step_parameters import LoopHistory, StepParameters
@@ -30,7 +30,7 @@ STEPS, INTERRUPTED = 4, 1
 
 #: stage: (the object, its function's name, whether the interrupt comes after the function's own work)
 STAGES = {
-    "probe pictures": (Probe, "pictures", False),
+    "probe pictures": (ProbeForward, "pictures", False),
     "registration": (OpenSteps, "add", True),
     "statistics chosen": (LoopHistory, "statistics", False),
     "layer hooks put on": (ForwardHooks, "add_to", True),
