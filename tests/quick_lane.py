@@ -25,6 +25,7 @@ SLOW_FILES = {
 }
 
 SLOW_TESTS = {
+    "test_interrupted_steps.py::test_ctrl_c_at_any_stage_leaves_no_hook_and_the_next_steps_log[probe pictures-True]",
     "test_amp.py::test_lightning_passes_its_scaler_with_fp16_mixed_precision",
     "test_cli.py::test_corrupt_image_exits_1_names_it_and_keeps_the_others",
     "test_cli.py::test_default_weights_offline_gives_a_clear_message",

@@ -34,7 +34,6 @@ function                               private API
 :func:`flatten_copy`                   ``torch._C._nn.flatten_dense_tensors``
 :func:`child_modules`                  ``Module._modules``
 :func:`forward_depth`                  ``Module._call_impl``'s frames (``sys._getframe``)
-:func:`interpreter_shutting_down`      ``threading._SHUTTING_DOWN``
 :func:`traced_here`                    ``torch._guards.CompileContext.try_get``
 =====================================  ===========================================
 
@@ -55,7 +54,7 @@ from torch import nn
 __all__ = [
     "backward_accumulates", "backward_pass_id", "backward_runs_every_edge", "batch_and_instance_norm_types",
     "child_modules", "compiled_call", "compiled_original", "compiler_stance",
-    "event_file_writer", "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "interpreter_shutting_down", "traced_here", "functorch_wrapped", "grad_scaler_scale",
+    "event_file_writer", "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "traced_here", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
     "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_event_records",
     "replace_record_checksum",
@@ -358,55 +357,19 @@ def inside_functorch_transform() -> bool:
 
 
 def forward_depth(module: nn.Module) -> int:
-    """How many calls of ``module`` run on this thread's stack (``nn.Module._call_impl`` frames whose ``self`` it
-    is): 2 or more inside a forward that calls the module again. Walks the frames: for rare checks only.
-
-    Example:
-        >>> seen = []
-        >>> class Twice(nn.Module):
-        ...     def forward(self, x, again=True):
-        ...         seen.append(forward_depth(self))
-        ...         return self(x, again=False) if again else x
-        >>> _ = Twice()(1); seen
-        [1, 2]
-    """
-    depth, frame = 0, sys._getframe(1)
-    code = nn.Module._call_impl.__code__
+    """Calls of ``module`` on this thread's stack (``Module._call_impl`` frames): 2+ when its forward calls it again."""
+    depth, frame, code = 0, sys._getframe(1), nn.Module._call_impl.__code__
     while frame is not None:
-        if frame.f_code is code and frame.f_locals.get("self") is module:
-            depth += 1
-        frame = frame.f_back
+        depth, frame = depth + (frame.f_code is code and frame.f_locals.get("self") is module), frame.f_back
     return depth
 
 
 def traced_here() -> bool:
-    """Whether ``torch.compile`` is compiling on this thread: ``torch.compiler.is_compiling()`` is one flag for the
-    whole process, true in eager code too while another thread compiles. A trace-time constant: Dynamo calls it
-    for real while it traces.
-
-    Example:
-        >>> traced_here()
-        False
-    """
-    from torch._guards import CompileContext
-
-    return CompileContext.try_get() is not None
+    """Whether this thread compiles: ``torch.compiler.is_compiling()`` is one flag, true while any thread compiles."""
+    return torch._guards.CompileContext.try_get() is not None  # Dynamo calls it as it traces (a trace-time constant)
 
 
 mark_trace_time_constant(traced_here)
-
-
-def interpreter_shutting_down() -> bool:
-    """Whether the interpreter is ending: ``threading``'s shutdown has begun (atexit handlers run after it; a new
-    thread, such as a compile worker's, can no longer register) or finalization has.
-
-    Example:
-        >>> interpreter_shutting_down()
-        False
-    """
-    import threading
-
-    return bool(getattr(threading, "_SHUTTING_DOWN", False)) or sys.is_finalizing()
 
 
 def child_modules(module: nn.Module) -> dict[str, nn.Module | None]:

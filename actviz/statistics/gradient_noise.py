@@ -261,14 +261,11 @@ def finish_on_host(results: Any, carried: list[torch.Tensor]) -> None:
 #: What a step that counted nothing says, when no layer gave a more precise cause.
 NO_LAYER = ("no watched nn.Linear, nn.LayerNorm or nn.RMSNorm with a trainable parameter ran with grad "
             "(convolutions, embeddings and the other layers do not count)")
-#: A time-first layer (``batch_first=False``: nn.LSTM, nn.GRU, nn.RNN, nn.MultiheadAttention, nn.Transformer*).
-_TIME_FIRST = 1
-
+_TIME_FIRST = 1  # the batch dimension of a time-first model's sequences
 
 @dataclass
 class NoiseRun:
-    """What a watcher's steps share: the batch dimension of its model's sequence inputs, and the causes said.
-
+    """What a watcher's steps share: the batch dimension of its model's sequences, and the causes said.
     ``batch_dim`` is 1 where the model's layers with a ``batch_first`` attribute all have it ``False``
     (PyTorch's default for nn.LSTM, nn.GRU, nn.RNN, nn.MultiheadAttention and nn.Transformer*), 0 where they
     all have it ``True`` or there are none, and ``None`` where both are found: the batch dimension of a

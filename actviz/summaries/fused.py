@@ -24,7 +24,8 @@ for its size.
   torch holds one process-wide flag while any thread compiles, so a compile there would make
   ``torch.compiler.is_compiling()`` true in the training thread's eager code (its hooks, an
   ``optimizer.step()``), and two threads compiling at once share Dynamo's global state. Nothing is
-  compiled once the interpreter shuts down (Inductor's compile threads cannot start then).
+  compiled once the interpreter shuts down (the main thread has stopped: Inductor's compile threads
+  cannot start then).
 * **Fail safe.** If compiling or running fails (no C++ compiler, an Inductor error,
   an old torch), a ``RuntimeWarning`` says why once, :func:`run` returns ``None``
   for that key from then on, and the caller takes the eager path. Tensor
@@ -49,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ..common._internals import compiler_stance, inductor_backend, interpreter_shutting_down, mark_size_unbacked
+from ..common._internals import compiler_stance, inductor_backend, mark_size_unbacked
 from ..common.safe_warnings import warn_safely
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
@@ -109,7 +110,7 @@ def run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) 
 def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor) -> torch.Tensor | None:
     if type(values) is not torch.Tensor or values.is_inference():
         return None  # a subclass (DTensor) or an inference tensor: its own guards, so leave it to eager torch
-    if threading.current_thread().name == WRITER_THREAD or interpreter_shutting_down():
+    if threading.current_thread().name == WRITER_THREAD or not threading.main_thread().is_alive():
         return None  # see the module docstring: compiled on the training thread alone, and not at exit
     # Dynamo guards on the stride, even of a length-1 tensor, and on the shape of a view's base: give it
     # stride 1 and no base, so that one graph serves every call of its size class.
