@@ -60,7 +60,8 @@ _STAGES = 3  # turns in flight in the main loop (cp.async on sm_80 and later)
 
 @triton.jit
 def _quotient(n, magic, shift):
-    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)`` by :func:`_divider`'s numbers: two integer instructions."""
+    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)``, by the numbers of
+    :func:`~actviz.summaries.one_pass_tables.divider`: three integer instructions."""
     return (tl.umulhi(n.to(tl.uint32) << 1, magic.to(tl.uint32)) >> shift).to(tl.int32)
 
 
