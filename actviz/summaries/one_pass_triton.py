@@ -60,7 +60,8 @@ _STAGES = 3  # turns in flight in the main loop (cp.async on sm_80 and later)
 
 @triton.jit
 def _quotient(n, magic, shift):
-    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)`` by :func:`_divider`'s numbers: two integer instructions."""
+    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)``, by the numbers of
+    :func:`~actviz.summaries.one_pass_tables.divider`: three integer instructions."""
     return (tl.umulhi(n.to(tl.uint32) << 1, magic.to(tl.uint32)) >> shift).to(tl.int32)
 
 
@@ -354,7 +355,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
         bins, row_mode = found
     segments, tiles, total = tables_for(sizes, strides, row, device, (spatial, unit_channels))
     addresses = addresses_of(tensors) if listed else segments  # unread with one tensor
-    aligned = all(tensor.data_ptr() % 16 == 0 for tensor in tensors)
+    aligned = listed and all(tensor.data_ptr() % 16 == 0 for tensor in tensors)  # one tensor: the JIT checks it
     tile_count = tiles.numel() // 5
     row_magic, row_shift = divider(spatial)
     wrap = (1 << 30) if row_mode else unit_channels
