@@ -123,6 +123,13 @@ def unit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[float], flo
     sequence = torch.randn(4, 8, 10, generator=generator).relu()
     sequence[:, [0, 3, 7]] = 0.0
     last = relu.contiguous(memory_format=torch.channels_last)
+    rows = torch.randn(3, 300, 200, generator=generator).relu()  # 6 tiles of fewer rows than channels: a bin a row
+    rows[:, [0, 5, 163, 164, 299]] = 0.0
+    rows[2, 164, 199] = 1.0
+    wide_last = torch.randn(8, 70, 16, 16, generator=generator).relu().contiguous(memory_format=torch.channels_last)
+    wide_last[:, [3, 69]] = 0.0  # 5 tiles, each starting mid-row of 70 channels
+    beyond = torch.randn(2, 5000, 1, generator=generator).relu()  # 5,000 channels of 1: past the histogram, eager
+    beyond[:, :7] = 0.0
     tanh = torch.tanh(torch.randn(50_000, generator=generator) * 3)
     sigmoid = torch.sigmoid(torch.randn(3000, generator=generator) * 4)
     sigmoid[5] = math.nan
@@ -136,6 +143,10 @@ def unit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[float], flo
         ("dead channels, channels last", last, last.permute(0, 2, 3, 1).reshape(-1), [1, 6, 25, 1], dead(relu)),
         ("dead channels of a sequence", sequence, sequence.reshape(-1), [1, 8, 10, 0], dead(sequence)),
         ("dead channels over 16 tiles", big, big.reshape(-1), [1, 64, 1024, 0], dead(big)),
+        ("dead channels, a bin per row of a tile", rows, rows.reshape(-1), [1, 300, 200, 0], dead(rows)),
+        ("dead channels, channels last over 5 tiles", wide_last, wide_last.permute(0, 2, 3, 1).reshape(-1),
+         [1, 70, 256, 1], dead(wide_last)),
+        ("dead channels past the kernels' histogram", beyond, beyond.reshape(-1), [1, 5000, 1, 0], dead(beyond)),
         ("tanh saturation", tanh, tanh, [2, 0.0, 0.97], float((tanh.double().abs() > 0.97).double().mean())),
         ("sigmoid saturation", sigmoid, sigmoid, [2, 0.5, 0.47],
          float(((sigmoid.double() - 0.5).abs() > 0.47).double().mean())),
@@ -167,6 +178,8 @@ def strength_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[int]]]:
     huge = (torch.randn(2, 65, 128, 128, generator=generator) * 2).to(torch.float16)  # a channel over two tiles
     last = (torch.randn(2, 80, 40, 40, generator=generator) * 4).to(torch.bfloat16).contiguous(
         memory_format=torch.channels_last)
+    last_tiles = (torch.randn(2, 300, 20, 20, generator=generator) * 3).contiguous(memory_format=torch.channels_last)
+    last_tiles[0, 7, 3, 4] = math.inf  # sample 0 over two tiles of 300 channels
     eight = torch.randn(2, 70, 5, 5, generator=generator).to(torch.float8_e4m3fn)  # the eager body reads it as float32
     return [
         ("channel strengths, long channels with NaN and ±Inf", long, long.reshape(-1), [70, 900, 0]),
@@ -174,6 +187,8 @@ def strength_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[int]]]:
         ("channel strengths, short channels", short, short.reshape(-1), [100, 25, 0]),
         ("channel strengths, float16 over two tiles", huge, huge.reshape(-1), [65, 128 * 128, 0]),
         ("channel strengths, bfloat16 channels last", last, last.permute(0, 2, 3, 1).reshape(-1), [80, 1600, 1]),
+        ("channel strengths, channels last over two tiles", last_tiles, last_tiles.permute(0, 2, 3, 1).reshape(-1),
+         [300, 400, 1]),
     ]
 
 
@@ -230,6 +245,9 @@ def main() -> int:
 
     problems = []
     for name, _, flat, units, wanted in unit_cases():
+        if not one_pass._takes_triton([flat], units):
+            print(f"{name}: the Triton body did not run (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')})")
+            return 2
         problems += unit_mismatches(name, flat, units, wanted)
     for case in strength_cases():
         problems += strength_mismatches(*case)

@@ -75,11 +75,13 @@ def triton_body():
     return one_pass_triton.summarize_tensors
 
 
-def _takes_triton(tensors: Sequence[torch.Tensor]) -> bool:
+def _takes_triton(tensors: Sequence[torch.Tensor], units: Sequence[float] = (), channels: Sequence[int] = ()) -> bool:
     first = tensors[0]
     if first.dtype not in TRITON_DTYPES or not all(tensor.is_contiguous() for tensor in tensors):
         return False
-    return triton_runs_on(first.device) and triton_body() is not None
+    if not (triton_runs_on(first.device) and triton_body() is not None):
+        return False
+    return not channels or int(channels[0]) * int(channels[1]) < 2**31 - 2**16  # sample 0 within 32-bit offsets
 
 
 def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers: bool,
@@ -88,8 +90,14 @@ def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers:
     if (units or channels) and len(tensors) != 1:
         raise ValueError(f"units and channel strengths are counted for one tensor at a time, got {len(tensors)}")
     width = row_width(outliers, bool(units))
-    if _takes_triton(tensors):
-        return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units), tuple(channels))
+    if _takes_triton(tensors, units, channels):
+        from .one_pass_triton import takes_units
+        if takes_units(tuple(units), tensors[0].numel()):
+            return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units), tuple(channels))
+        # Dead channels past the kernels' histogram (over 4,096 channels of under 9 elements): counted eagerly.
+        out = triton_body()(list(tensors), tuple(strides), width - 1, OUTLIER_THRESHOLD, outliers, (), tuple(channels))
+        fraction = unit_fraction(tensors[0], units).to(out.dtype).view(1)
+        return torch.cat([out[: width - 1], fraction, out[width - 1:]])
     return eager_summarize(tensors, strides, outliers, units, channels)
 
 
