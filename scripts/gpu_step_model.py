@@ -17,10 +17,12 @@
    costs the largest of:
 
    * the **bandwidth roofline**: bytes / bandwidth;
-   * the **issue bound**: loop turns x warps x instructions per turn / (active SMs x clock x 4 warp-instructions
-     per cycle), and the same for fp64 instructions at 2 per cycle (H100: 64 FP64 lanes per SM);
-   * the **latency bound**: no turn's loads are pipelined (no ``async_copy`` in the kernel), so a resident block
-     finishes at most one turn per memory latency: turns x latency / (active SMs x resident blocks per SM x clock);
+   * the **issue bound**: programs x warps x (loop turns x instructions per turn + the body's other instructions
+     once) / (active SMs x clock x 4 warp-instructions per cycle), and the same for the loop's fp64 instructions
+     at 2 per cycle (H100: 64 FP64 lanes per SM);
+   * the **latency bound**: a resident block has at most ``stages`` turns' loads in flight (1 unless the kernel
+     pipelines them with ``cp.async``), so it finishes at most that many turns per memory latency:
+     turns x latency / (active SMs x resident blocks per SM x stages x clock);
 
    plus a launch gap. Not modelled: same-address atomics serializing in L2, tail effects, caches.
 4. **The rest of actviz's ops** (eager torch ops: pictures, attention statistics, the step's copy to the host):
@@ -97,13 +99,15 @@ class Loop:
     instructions: int  # static instructions of the loop body, subroutine calls at the subroutines' size
     fp64: int  # of them on the fp64 pipe (DADD, DMUL, DFMA, DSETP, F2F/I2F to or from 64 bits)
     calls: int  # subroutine calls (64-bit integer division and remainder)
+    other: int = 0  # the kernel body's instructions outside the main loop: counted once a program
 
 
-def launch_time(nbytes: float, grid: int, turns: int, warps: int, loop: Loop, blocks_per_sm: int,
-                pipelined: bool = False, card: dict = H100, assumptions: dict = ASSUMPTIONS) -> dict[str, float]:
+def launch_time(nbytes: float, grid: int, turns: float, warps: int, loop: Loop, blocks_per_sm: int,
+                stages: int = 1, card: dict = H100, assumptions: dict = ASSUMPTIONS) -> dict[str, float]:
     """Seconds of one Triton launch by each bound, and the one that holds (their max, plus a launch gap).
 
-    ``turns`` is the loop turns of one program (all programs alike), ``grid`` the programs.
+    ``turns`` is the main-loop turns of one program (all programs alike), ``grid`` the programs, ``stages`` the
+    turns whose loads are in flight at once (1: none pipelined).
 
     Example:
         >>> loop = Loop(instructions=100, fp64=10, calls=0)
@@ -116,11 +120,10 @@ def launch_time(nbytes: float, grid: int, turns: int, warps: int, loop: Loop, bl
     clock = card["clock_hz"]
     active = min(grid, card["sms"])
     waves = grid * turns  # program-turns in all
-    warp_turns = waves * warps
-    issue = warp_turns * loop.instructions / (active * clock * card["issue_per_cycle"])
-    fp64 = warp_turns * loop.fp64 / (active * clock * card["fp64_per_cycle"])
+    issue = grid * warps * (turns * loop.instructions + loop.other) / (active * clock * card["issue_per_cycle"])
+    fp64 = grid * warps * turns * loop.fp64 / (active * clock * card["fp64_per_cycle"])
     resident = min(blocks_per_sm, math.ceil(grid / active))
-    latency = 0.0 if pipelined else waves * assumptions["memory_latency_cycles"] / (active * resident * clock)
+    latency = waves * assumptions["memory_latency_cycles"] / (active * resident * max(1, stages) * clock)
     roofline = nbytes / card["bandwidth"]
     found = {"roofline": roofline, "issue": max(issue, fp64), "latency": latency}
     found["total"] = max(found.values()) + assumptions["launch_gap_s"]
@@ -134,8 +137,9 @@ FP64 = ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX", "F2F.F64", "F2F.F32.F64", "I2F
 
 
 def sass_loop(text: str) -> Loop | None:
-    """The outermost loop of a kernel's own body (before its ``$__internal`` subroutines) in ``nvdisasm -c``
-    output; ``None`` if it has none.
+    """The main loop of a kernel's own body (before its ``$__internal`` subroutines) in ``nvdisasm -c`` output:
+    of the loops not inside another, the one with the most global loads and fp64 instructions; ``None`` if it
+    has none.
 
     Example:
         >>> text = '''k:
@@ -148,8 +152,8 @@ def sass_loop(text: str) -> Loop | None:
         ... $__internal_0_$__cuda_sm20_rem_s64:
         ...   /*0050*/ IADD3 R0, R0, 1, RZ ;
         ...   /*0060*/ RET.REL.NODEC R20 `(k) ;'''
-        >>> sass_loop(text)   # 3 in the loop + the 2-instruction subroutine per call
-        Loop(instructions=5, fp64=1, calls=1)
+        >>> sass_loop(text)   # 3 in the loop + the 2-instruction subroutine per call; 2 outside it
+        Loop(instructions=5, fp64=1, calls=1, other=2)
     """
     instructions, labels, subroutines, pending = [], {}, [], []
     for line in text.splitlines():
@@ -175,13 +179,19 @@ def sass_loop(text: str) -> Loop | None:
         target = re.search(r"\(\s*(\.L_x_\d+)\s*\)", rest)
         if op.startswith("BRA") and target and labels.get(target.group(1), index + 1) <= index:
             loops.append((labels[target.group(1)], index))
-    if not loops:
+    outermost = [(a, b) for a, b in loops if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in loops)]
+    if not outermost:
         return None
-    start, stop = max(loops, key=lambda span: span[1] - span[0])
+
+    def weight(span: tuple[int, int]) -> tuple[int, int]:  # the loop over the data: the most loads and fp64
+        body = instructions[span[0]:span[1] + 1]
+        return sum(op.startswith(("LDG", "LDGSTS") + FP64) for op, _ in body), span[1] - span[0]
+
+    start, stop = max(outermost, key=weight)
     body = instructions[start:stop + 1]
     calls = [re.sub(r"[`()\s]", "", rest).split("$__")[-1] for op, rest in body if op.startswith("CALL")]
     fp64 = sum(op.startswith(FP64) for op, _ in body)
-    return Loop(len(body) + sum(sizes.get(name, 0) for name in calls), fp64, len(calls))
+    return Loop(len(body) + sum(sizes.get(name, 0) for name in calls), fp64, len(calls), body_end - len(body))
 
 
 # -------------------------------------------------------------------------------------------- what a step runs
@@ -392,6 +402,7 @@ class Compiler:
                 "shared": compiled.metadata.shared, "registers": int(registers.group(1)) if registers else 255,
                 "spills": int(spills.group(1)) if spills else None, "loop": sass_loop(sass),
                 "pipelined": "async_copy" in compiled.asm.get("ttgir", ""),
+                "stages": compiled.metadata.num_stages,
             }
         return self.facts[key]
 
@@ -412,31 +423,47 @@ class _WarmUp:
         return getattr(self.kernel, name)
 
 
-TILE_PARTIALS = 11  # numbers a tile leaves (one_pass_triton.PARTIALS), float64
+def trips(kernel: str, call: tuple, grid: int, constants: dict) -> tuple[float, float]:
+    """``(main-loop turns of one program, float64 partials a tile leaves)`` of a launch, from the call's sizes and
+    the launch's constants, for the kernels of actviz.summaries.one_pass_triton and logit_rows_triton.
+
+    Example:
+        >>> trips("_tile_partials", ("summarize", ((100_000, "bfloat16"),)), 4, {"BLOCK": 1024})  # 24.4 turns a tile
+        (24.4140625, 0)
+        >>> trips("_combine_tiles", ("summarize", ((100_000, "bfloat16"),)), 1, {"TILES": 64, "WIDE": 12})  # 4 tiles
+        (1, 12)
+    """
+    if kernel == "_row_kernel":
+        return math.ceil(call[1][1] / constants.get("BLOCK", 1024)), 0
+    sizes = [n for n, _ in call[1]]
+    tile = constants.get("TILE", 32 * 1024)
+    if kernel == "_combine_tiles":  # one program per tensor walks its tiles, TILES a turn (one, before it had TILES)
+        tiles = max(math.ceil(n / tile) for n in sizes)
+        return math.ceil(tiles / constants.get("TILES", 1)), constants.get("WIDE", 11)
+    if "TURNS" in constants:  # a fixed trip count
+        return constants["TURNS"], 0
+    return sum(sizes) / (grid * constants.get("BLOCK", 1024)), 0
 
 
 def call_launch_times(call: tuple, read: int, written: int, launches: list[dict]) -> list[dict]:
-    """Each launch of one call, with its bytes, trip counts and bounds (:func:`launch_time`)."""
+    """Each launch of one call, with its bytes, trip counts and bounds (:func:`launch_time`): the call's bytes go to
+    its first launch (the one that reads the tensors); a combine reads its tiles' partials."""
     rows = []
-    for launch in launches:
+    for index, launch in enumerate(launches):
         facts, name, grid, constants = launch["facts"], launch["kernel"], launch["grid"], launch["constants"]
-        if name == "_combine_tiles":  # one program per tensor walks its tiles one after another
-            sizes = [n for n, _ in call[1]]
-            tiles = [math.ceil(n / (32 * 1024)) for n in sizes]
-            turns, nbytes = max(tiles), sum(tiles) * TILE_PARTIALS * 8
-            grid_turns = (grid, turns)
-        elif name == "_row_kernel":
-            turns = math.ceil(call[1][1] / constants.get("BLOCK", 1024))
-            grid_turns, nbytes = (grid, turns), read + written
-        else:  # _tile_partials and kernels not known here: TURNS per program, the call's bytes
-            grid_turns, nbytes = (grid, int(constants.get("TURNS", 1))), read + written
+        turns, wide = trips(name, call, grid, constants)
+        if name == "_combine_tiles":
+            nbytes = sum(math.ceil(n / constants.get("TILE", 32 * 1024)) for n, _ in call[1]) * wide * 8
+        else:
+            nbytes = read + written if index == 0 else 0
         loop = facts["loop"] or Loop(0, 0, 0)
         blocks = resident_blocks(facts["registers"], facts["warps"], facts["shared"])
-        times = launch_time(nbytes, grid_turns[0], grid_turns[1], facts["warps"], loop, blocks, facts["pipelined"])
-        rows.append({"kernel": name, "grid": grid, "turns": grid_turns[1], "bytes": nbytes, "blocks_per_sm": blocks,
+        stages = constants.get("STAGES", facts["stages"]) if facts["pipelined"] else 1
+        times = launch_time(nbytes, grid, turns, facts["warps"], loop, blocks, stages)
+        rows.append({"kernel": name, "grid": grid, "turns": turns, "bytes": nbytes, "blocks_per_sm": blocks,
                      **{k: facts[k] for k in ("registers", "spills", "shared", "warps", "pipelined")},
-                     "loop_instructions": loop.instructions, "loop_fp64": loop.fp64, "loop_calls": loop.calls,
-                     **times})
+                     "loop_instructions": loop.instructions, "loop_other": loop.other, "loop_fp64": loop.fp64,
+                     "loop_calls": loop.calls, **times})
     return rows
 
 

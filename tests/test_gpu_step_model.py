@@ -43,8 +43,11 @@ def test_a_launch_is_held_by_its_largest_bound():
     # one program walking 1,000 tiles: 1,000 memory latencies on one SM, 341.9 µs, whatever the bytes
     serial = model.launch_time(88_000, grid=1, turns=1000, warps=4, loop=model.Loop(20, 2, 0), blocks_per_sm=13)
     assert serial["bound"] == "latency" and serial["latency"] == pytest.approx(1000 * 600 / 1.755e9)
-    # pipelined loads: no latency bound
-    assert model.launch_time(1e9, 2000, 32, 8, loop, 2, pipelined=True)["latency"] == 0.0
+    # three turns' loads in flight: a third of the latency bound
+    assert model.launch_time(131e6, 2000, 32, 8, loop, 2, stages=3)["latency"] == pytest.approx(times["latency"] / 3)
+    # the body's instructions outside the loop, once a program: 2,000 x 8 x 5,000 / (132 x 1.755e9 x 4) = 86.3 µs more
+    other = model.launch_time(131e6, 2000, 32, 8, model.Loop(900, 20, 8, other=5000), 2)
+    assert other["issue"] - times["issue"] == pytest.approx(86.3e-6, rel=1e-3)
 
 
 def test_the_main_loop_is_the_outermost_backward_branch_with_its_calls_at_their_size():
@@ -66,9 +69,21 @@ def test_the_main_loop_is_the_outermost_backward_branch_with_its_calls_at_their_
       /*00b0*/ RET.REL.NODEC R20 `(k) ;
     $__internal_1_$__cuda_sm20_rem_s64:
       /*00c0*/ RET.REL.NODEC R20 `(k) ;"""
-    # the outer loop: 7 instructions, a 3-instruction and a 1-instruction subroutine; DFMA and F2F.F64 on fp64
-    assert model.sass_loop(listing) == model.Loop(instructions=11, fp64=2, calls=2)
+    # the outer loop: 7 instructions, a 3-instruction and a 1-instruction subroutine; DFMA and F2F.F64 on fp64;
+    # S2R and EXIT outside it
+    assert model.sass_loop(listing) == model.Loop(instructions=11, fp64=2, calls=2, other=2)
     assert model.sass_loop("k:\n  /*0000*/ EXIT ;") is None
+
+
+def test_trip_counts_follow_the_kernels_tiles():
+    call = ("summarize", ((5_000_000, "bfloat16"), (70_000, "bfloat16")))
+    # 5,070,000 elements over 156 tiles of 1,024-element turns: 31.7 turns a program
+    assert model.trips("_tile_partials", call, 156, {"BLOCK": 1024}) == (5_070_000 / (156 * 1024), 0)
+    assert model.trips("_tile_partials", call, 156, {"TURNS": 32}) == (32, 0)  # a fixed trip count
+    # the larger tensor's 153 tiles, 64 a turn: 3 turns; one tile a turn: 153
+    assert model.trips("_combine_tiles", call, 2, {"TILES": 64, "WIDE": 12}) == (3, 12)
+    assert model.trips("_combine_tiles", call, 2, {}) == (153, 11)
+    assert model.trips("_row_kernel", ("logit_rows", (1024, 50257), "bfloat16"), 1024, {"BLOCK": 1024}) == (50, 0)
 
 
 def test_sizes_that_grow_with_the_batch_are_extrapolated_linearly():
