@@ -33,6 +33,7 @@ os.environ.setdefault("ACTVIZ_CPU_SHORTCUTS", "0")
 import torch
 
 import actviz
+from count_device_ops import watched_bytes  # its siblings in scripts/
 from step_ops import StepOps
 
 
@@ -53,22 +54,25 @@ def step(model: torch.nn.Module, ids: torch.Tensor, optimizer: torch.optim.Optim
         viz.flush()
 
 
-def count(tokens: int, layers: int) -> dict[str, StepOps]:
-    """One counted step of a bare and of a logging copy (fresh models, same weights) at ``tokens``."""
-    found = {}
+def count(tokens: int, layers: int) -> tuple[dict[str, StepOps], int]:
+    """One counted step of a bare and of a logging copy (fresh models, same weights) at ``tokens``, and the bytes
+    the logging copy watches (each watched layer's first output and its gradient, each parameter and its gradient)."""
+    found, watched = {}, 0
     for case in ("bare", "logging"):
         model, ids = gpt2(tokens, layers)
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, foreach=True)
         viz = actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=1) if case == "logging" else None
         try:
             step(model, ids, optimizer, viz)
+            if viz is not None:
+                watched = watched_bytes(viz, lambda: step(model, ids, optimizer, viz))  # noqa: B023 - called here
             with StepOps() as ops:
                 step(model, ids, optimizer, viz)
         finally:
             if viz is not None:
                 viz.close()
         found[case] = ops
-    return found
+    return found, watched
 
 
 def actviz_rows(ops: StepOps) -> dict[tuple[str, bool], list[int]]:
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = [int(t) for t in args.tokens.split(",")]
     results: dict[int, dict[str, object]] = {}
     for tokens in lengths:
-        counted = count(tokens, args.layers)
+        counted, watched = count(tokens, args.layers)
         bare, logging_step = counted["bare"], counted["logging"]
         model_bare, model_logging = bare.by_name("model"), logging_step.by_name("model")
         rows = actviz_rows(logging_step)
@@ -124,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{model_logging.get(name, [0])[0]}")
         total = sum(v[0] for v in rows.values())
         moved = sum(v[1] for v in rows.values())
-        print(f"actviz ops: {total:,} moving {moved / 2**30:.3f} GiB; {via:,} of them in forward hooks under the "
-              f"attention mode (a meter stopping at its __torch_function__ counts them as the model's)")
+        print(f"actviz ops: {total:,} moving {moved / 2**30:.3f} GiB for {watched / 2**30:.3f} GiB watched "
+              f"(x{moved / watched:.2f}); {via:,} of them in forward hooks under the attention mode (a meter "
+              "stopping at its __torch_function__ counts them as the model's)")
         print(f"  {'op':44s} {'via mode':>8s} {'count':>6s} {'MiB':>9s}")
         for (name, mode), (n, b) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
             print(f"  {name:44s} {'yes' if mode else '':>8s} {n:6d} {b / 2**20:9.2f}")
         results[tokens] = {"model_ops_bare": n_bare, "model_ops_logging": n_logging,
-                           "model_bytes_bare": sum(v[1] for v in model_bare.values()),
+                           "model_bytes_bare": sum(v[1] for v in model_bare.values()), "watched_bytes": watched,
                            "actviz": {f"{name}|{'mode' if mode else ''}": v for (name, mode), v in rows.items()}}
     if len(lengths) >= 3:
         projected = [int(t) for t in args.project.split(",")]
