@@ -292,7 +292,7 @@ def kernel_cases(scale: int) -> list[dict[str, object]]:
             dict(label="gpt2 mlp 1x1024x3072 outliers", shape=gpt_mlp, dtype=dtype, outliers=True),
         ]
     cases.append(dict(label="gpt2 hidden 1x1024x768 outliers", shape=gpt_hidden, dtype=fp16, outliers=True))
-    cases.append(dict(label="seq relu 1x32768x128 dead (bins 65,536)", shape=(1, 32768 // scale, 128), dtype=bf16,
+    cases.append(dict(label="seq relu 1x32768x128 dead (32,768 channels)", shape=(1, 32768 // scale, 128), dtype=bf16,
                       units="dead"))
     r50 = [(256, 256, 3, 3), (512, 1024, 1, 1), (2048, 512, 1, 1), (1000, 2048), (64, 3, 7, 7)]
     gpt2 = [(50257, 768), (768, 2304), (768, 3072), (3072, 768), (1024, 768)]
@@ -302,6 +302,13 @@ def kernel_cases(scale: int) -> list[dict[str, object]]:
     for dtype in (bf16, fp32, fp16):
         cases.append(dict(label="gpt2 logits 1024x50257", logits=(1024 // scale, 50257 // scale), dtype=dtype))
     cases.append(dict(label="r50 logits 64x1000", logits=(64, 1000), dtype=fp32))
+    if scale > 1:  # --smoke: one case of each kind of variant (the interpreter takes seconds a call)
+        kept = {("r50 conv 64x256x56x56 no picture", fp64), ("r50 conv 64x256x56x56 NCHW strengths", bf16),
+                ("r50 conv 64x256x56x56 NHWC strengths", fp32), ("r50 relu 64x256x56x56 NCHW dead+strengths", bf16),
+                ("tanh 64x256x56x56 saturation", bf16), ("gpt2 hidden 1x1024x768 outliers", fp16),
+                ("seq relu 1x32768x128 dead (32,768 channels)", bf16), ("r50 params listed x5 fp32", fp32),
+                ("gpt2 logits 1024x50257", bf16)}
+        cases = [case for case in cases if (case["label"], case["dtype"]) in kept]
     return cases
 
 

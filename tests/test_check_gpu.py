@@ -62,7 +62,7 @@ def test_smoke_mode_runs_every_phase_on_the_cpu_and_writes_its_table(tmp_path):
     assert {"env", "compile", "correct", "speed", "step", "warnings"} <= sections
     assert not [row for row in rows if row["verdict"] == "FAIL"]
     correct = [row for row in rows if row["section"] == "correct"]
-    assert len(correct) >= 30 and all(row["value"].startswith("matches float64") for row in correct)
+    assert len(correct) >= 10 and all(row["value"].startswith("matches float64") for row in correct)
     steps = [row["item"] for row in rows if row["section"] == "step"]
     assert any("resnet50" in item and "logging step / bare" in item for item in steps)
     assert any("gpt2" in item and "idle step / bare" in item for item in steps)
