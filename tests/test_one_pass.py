@@ -56,6 +56,64 @@ def test_the_logit_rows_eager_body_matches_float64(case):
     assert logit_mismatches(*case) == []
 
 
+@needs_triton
+def test_the_kernels_channel_quotients_match_integer_division_below_2_31():
+    # The kernels divide 32-bit offsets by a channel's length with a multiply-high by a magic number: exact for every
+    # numerator below 2**31, for divisors from 1 to 2**30 (every one to 5,000, each side of each power of two).
+    import random
+
+    from actviz.summaries.one_pass_tables import divider
+
+    randoms = random.Random(0)
+    divisors = list(range(1, 5000)) + [2**k + j for k in range(12, 31) for j in (-1, 0, 1)]
+    divisors += [randoms.randrange(1, 2**30) for _ in range(300)]
+    wrong = []
+    for divisor in divisors:
+        magic, shift = divider(divisor)
+        assert -(2**31) <= magic < 2**31  # handed to the kernel as an int32: one variant for every divisor
+        for n in {0, 1, divisor - 1, divisor, divisor + 1, 2**31 - 1, 2**31 - divisor, randoms.randrange(2**31)}:
+            if 0 <= n < 2**31 and ((2 * n * (magic % 2**32)) >> 32) >> shift != n // divisor:
+                wrong.append((divisor, n))
+    assert wrong == []
+
+
+@needs_triton
+def test_the_tile_table_of_a_tensor_past_2_31_elements_holds_int64_places():
+    # The host works out each tile's int64 numbers (the kernels then need no 64-bit division): for a tensor of
+    # 2**31 + 5 elements in rows of 3,136 and 256 channels, sampled every 2**20 + 7, the last tile (from element
+    # 2**31) against Python's integers.
+    from actviz.summaries.one_pass_tables import TILE, tables_for
+
+    size, stride = 2**31 + 5, 2**20 + 7
+    segments, tiles, total = tables_for((size,), (stride,), 6, torch.device("cpu"), (3136, 256))
+    rows = tiles.view(-1, 5)
+    start = (rows.shape[0] - 1) * TILE
+    taken = -(-start // stride)
+    assert start == 2**31 and segments.tolist() == [size, stride, 6, 0, rows.shape[0]]
+    assert rows[-1].tolist() == [0, taken * stride - start, taken, start % 3136, start // 3136 % 256]
+    assert total == 6 + -(-size // stride)
+
+
+def test_a_cuda_graph_capture_that_would_copy_tables_takes_the_eager_body(monkeypatch):
+    # While a CUDA graph is captured, tables the kernels have not got on the device yet would be copied from a host
+    # buffer that the graph keeps the address of: the op takes its eager body instead, with the same numbers.
+    pytest.importorskip("triton")
+    from actviz.summaries import one_pass_tables
+
+    monkeypatch.setattr(one_pass_tables, "_capturing", lambda device: True)
+    with pytest.raises(one_pass_tables.CaptureNeedsTables):
+        one_pass_tables._on_device(torch.zeros(3), torch.device("cuda"))
+
+    def capturing(*args):
+        raise one_pass_tables.CaptureNeedsTables("capturing")
+
+    values = torch.randn(500, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(one_pass, "_takes_triton", lambda *args: True)
+    monkeypatch.setattr(one_pass, "triton_body", lambda: capturing)
+    found = one_pass.summarize([values], [7], True)
+    assert torch.equal(found, one_pass.eager_summarize([values], [7], True))
+
+
 def run_fresh(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
     environment = {**os.environ, "TRITON_INTERPRET": "1", "ACTVIZ_CPU_SHORTCUTS": "0",
                    "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}

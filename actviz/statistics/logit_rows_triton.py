@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -59,5 +61,6 @@ def logit_rows(rows: torch.Tensor) -> torch.Tensor:
     """``(3, n)`` float32: each row's max, ``log Z`` and ``Σ p log p`` of ``(n, classes)`` logits (rows contiguous)."""
     count, classes = rows.shape
     out = torch.empty(3 * count, dtype=torch.float32, device=rows.device)
-    _row_kernel[(count,)](rows, out, count, classes, rows.stride(0), BLOCK=BLOCK)
+    with torch.cuda.device(rows.device) if rows.device.type == "cuda" else contextlib.nullcontext():  # its own GPU
+        _row_kernel[(count,)](rows, out, count, classes, rows.stride(0), BLOCK=BLOCK)
     return out.view(3, count)

@@ -5,7 +5,8 @@
 * :mod:`~actviz.summaries.one_tensor`: :func:`reduce_tensor` (the one-pass op, the compiled header or the CPU
   shortcut), :func:`finish` (the host half) and :func:`summarize` (both, for one tensor);
 * :mod:`~actviz.summaries.one_pass`: ``torch.ops.actviz.summarize``, tensors' rows and samples in one op, each
-  read once; :mod:`~actviz.summaries.one_pass_triton`, its CUDA body; :mod:`~actviz.summaries.outlier_moments`,
+  read once; :mod:`~actviz.summaries.one_pass_triton`, its CUDA body, and :mod:`~actviz.summaries.one_pass_tables`,
+  the tables its kernels read; :mod:`~actviz.summaries.outlier_moments`,
   the outlier numbers of its eager body;
 * :mod:`~actviz.summaries.cpu_shortcut`: a float CPU tensor's numbers read at once, in float64;
 * :mod:`~actviz.summaries.fused`: the header in one compiled kernel (Inductor);

@@ -91,11 +91,15 @@ def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers:
         raise ValueError(f"units and channel strengths are counted for one tensor at a time, got {len(tensors)}")
     width = row_width(outliers, bool(units))
     if _takes_triton(tensors, units, channels):
-        from .one_pass_triton import takes_units
-        if takes_units(tuple(units), tensors[0].numel()):
-            return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units), tuple(channels))
-        # Dead channels past the kernels' histogram (over 4,096 channels of under 9 elements): counted eagerly.
-        out = triton_body()(list(tensors), tuple(strides), width - 1, OUTLIER_THRESHOLD, outliers, (), tuple(channels))
+        from .one_pass_tables import CaptureNeedsTables, takes_units
+        try:
+            if takes_units(tuple(units), tensors[0].numel()):
+                return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units),
+                                     tuple(channels))
+            # Dead channels past the kernels' histogram (over 4,096 channels of under 9 elements): counted eagerly.
+            out = triton_body()(list(tensors), tuple(strides), width - 1, OUTLIER_THRESHOLD, outliers, (), tuple(channels))
+        except CaptureNeedsTables:  # the first step of these tensors inside a CUDA graph capture
+            return eager_summarize(tensors, strides, outliers, units, channels)
         fraction = unit_fraction(tensors[0], units).to(out.dtype).view(1)
         return torch.cat([out[: width - 1], fraction, out[width - 1:]])
     return eager_summarize(tensors, strides, outliers, units, channels)

@@ -16,26 +16,25 @@ and checks registers, spills, shared memory, the main loop's divisions and the a
 
 * **Offsets.** A program's tile starts at an int64 element (``tile * TILE``), computed once; inside the tile
   every offset is 32-bit. A channel index is a 32-bit quotient by a multiply-high with a magic number the host
-  works out (:func:`_divider`), never a 64-bit division.
+  works out (:func:`~actviz.summaries.one_pass_tables.divider`), never a 64-bit division.
 * **Loads.** Whole turns of :data:`BLOCK` elements are read unmasked from a 16-byte aligned address (the last,
   partial turn masked), so that each thread reads 16 bytes at a time, through a 3-stage ``cp.async`` pipeline.
-* **Counts.** Five per-lane counts share one int32 (6 bits each: at most 32 turns a tile).
+* **Registers.** Each thread adds up its 16 bytes of a turn before they reach its accumulators (a row's worth
+  each), and five counts share two int32s (10 bits each): 48 to 128 registers, no spills.
 * **Atomics.** None in the main loop. A channel with a non-zero element gets a plain store of 1 (every writer
   writes the same 1); channel strengths are summed per block in registers, one relaxed float64 atomic per
   channel and tile.
 
-Two launches per call, whatever the tensors' number and size; no host sync, and nothing a captured CUDA graph
-would read after it is gone. Triton compiles them for CUDA; with ``TRITON_INTERPRET=1`` in the environment
+Two launches per call, whatever the tensors' number and size, on the tensors' own device; no host sync. The
+tables of sizes and addresses are made once and kept on the device: a CUDA graph captured after a first step
+reads them and copies nothing from the host (during a capture that would need a copy, the op takes its eager
+body; :mod:`~actviz.summaries.one_pass_tables`). Triton compiles them for CUDA; with ``TRITON_INTERPRET=1`` in the environment
 before this module is imported, Triton runs them on CPU tensors, which is how the test suite checks their
 numbers against float64 on a machine without a GPU.
 
 Example:
-    The tables of two parameters of 40,000 and 10 elements, sampled at strides 3 and 1: two tiles of the
-    first, one of the second; each segment's size, sample stride and sample start, then each one's first tile:
-
-    >>> segments, tiles, total = _tables_for((40_000, 10), (3, 1), 6, torch.device("cpu"))
-    >>> tiles.tolist(), segments.tolist(), total
-    ([0, 0, 1], [40000, 3, 12, 10, 1, 13346, 0, 2, 3], 13356)
+    >>> PARTIALS, BLOCK, TILE  # numbers a tile leaves; elements a program reads a turn; elements of a tile
+    (12, 1024, 32768)
 """
 
 from __future__ import annotations
@@ -46,36 +45,17 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["BLOCK", "MAX_BINS", "PARTIALS", "TILE", "summarize_tensors", "takes_units"]
+from .one_pass_tables import BLOCK, MAX_BINS, TILE, addresses_of, divider, tables_for, unit_bins
 
-#: Elements one program reads per loop turn: with 4 warps, 8 a thread (16 bytes of bfloat16, two loads of float32).
-BLOCK = 1024
-#: Elements of one tile: one program's share of a tensor (at most 32 turns: the packed counts' 6 bits each).
-TILE = 32 * BLOCK
+__all__ = ["PARTIALS", "summarize_tensors"]
+
 #: Numbers a tile leaves: nonzero, finite nonzero, Σy, Σy², Σy³, Σy⁴ (y = z - shift), min, max, max|x|, outliers,
-#: the count beyond a unit bound (saturation), and the tensor's shift. The kernels get it as their constant ``WIDE`` (a kernel reads
-#: no module global but a ``tl.constexpr``).
+#: the count beyond a unit bound (saturation), and the tensor's shift. The kernels get it as their constant ``WIDE``
+#: (a kernel reads no module global but a ``tl.constexpr``).
 PARTIALS = 12
-#: The most histogram bins a tile counts its channels in (16 KiB of shared memory, 32 registers a thread); a
-#: layout that needs more (over 4,096 channels and under 9 elements a channel) takes the eager body.
-MAX_BINS = 4096
+
 _TILES_A_TURN = 64  # tiles the combine adds per turn
 _STAGES = 3  # turns in flight in the main loop (cp.async on sm_80 and later)
-
-
-def _divider(divisor: int) -> tuple[int, int]:
-    """``(magic, shift)`` with ``n // divisor == umulhi(2 * n, magic) >> shift`` for ``0 <= n < 2**31``: a magic
-    under ``2**32`` (Granlund and Montgomery, 1994, theorem 4.2, with 31-bit numerators), handed to the kernel as
-    the int32 of its bits, so that every divisor compiles to the same variant.
-
-    Example:
-        >>> magic, shift = _divider(49)
-        >>> all(((2 * n * (magic % 2**32)) >> 32) >> shift == n // 49 for n in (0, 48, 49, 2**31 - 1))
-        True
-    """
-    shift = (divisor - 1).bit_length()  # ceil(log2 divisor)
-    magic = (1 << (31 + shift)) // divisor + 1
-    return magic - (1 << 32) if magic >= 1 << 31 else magic, shift
 
 
 @triton.jit
@@ -97,12 +77,14 @@ def _segment_base(values, addresses, segment, LISTED: tl.constexpr, ALIGNED: tl.
 
 @triton.jit
 def _turn(tile_base, offset, length, shift, outlier_threshold, centre, bound,
-          packed, s1, s2, s3, s4, low, high, alive,
+          packed, rare, s1, s2, s3, s4, low, high, alive,
           first_row, row_magic, row_shift, bin_base, wrap, wrap_magic, wrap_shift,
-          BLOCK: tl.constexpr, MASKED: tl.constexpr, OUTLIERS: tl.constexpr, NARROW: tl.constexpr,
-          UNITS: tl.constexpr, BINS: tl.constexpr):
-    """One turn of :data:`BLOCK` elements from ``offset`` (32-bit, within the tile) into the accumulators."""
-    lanes = offset + tl.arange(0, BLOCK)
+          BLOCK: tl.constexpr, VECTOR: tl.constexpr, MASKED: tl.constexpr, OUTLIERS: tl.constexpr,
+          NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr):
+    """One turn of :data:`BLOCK` elements from ``offset`` (32-bit, within the tile) into the accumulators: rows of
+    ``VECTOR`` elements (16 bytes), each a thread's, added up in the thread before they reach the accumulators
+    (a row's worth each), so that the accumulators take a register or two a thread whatever the dtype."""
+    lanes = offset + tl.arange(0, BLOCK // VECTOR)[:, None] * VECTOR + tl.arange(0, VECTOR)[None, :]
     if MASKED:
         inside = lanes < length
         x = tl.load(tile_base + lanes, mask=inside, other=0.0).to(NARROW)
@@ -116,22 +98,24 @@ def _turn(tile_base, offset, length, shift, outlier_threshold, centre, bound,
         y = tl.where(inside, y, 0.0)
         finite = finite & inside
     squared = y * y
-    s1 += y
-    s2 += squared
-    low = tl.minimum(low, tl.where(finite, x, float("inf")))
-    high = tl.maximum(high, tl.where(finite, x, float("-inf")))
-    # Five counts in one int32, 6 bits each: nonzero (NaN != 0), finite nonzero, outliers, infinities, saturated.
-    counts = (x != 0.0).to(tl.int32) + ((z != 0.0).to(tl.int32) << 6)
+    s1 += tl.sum(y, 1)
+    s2 += tl.sum(squared, 1)
+    low = tl.minimum(low, tl.min(tl.where(finite, x, float("inf")), 1))
+    high = tl.maximum(high, tl.max(tl.where(finite, x, float("-inf")), 1))
+    # Five counts in two int32s, 10 bits each (a row counts at most 32 turns of 8): nonzero (NaN != 0), finite
+    # nonzero and outliers; infinities and saturated elements.
+    counts = (x != 0.0).to(tl.int32) + ((z != 0.0).to(tl.int32) << 10)
     if OUTLIERS:
-        s3 += squared * y
-        s4 += squared * squared
-        counts += ((magnitude >= outlier_threshold).to(tl.int32) << 12) + ((magnitude == float("inf")).to(tl.int32) << 18)
+        s3 += tl.sum(squared * y, 1)
+        s4 += tl.sum(squared * squared, 1)
+        counts += (magnitude >= outlier_threshold).to(tl.int32) << 20
+        rare += tl.sum((magnitude == float("inf")).to(tl.int32), 1)
     if UNITS == 2:
         far = tl.abs(x - centre) > bound
         if MASKED:
             far = far & inside
-        counts += far.to(tl.int32) << 24
-    packed += counts
+        rare += tl.sum(far.to(tl.int32), 1) << 10
+    packed += tl.sum(counts, 1)
     if UNITS == 1:  # the element's channel: (its row of `spatial` elements, from the tile's first) mod channels
         row = _quotient(first_row + lanes, row_magic, row_shift)
         spot = bin_base + row
@@ -139,8 +123,8 @@ def _turn(tile_base, offset, length, shift, outlier_threshold, centre, bound,
         live = x != 0.0  # NaN != 0: alive
         if MASKED:
             live = live & inside
-        alive += tl.histogram(spot, BINS, mask=live)
-    return packed, s1, s2, s3, s4, low, high, alive
+        alive += tl.histogram(tl.reshape(spot, (BLOCK,)), BINS, mask=tl.reshape(live, (BLOCK,)))
+    return packed, rare, s1, s2, s3, s4, low, high, alive
 
 
 @triton.jit(do_not_specialize=["outlier_threshold", "channels", "spatial", "row_magic", "row_shift", "row_mode", "wrap",
@@ -149,14 +133,15 @@ def _turn(tile_base, offset, length, shift, outlier_threshold, centre, bound,
 def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier_threshold,
                    channel_counts, channels, spatial, row_magic, row_shift, row_mode, wrap, wrap_magic, wrap_shift,
                    centre, bound, strengths, strength_channels, strength_spatial, segment_count,
-                   BLOCK: tl.constexpr, LISTED: tl.constexpr, ALIGNED: tl.constexpr, OUTLIERS: tl.constexpr,
+                   BLOCK: tl.constexpr, VECTOR: tl.constexpr, LISTED: tl.constexpr, ALIGNED: tl.constexpr, OUTLIERS: tl.constexpr,
                    NARROW: tl.constexpr, UNITS: tl.constexpr, BINS: tl.constexpr, WIDE: tl.constexpr,
                    STRENGTH: tl.constexpr, STRENGTH_LAST: tl.constexpr, TILE: tl.constexpr,
                    STAGES: tl.constexpr):
     tile = tl.program_id(0)
-    segment = tl.load(tiles + tile)
+    entry = tiles + tile * 5  # segment, first sampled element's offset, its place in the sample, first row, channel
+    segment = tl.load(entry)
     size = tl.load(segments + segment * 3)
-    stride = tl.load(segments + segment * 3 + 1)
+    stride = tl.load(segments + segment * 3 + 1).to(tl.int32)
     sample_start = tl.load(segments + segment * 3 + 2)
     first_tile = tl.load(segments + segment_count * 3 + segment)
     tile_start = (tile - first_tile).to(tl.int64) * TILE  # int64 once; every offset below is 32-bit
@@ -165,45 +150,42 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     tile_base = base + tile_start
     head = tl.load(base).to(tl.float64)
     shift = tl.where(tl.abs(head) < float("inf"), head, 0.0)
-    packed = tl.zeros((BLOCK,), tl.int32)
-    s1 = tl.zeros((BLOCK,), tl.float64)
-    s2 = tl.zeros((BLOCK,), tl.float64)
-    s3 = tl.zeros((BLOCK,), tl.float64)
-    s4 = tl.zeros((BLOCK,), tl.float64)
-    low = tl.full((BLOCK,), float("inf"), NARROW)
-    high = tl.full((BLOCK,), float("-inf"), NARROW)
+    ROWS: tl.constexpr = BLOCK // VECTOR
+    packed = tl.zeros((ROWS,), tl.int32)  # per row of VECTOR elements, 10-bit counts (see _turn)
+    rare = tl.zeros((ROWS,), tl.int32)
+    s1 = tl.zeros((ROWS,), tl.float64)
+    s2 = tl.zeros((ROWS,), tl.float64)
+    s3 = tl.zeros((ROWS,), tl.float64)
+    s4 = tl.zeros((ROWS,), tl.float64)
+    low = tl.full((ROWS,), float("inf"), NARROW)
+    high = tl.full((ROWS,), float("-inf"), NARROW)
     alive = tl.zeros((BINS,), tl.int32)  # UNITS == 1: non-zero elements per bin (a channel, or a row of the tile)
-    # UNITS == 1: element i of the tile lies in row (first_row + i) // spatial counted from the tile's first row
-    # (tile_row); its bin is (bin_base + that) mod wrap: its channel (wrap = channels), or, in row_mode, where a
-    # tile spans fewer rows than there are channels, the row itself (the host passes a wrap past any row).
-    first_row = 0
-    bin_base = 0
-    channel_first = 0
-    if UNITS == 1:
-        tile_row = tile_start // spatial
-        first_row = (tile_start - tile_row * spatial).to(tl.int32)
-        channel_first = (tile_row % channels).to(tl.int32)
-        bin_base = tl.where(row_mode != 0, 0, channel_first)
+    # UNITS == 1: element i of the tile lies in row (first_row + i) // spatial counted from the tile's first row;
+    # its bin is (bin_base + that) mod wrap: its channel (wrap = channels), or, in row_mode, where a tile spans
+    # fewer rows than there are channels, the row itself (the host passes a wrap past any row). The host works
+    # out each tile's first row and channel (no 64-bit division on the GPU).
+    first_row = tl.load(entry + 3).to(tl.int32)
+    channel_first = tl.load(entry + 4).to(tl.int32)
+    bin_base = tl.where(row_mode != 0, 0, channel_first)
     whole = length // BLOCK * BLOCK
     for offset in tl.range(0, whole, BLOCK, num_stages=STAGES):
-        packed, s1, s2, s3, s4, low, high, alive = _turn(
-            tile_base, offset, length, shift, outlier_threshold, centre, bound, packed, s1, s2, s3, s4, low, high, alive,
+        packed, rare, s1, s2, s3, s4, low, high, alive = _turn(
+            tile_base, offset, length, shift, outlier_threshold, centre, bound, packed, rare, s1, s2, s3, s4, low, high, alive,
             first_row, row_magic, row_shift, bin_base, wrap, wrap_magic, wrap_shift,
-            BLOCK, False, OUTLIERS, NARROW, UNITS, BINS)
+            BLOCK, VECTOR, False, OUTLIERS, NARROW, UNITS, BINS)
     if whole < length:
-        packed, s1, s2, s3, s4, low, high, alive = _turn(
-            tile_base, whole, length, shift, outlier_threshold, centre, bound, packed, s1, s2, s3, s4, low, high, alive,
+        packed, rare, s1, s2, s3, s4, low, high, alive = _turn(
+            tile_base, whole, length, shift, outlier_threshold, centre, bound, packed, rare, s1, s2, s3, s4, low, high, alive,
             first_row, row_magic, row_shift, bin_base, wrap, wrap_magic, wrap_shift,
-            BLOCK, True, OUTLIERS, NARROW, UNITS, BINS)
+            BLOCK, VECTOR, True, OUTLIERS, NARROW, UNITS, BINS)
     # The sample: the tile's elements at positions k * stride, 32-bit offsets from the first of them.
-    first_taken = (tile_start + stride - 1) // stride
-    lead = (first_taken * stride - tile_start).to(tl.int32)
-    taken = tl.where(lead < length, (length - 1 - lead) // stride.to(tl.int32) + 1, 0)
-    sample_base = sample + sample_start + first_taken
+    lead = tl.load(entry + 1).to(tl.int32)
+    taken = tl.where(lead < length, (length - 1 - lead) // stride + 1, 0)
+    sample_base = sample + sample_start + tl.load(entry + 2)
     for begin in range(0, taken, BLOCK):
         picks = begin + tl.arange(0, BLOCK)
         chosen = picks < taken
-        raw = tl.load(tile_base + lead + picks * stride.to(tl.int32), mask=chosen)
+        raw = tl.load(tile_base + lead + picks * stride, mask=chosen)
         tl.store(sample_base + picks, raw.to(NARROW).to(tl.float64), mask=chosen)  # x: raw, exactly
     if UNITS == 1:  # a plain store of 1 for each channel with a non-zero element: every writer writes the same
         bins = tl.arange(0, BINS)
@@ -216,8 +198,8 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     if STRENGTH:  # Σ|x| per channel of sample 0, its first strength_channels * strength_spatial elements
         _strength_sums(tile_base, tile_start, length, strengths, strength_channels, strength_spatial, STRENGTH_LAST)
     row = partials + tile * WIDE
-    tl.store(row + 0, tl.sum(packed & 63, 0).to(tl.float64))
-    tl.store(row + 1, tl.sum((packed >> 6) & 63, 0).to(tl.float64))
+    tl.store(row + 0, tl.sum(packed & 1023, 0).to(tl.float64))
+    tl.store(row + 1, tl.sum((packed >> 10) & 1023, 0).to(tl.float64))
     tl.store(row + 2, tl.sum(s1, 0))
     tl.store(row + 3, tl.sum(s2, 0))
     tl.store(row + 4, tl.sum(s3, 0))
@@ -226,11 +208,11 @@ def _tile_partials(values, addresses, segments, tiles, partials, sample, outlier
     highest = tl.max(high, 0).to(tl.float64)
     tl.store(row + 6, lowest)
     tl.store(row + 7, highest)
-    infinities = tl.sum((packed >> 18) & 63, 0)
+    infinities = tl.sum(rare & 1023, 0)
     largest = tl.maximum(tl.maximum(-lowest, highest), 0.0)  # max |x| of the finite elements (0 if none)
     tl.store(row + 8, tl.where(infinities > 0, float("inf"), largest))
-    tl.store(row + 9, tl.sum((packed >> 12) & 63, 0).to(tl.float64))
-    tl.store(row + 10, tl.sum((packed >> 24) & 63, 0).to(tl.float64))
+    tl.store(row + 9, tl.sum((packed >> 20) & 1023, 0).to(tl.float64))
+    tl.store(row + 10, tl.sum((rare >> 10) & 1023, 0).to(tl.float64))
     tl.store(row + 11, shift)
 
 
@@ -244,25 +226,25 @@ def _strength_sums(tile_base, tile_start, length, strengths, channels, spatial, 
         lead = tile_start.to(tl.int32)  # tile_start < head < 2**31 (checked on the host)
         width = channels.to(tl.int32)
         span = spatial.to(tl.int32)
-        if LAST:  # (positions, channels) in memory: blocks of 16 positions by 64 channels
+        if LAST:  # (positions, channels) in memory: blocks of 8 positions by 64 channels
             row_first = lead // width
             row_stop = (lead + stop - 1) // width + 1
             for column in range(0, width, 64):
                 picked = column + tl.arange(0, 64)
-                sums = tl.zeros((16, 64), tl.float64)
-                for block_row in range(row_first, row_stop, 16):
-                    rows = block_row + tl.arange(0, 16)
+                sums = tl.zeros((8, 64), tl.float64)
+                for block_row in range(row_first, row_stop, 8):
+                    rows = block_row + tl.arange(0, 8)
                     at = rows[:, None] * width + picked[None, :] - lead
                     inside = (at >= 0) & (at < stop) & (picked[None, :] < width)
                     x = tl.abs(tl.load(tile_base + at, mask=inside, other=0.0).to(tl.float32))
                     sums += tl.where(x < float("inf"), x, 0.0).to(tl.float64)
                 tl.atomic_add(strengths + picked, tl.sum(sums, 0), mask=picked < width, sem="relaxed")
-        else:  # (channels, positions) in memory: blocks of 16 channels by 64 positions
+        else:  # (channels, positions) in memory: blocks of 8 channels by 64 positions
             channel_first = lead // span
             channel_stop = (lead + stop - 1) // span + 1
-            for block_channel in range(channel_first, channel_stop, 16):
-                picked = block_channel + tl.arange(0, 16)
-                sums = tl.zeros((16, 64), tl.float64)
+            for block_channel in range(channel_first, channel_stop, 8):
+                picked = block_channel + tl.arange(0, 8)
+                sums = tl.zeros((8, 64), tl.float64)
                 for position in range(0, span, 64):
                     positions = position + tl.arange(0, 64)
                     at = picked[:, None] * span + positions[None, :] - lead
@@ -339,83 +321,6 @@ def _combine_tiles(segments, partials, rows, channel_counts, channels,
             tl.store(rows + strength_start + picked, sums / strength_spatial, mask=inside)
 
 
-_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, int]] = {}
-_addresses_kept: dict[tuple, torch.Tensor] = {}
-_captured: list[torch.Tensor] = []  # host tables a captured CUDA graph copies from: kept for the process's life
-
-
-def _on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``host`` on ``device``, without a host sync on CUDA: from pinned memory, asynchronously. While a CUDA graph
-    is being captured the graph will replay that copy, so its pinned source is kept for good."""
-    if device.type != "cuda":
-        return host.to(device)
-    pinned = host.pin_memory()
-    if torch.cuda.is_current_stream_capturing():
-        _captured.append(pinned)
-    return pinned.to(device, non_blocking=True)
-
-
-def _tables_for(sizes: tuple[int, ...], strides: tuple[int, ...], row: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """The segment table (each segment's size, sample stride and sample start, then each segment's first tile,
-    and the tile count) and the tile table (each tile's segment), on ``device``, made once per set of sizes: a
-    model's tensors have the same sizes every step. Each segment starts at element 0 of its own tensor."""
-    key = (sizes, strides, row, device)
-    found = _tables.get(key)
-    if found is None:
-        if len(_tables) > 256:  # ever new sizes: keep a few
-            _tables.clear()
-        segment_rows, tile_segments, first_tiles = [], [], [0]
-        sample_start = len(sizes) * row
-        for segment, (size, stride) in enumerate(zip(sizes, strides)):
-            segment_rows += [size, stride, sample_start]
-            tile_segments += [segment] * -(-size // TILE)
-            first_tiles.append(len(tile_segments))
-            sample_start += -(-size // stride)
-        segments = torch.tensor(segment_rows + first_tiles, dtype=torch.int64)
-        tiles = torch.tensor(tile_segments, dtype=torch.int32)
-        found = _tables[key] = (_on_device(segments, device), _on_device(tiles, device), sample_start)
-    return found
-
-
-def _addresses(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Each tensor's address, on their device, kept per set of addresses: a step's parameters and gradients lie
-    at the same addresses every step, so that a later step (and a CUDA graph captured after a first step) copies
-    nothing."""
-    key = (tensors[0].device, *(tensor.data_ptr() for tensor in tensors))
-    found = _addresses_kept.get(key)
-    if found is None:
-        if len(_addresses_kept) > 64:  # ever new addresses: keep a few
-            _addresses_kept.clear()
-        host = torch.tensor(key[1:], dtype=torch.int64)
-        found = _addresses_kept[key] = _on_device(host, tensors[0].device)
-    return found
-
-
-def takes_units(units: tuple[float, ...], size: int) -> bool:
-    """Whether the kernels count ``units`` (see :func:`summarize_tensors`) of a tensor of ``size`` elements: a
-    saturation count always; dead channels where a tile's channels fit :data:`MAX_BINS` histogram bins.
-
-    Example:
-        >>> takes_units((1, 256, 3136, 0), 16 * 256 * 3136), takes_units((1, 40_000, 1, 0), 40_000)
-        (True, False)
-    """
-    if not units or int(units[0]) != 1:
-        return True
-    return _unit_bins(int(units[1]), int(units[2]), size) is not None
-
-
-def _unit_bins(channels: int, spatial: int, size: int) -> tuple[int, bool] | None:
-    """``(bins, row_mode)`` for dead channels: a bin per channel, or, with fewer bins, one per row of ``spatial``
-    elements that a tile spans (row mode); ``None`` where neither fits :data:`MAX_BINS` or 32-bit offsets."""
-    if spatial >= 2**30 or channels >= 2**30 or size >= 2**62:
-        return None
-    rows = (TILE - 1) // spatial + 2  # the most rows one tile touches
-    by_channel, by_row = triton.next_power_of_2(channels), triton.next_power_of_2(rows)
-    bins, row_mode = (by_row, True) if by_row < by_channel else (by_channel, False)
-    return (max(bins, 64), row_mode) if bins <= MAX_BINS else None  # 64 at least: fewer variants to compile
-
-
 def _guard(device: torch.device) -> contextlib.AbstractContextManager:
     """The tensor's own device for a launch: Triton launches on the current CUDA device."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -428,7 +333,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
     Returns one float64 tensor: a row of ``row`` numbers per tensor (see :mod:`actviz.summaries.one_pass`),
     then each tensor's sample, ``tensor[::stride]``. Several tensors are read where they are, through a table
     of their addresses: no copy end to end. ``units``, for one tensor: ``(1, channels, spatial, channels_last)``
-    for the fraction of channels with no non-zero element (where :func:`takes_units`), ``(2, centre, bound)`` for
+    for the fraction of channels with no non-zero element (where :func:`~actviz.summaries.one_pass_tables.takes_units`), ``(2, centre, bound)`` for
     the fraction farther than ``bound`` from ``centre``, in the row's last place. ``channels``, for one tensor:
     ``(channels, spatial, channels_last)`` adds each channel's mean ``|x|`` over sample 0 after the samples
     (:func:`~actviz.summaries.one_pass.channel_strength`). The kernels run on the tensors' own device.
@@ -437,23 +342,23 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
     device = first.device
     listed = len(tensors) > 1
     sizes = tuple(tensor.numel() for tensor in tensors)
-    segments, tiles, total = _tables_for(sizes, strides, row, device)
-    addresses = _addresses(tensors) if listed else segments  # unread with one tensor
-    aligned = all(tensor.data_ptr() % 16 == 0 for tensor in tensors)
-    tile_count = tiles.numel()
     strength_channels, strength_spatial, strength_last = channels if channels else (1, 1, 0)
     kind = int(units[0]) if units else 0
     unit_channels, spatial, row_mode, bins = 1, 1, False, 64
     if kind == 1:  # channels-last: a channel is a run of 1 element, every `channels` elements
         unit_channels, spatial = int(units[1]), 1 if int(units[3]) else int(units[2])
-        found = _unit_bins(unit_channels, spatial, sizes[0])
+        found = unit_bins(unit_channels, spatial, sizes[0])
         if found is None:
             raise ValueError(f"dead channels of {unit_channels} channels of {spatial} elements need over {MAX_BINS} "
                              "bins a tile; the eager body counts them (see takes_units)")
         bins, row_mode = found
-    row_magic, row_shift = _divider(spatial)
+    segments, tiles, total = tables_for(sizes, strides, row, device, (spatial, unit_channels))
+    addresses = addresses_of(tensors) if listed else segments  # unread with one tensor
+    aligned = all(tensor.data_ptr() % 16 == 0 for tensor in tensors)
+    tile_count = tiles.numel() // 5
+    row_magic, row_shift = divider(spatial)
     wrap = (1 << 30) if row_mode else unit_channels
-    wrap_magic, wrap_shift = _divider(wrap)
+    wrap_magic, wrap_shift = divider(wrap)
     with _guard(device):
         partials = torch.empty(tile_count * PARTIALS, dtype=torch.float64, device=device)
         out = torch.empty(total + (strength_channels if channels else 0), dtype=torch.float64, device=device)
@@ -465,9 +370,9 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
             row_magic, row_shift, int(row_mode), wrap, wrap_magic, wrap_shift,
             float(units[1]) if kind == 2 else 0.0, float(units[2]) if kind == 2 else 0.0,
             strengths, strength_channels, strength_spatial, len(sizes),
-            BLOCK=BLOCK, LISTED=listed, ALIGNED=aligned, OUTLIERS=outliers, NARROW=narrow, UNITS=kind, BINS=bins,
+            BLOCK=BLOCK, VECTOR=16 // first.element_size(), LISTED=listed, ALIGNED=aligned, OUTLIERS=outliers, NARROW=narrow, UNITS=kind, BINS=bins,
             WIDE=PARTIALS, STRENGTH=bool(channels), STRENGTH_LAST=bool(strength_last), TILE=TILE,
-            STAGES=_STAGES, num_warps=4)
+            STAGES=_STAGES, num_warps=4, maxnreg=128)  # a cap ptxas does not spill under (it may pick fewer)
         _combine_tiles[(len(sizes),)](segments, partials, out, counts, unit_channels,
                                       strengths, strength_channels, strength_spatial, total, len(sizes),
                                       ROW=row, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS, STRENGTH=bool(channels),
