@@ -58,6 +58,10 @@ os.environ.pop("TRITON_INTERPRET", None)
 #: The card: an H100 SXM5 (NVIDIA's datasheet: 132 SMs, 1.755 GHz boost, 3.35 TB/s HBM3, 989 TFLOP/s dense bf16).
 H100 = {"sms": 132, "clock_hz": 1.755e9, "bandwidth": 3.35e12, "bf16_flops": 989e12, "issue_per_cycle": 4,
         "fp64_per_cycle": 2, "registers_per_sm": 65536, "warps_per_sm": 64, "shared_per_sm": 228 * 1024}
+#: Bare steps measured on a GPU, for a second denominator: an H200 (the same GH100 chip and clocks as an H100 SXM,
+#: 4.8 TB/s instead of 3.35, so an H100's bare step takes at least as long), 2026-11-27, commit 50ee81b,
+#: scripts/bench_gpu_step.py, bf16 autocast, median wall time (docs/performance.md, "On a GPU").
+MEASURED_BARE_MS = {"resnet50": 31.4, "gpt2": 31.6}
 #: What the model assumes beyond the datasheet (printed with the table).
 ASSUMPTIONS = {
     "matmul_efficiency": 0.5,  # of dense bf16 peak for convolutions and matmuls in the bare step
@@ -511,15 +515,28 @@ def variants_table(launches: list[dict]) -> list[str]:
     groups: dict[tuple, list[dict]] = collections.defaultdict(list)
     for row in launches:
         groups[(row["kernel"], row["registers"], row["loop_instructions"], row["loop_calls"], row["warps"])].append(row)
-    lines = [f"  {'kernel':15s} {'regs':>4s} {'warps':>5s} {'blocks/SM':>9s} {'loop instr':>10s} {'64-bit div calls':>16s} "
+    lines = [f"  {'kernel':15s} {'regs':>4s} {'warps':>5s} {'blocks/SM':>9s} {'loop instr':>10s} {'calls':>5s} "
              f"{'fp64':>4s} {'launches':>8s} {'GB':>6s} {'roofline ms':>11s} {'modelled ms':>11s}  bound"]
     for (kernel, regs, instructions, calls, warps), rows in sorted(groups.items(), key=lambda kv: -sum(
             r["total"] for r in kv[1])):
         bounds = collections.Counter(r["bound"] for r in rows).most_common(1)[0][0]
-        lines.append(f"  {kernel:15s} {regs:4d} {warps:5d} {rows[0]['blocks_per_sm']:9d} {instructions:10d} {calls:16d} "
+        lines.append(f"  {kernel:15s} {regs:4d} {warps:5d} {rows[0]['blocks_per_sm']:9d} {instructions:10d} {calls:5d} "
                      f"{rows[0]['loop_fp64']:4d} {len(rows):8d} {sum(r['bytes'] for r in rows) / 1e9:6.2f} "
                      f"{sum(r['roofline'] for r in rows) * 1e3:11.2f} {sum(r['total'] for r in rows) * 1e3:11.2f}  {bounds}")
     return lines
+
+
+def measured_ratio(result: dict) -> str:
+    """The logging step over a bare step measured on a GPU: ``(measured + actviz's modelled time) / measured``.
+
+    Example:
+        >>> measured_ratio({"model": "resnet50", "kernel_s": 0.004, "eager_s": 0.0006, "batch": 64})
+        '1.15x'
+    """
+    measured = MEASURED_BARE_MS.get(result["model"]) if result.get("batch") in (1, 64) else None
+    if measured is None:
+        return "-"
+    return f"{(measured + (result['kernel_s'] + result['eager_s']) * 1e3) / measured:.2f}x"
 
 
 def report(results: list[dict], commit: str) -> str:
@@ -529,12 +546,16 @@ def report(results: list[dict], commit: str) -> str:
              "bare step: per op max(FLOPs / (bf16 peak x matmul_efficiency), bytes / bandwidth) + launch gap; Triton "
              "kernels: max(roofline, issue, latency) + launch gap; other actviz ops: roofline + launch gap", ""]
     lines.append(f"{'model':28s} {'bare ms':>8s} {'TFLOP':>6s} {'GB':>6s} {'actviz kernels ms':>17s} "
-                 f"{'(roofline)':>10s} {'eager ops ms':>12s} {'logging ms':>10s} {'logging/bare':>12s} {'idle/bare':>9s}")
+                 f"{'(roofline)':>10s} {'eager ops ms':>12s} {'logging ms':>10s} {'logging/bare':>12s} {'idle/bare':>9s} "
+                 f"{'logging/measured bare':>21s}")
     for r in results:
         what = f"{r['model']} b{r['batch']} bf16" if r["model"] != "gpt2" else "gpt2 small 1x1024 bf16"
         lines.append(f"{what:28s} {r['bare_s'] * 1e3:8.2f} {r['bare_flops'] / 1e12:6.2f} {r['bare_bytes'] / 1e9:6.1f} "
                      f"{r['kernel_s'] * 1e3:17.2f} {r['roofline_kernel_s'] * 1e3:10.2f} {r['eager_s'] * 1e3:12.2f} "
-                     f"{r['logging_s'] * 1e3:10.2f} {r['logging_s'] / r['bare_s']:11.2f}x {r['idle_s'] / r['bare_s']:8.2f}x")
+                     f"{r['logging_s'] * 1e3:10.2f} {r['logging_s'] / r['bare_s']:11.2f}x {r['idle_s'] / r['bare_s']:8.2f}x "
+                     f"{measured_ratio(r):>21s}")
+    lines.append("logging/measured bare: (a measured H200 bare step + actviz's modelled ms) / that bare step; "
+                 f"bare steps measured: {MEASURED_BARE_MS} ms (H200, commit 50ee81b)")
     for r in results:
         lines += ["", f"{r['model']}: {r['kernel_launches']} Triton launches moving {r['kernel_bytes'] / 1e9:.2f} GB "
                   f"(bounds: {r['by_bound']}), {r['eager_ops']} other actviz ops moving {r['eager_bytes'] / 1e9:.2f} GB; "
