@@ -7,7 +7,8 @@
    its real size; ResNet-50 runs at batch 2 and 4 (224²) and every size that grows with the batch is extrapolated
    linearly to batch 64 (the two runs must dispatch the same ops in the same order).
 2. **The bare step.** ResNet-50 at batch 64 on the ``meta`` device, in bf16 throughout (no memory, exact shapes);
-   GPT-2 on the CPU under bf16 autocast (its ``sdpa`` takes the flash kernel, as on a GPU). Each op costs
+   GPT-2 on the CPU under bf16 autocast, attention dropout off (so that its ``sdpa`` takes the flash kernel, which
+   moves no ``T x T`` matrix, as a GPU's does with dropout; the CPU's math path would). Each op costs
    ``max(FLOPs / (peak x efficiency), bytes / bandwidth)`` plus a launch gap; FLOPs from
    ``torch.utils.flop_counter`` (flash attention: ``4*H*T²*d`` forward, ``10*H*T²*d`` backward).
 3. **The kernels.** Each distinct variant the step launches is compiled for sm_90 through Triton's own JIT binder
@@ -234,7 +235,8 @@ def logging_ops(name: str, batch: int, smoke: bool) -> list:
     return [op for op in ops.ops if op.owner == "actviz"]
 
 
-def build(name: str, batch: int, device: object, smoke: bool, dtype: object = None) -> tuple[object, object]:
+def build(name: str, batch: int, device: object, smoke: bool, dtype: object = None,
+          attention_dropout: bool = True) -> tuple[object, object]:
     """The model (random init, from its config) and its loss on one fixed batch; in ``dtype`` throughout if given."""
     import torch
 
@@ -242,7 +244,8 @@ def build(name: str, batch: int, device: object, smoke: bool, dtype: object = No
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        config = GPT2Config() if not smoke else GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512)
+        sizes = {} if not smoke else {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512}
+        config = GPT2Config(**sizes, **({} if attention_dropout else {"attn_pdrop": 0.0}))
         model = GPT2LMHeadModel(config).to(device=device, dtype=dtype).train()
         tokens = torch.randint(0, config.vocab_size, (batch, 1024 if not smoke else 64), device=device)
         return model, lambda m: m(tokens, labels=tokens).loss
@@ -294,7 +297,9 @@ def bare_ops(name: str, batch: int, smoke: bool) -> list:
 
     meta = name != "gpt2"
     device = torch.device("meta" if meta else "cpu")
-    model, loss_of = build(name, batch, device, smoke, torch.bfloat16 if meta else None)
+    # GPT-2 without attention dropout: the CPU's sdpa then takes its flash kernel, which moves no T x T matrix, as a
+    # GPU's flash kernel does with dropout; with dropout the CPU takes the math path and materializes them.
+    model, loss_of = build(name, batch, device, smoke, torch.bfloat16 if meta else None, attention_dropout=meta)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9, foreach=True)
 
     def step() -> None:
