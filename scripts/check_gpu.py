@@ -24,7 +24,9 @@ Logs go to ``--out`` (default ``$OUT`` if set, else ``gpu-logs/``): ``check.log`
 ``rows.jsonl`` (the raw rows), ``table.txt`` and ``table.json`` (the table).
 
 ``--smoke`` runs every phase on the CPU at toy sizes, with ``TRITON_INTERPRET=1`` (the Triton kernels interpreted),
-all in one process: it checks this script on a machine without a GPU (``tests/test_check_gpu.py``). Nothing is
+all in one process: it checks this script on a machine without a GPU (``tests/test_check_gpu.py``). The
+interpreter takes seconds a call, so the smoke kernels phase takes one case of each kind of variant, and the smoke
+models' outputs are all under the histogram sample's size (the step phases then run the small tensors' path). Nothing is
 downloaded: the models are built from configs with random weights.
 
 Usage::
@@ -300,7 +302,7 @@ def kernel_cases(scale: int) -> list[dict[str, object]]:
     cases.append(dict(label="r50 params listed x5 fp32", listed=r50, dtype=fp32))
     cases.append(dict(label="gpt2 params listed x5 fp32", listed=gpt2, dtype=fp32))
     for dtype in (bf16, fp32, fp16):
-        cases.append(dict(label="gpt2 logits 1024x50257", logits=(1024 // scale, 50257 // scale), dtype=dtype))
+        cases.append(dict(label="gpt2 logits 1024x50257", logits=(1024 // scale**2 or 1024, 50257 // scale), dtype=dtype))
     cases.append(dict(label="r50 logits 64x1000", logits=(64, 1000), dtype=fp32))
     if scale > 1:  # --smoke: one case of each kind of variant (the interpreter takes seconds a call)
         kept = {("r50 conv 64x256x56x56 no picture", fp64), ("r50 conv 64x256x56x56 NCHW strengths", bf16),
@@ -545,7 +547,7 @@ def build(name: str, device: object) -> tuple[object, Callable[[object], object]
     import torchvision
 
     model = torchvision.models.resnet50() if not SMOKE else torchvision.models.resnet18(num_classes=10)
-    batch, size, classes = (64, 224, 1000) if not SMOKE else (2, 32, 10)
+    batch, size, classes = (64, 224, 1000) if not SMOKE else (2, 16, 10)  # smoke: every output under the sample size
     inputs = torch.randn(batch, 3, size, size, device=device)
     targets = torch.randint(0, classes, (batch,), device=device)
     return model.to(device).train(), lambda m: torch.nn.functional.cross_entropy(m(inputs), targets)
