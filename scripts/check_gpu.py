@@ -26,7 +26,7 @@ Logs go to ``--out`` (default ``$OUT`` if set, else ``gpu-logs/``): ``check.log`
 ``--smoke`` runs every phase on the CPU at toy sizes, with ``TRITON_INTERPRET=1`` (the Triton kernels interpreted),
 all in one process: it checks this script on a machine without a GPU (``tests/test_check_gpu.py``). The
 interpreter takes seconds a call, so the smoke kernels phase takes one case of each kind of variant, and the smoke
-models' outputs are all under the histogram sample's size (the step phases then run the small tensors' path). Nothing is
+models (a conv-BN-ReLU block for ResNet-50, a 2-layer GPT-2 of width 64) are small enough for seconds a step. Nothing is
 downloaded: the models are built from configs with random weights.
 
 Usage::
@@ -544,10 +544,17 @@ def build(name: str, device: object) -> tuple[object, Callable[[object], object]
         model = GPT2LMHeadModel(config)
         tokens = torch.randint(0, config.vocab_size, (1, 1024 if not SMOKE else 32), device=device)
         return model.to(device).train(), lambda m: m(tokens, labels=tokens).loss
-    import torchvision
+    if SMOKE:  # a ResNet's first block at 16 channels: every output and parameter under the sample size
+        from torch import nn
 
-    model = torchvision.models.resnet50() if not SMOKE else torchvision.models.resnet18(num_classes=10)
-    batch, size, classes = (64, 224, 1000) if not SMOKE else (2, 16, 10)  # smoke: every output under the sample size
+        model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                              nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    else:
+        import torchvision
+
+        model = torchvision.models.resnet50()
+    batch, size, classes = (64, 224, 1000) if not SMOKE else (2, 16, 10)
     inputs = torch.randn(batch, 3, size, size, device=device)
     targets = torch.randint(0, classes, (batch,), device=device)
     return model.to(device).train(), lambda m: torch.nn.functional.cross_entropy(m(inputs), targets)
