@@ -60,7 +60,8 @@ _STAGES = 3  # turns in flight in the main loop (cp.async on sm_80 and later)
 
 @triton.jit
 def _quotient(n, magic, shift):
-    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)`` by :func:`_divider`'s numbers: two integer instructions."""
+    """``n // divisor`` of int32 ``n`` in ``[0, 2**31)``, by the numbers of
+    :func:`~actviz.summaries.one_pass_tables.divider`: three integer instructions."""
     return (tl.umulhi(n.to(tl.uint32) << 1, magic.to(tl.uint32)) >> shift).to(tl.int32)
 
 
@@ -372,7 +373,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
             strengths, strength_channels, strength_spatial, len(sizes),
             BLOCK=BLOCK, VECTOR=16 // first.element_size(), LISTED=listed, ALIGNED=aligned, OUTLIERS=outliers, NARROW=narrow, UNITS=kind, BINS=bins,
             WIDE=PARTIALS, STRENGTH=bool(channels), STRENGTH_LAST=bool(strength_last), TILE=TILE,
-            STAGES=_STAGES, num_warps=4, maxnreg=128)  # a cap ptxas does not spill under (it may pick fewer)
+            STAGES=_STAGES, num_warps=4, maxnreg=128 if bins < 2048 else 192)  # caps ptxas does not spill under
         _combine_tiles[(len(sizes),)](segments, partials, out, counts, unit_channels,
                                       strengths, strength_channels, strength_spatial, total, len(sizes),
                                       ROW=row, OUTLIERS=outliers, UNITS=kind, WIDE=PARTIALS, STRENGTH=bool(channels),
