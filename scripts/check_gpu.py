@@ -708,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             log.write(f"== {', '.join(group)} (up to {limit:.0f} s; {time.monotonic() - began:.0f} s gone)\n")
             log.flush()
-            command = [sys.executable, __file__, "--out", str(out), "--limit", str(limit), "--phase", ",".join(group)]
+            command = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--limit", str(limit), "--phase", ",".join(group)]
             cache = tempfile.mkdtemp(prefix="triton-cache-")  # cold: the first logging step compiles, as a user's does
             try:
                 done = subprocess.run(command + ["--smoke"] * SMOKE, stdout=log, stderr=subprocess.STDOUT,
