@@ -9,9 +9,9 @@ stack also holds that ``__torch_function__`` (actviz's forward hooks, run while 
 listed apart: a meter that stops at the innermost actviz frame counts them as the model's.
 
 For each context length (``--tokens``) it prints the model's ops bare and logging by name where they differ, and
-actviz's ops by name: count and bytes. With three or more lengths it fits each of actviz's op names' bytes as
-``a + b*T + c*T**2`` and prints the fit at ``--project`` lengths: a term in ``T**2`` is a materialized
-``T x T`` matrix.
+actviz's ops by name: count and bytes. With three or more lengths it sums actviz's bytes by what they are for
+(:data:`GROUPS`), says whether each grows no faster than linearly in T (no ``T x T`` matrix: each doubling adds no
+more than the one before), and bounds them at the ``--project`` lengths by the line through the last two.
 
 Usage::
 
@@ -85,18 +85,54 @@ def actviz_rows(ops: StepOps) -> dict[tuple[str, bool], list[int]]:
     return dict(rows)
 
 
-def fit_quadratic(points: list[tuple[float, float]]) -> tuple[float, float, float]:
-    """Least-squares ``(a, b, c)`` of ``y = a + b*t + c*t**2`` through ``(t, y)`` points (three or more).
+#: actviz's ops by what they are for: (label, op names, under the attention mode or not).
+GROUPS = [
+    ("forward hooks: the one-pass summary of each watched output", {"actviz.summarize.default"}, True),
+    ("forward hooks: the heat map of sample 0 (aminmax, adaptive_avg_pool2d)",
+     {"aten.aminmax.default", "aten._adaptive_avg_pool2d.default"}, True),
+    ("forward hooks: the outliers' median |x|, packing", None, True),
+    ("gradients and parameters: the one-pass summary", {"actviz.summarize.default"}, False),
+    ("attention statistics", {"aten.baddbmm.default", "aten.where.self", "aten._softmax.default", "aten.xlogy.Tensor",
+                              "aten.gt.Scalar", "aten.sum.dim_IntList", "aten.amax.default"}, False),
+    ("logit statistics (actviz::logit_rows)", {"actviz.logit_rows.default"}, False),
+    ("the step's one copy to the host, and the rest", None, False),
+]
+
+
+def group_of(name: str, via_mode: bool) -> str:
+    """The :data:`GROUPS` label of one of actviz's ops (the catch-all of its side where no set names it).
 
     Example:
-        >>> [round(v, 6) for v in fit_quadratic([(1, 6), (2, 17), (3, 34)])]  # 1 + 2t + 3t²
-        [1.0, 2.0, 3.0]
+        >>> group_of("aten.aminmax.default", True), group_of("aten.cat.default", False)
+        ('forward hooks: the heat map of sample 0 (aminmax, adaptive_avg_pool2d)', "the step's one copy to the host, and the rest")
     """
-    t = torch.tensor([p[0] for p in points], dtype=torch.float64)
-    y = torch.tensor([p[1] for p in points], dtype=torch.float64)
-    design = torch.stack([torch.ones_like(t), t, t * t], dim=1)
-    solution = torch.linalg.lstsq(design, y[:, None]).solution[:, 0]
-    return tuple(float(v) for v in solution)
+    for label, names, mode in GROUPS:
+        if mode == via_mode and names is not None and name in names:
+            return label
+    return next(label for label, names, mode in GROUPS if mode == via_mode and names is None)
+
+
+def linear_bound(points: list[tuple[float, float]], at: float) -> float:
+    """The line through the last two ``(T, bytes)`` points, at ``at``: an upper bound beyond them for bytes that
+    grow no faster than linearly (each step adds no more than the one before; checked by :func:`grows_linearly`).
+
+    Example:
+        >>> linear_bound([(256, 1.0), (512, 1.8), (1024, 3.0)], 4096)  # slope 1.2 / 512 from 1,024
+        10.2
+    """
+    (t1, y1), (t2, y2) = points[-2], points[-1]
+    return y2 + (y2 - y1) / (t2 - t1) * (at - t2)
+
+
+def grows_linearly(points: list[tuple[float, float]], slack: float = 1.01) -> bool:
+    """Whether each slope between successive points is at most the one before (within ``slack``).
+
+    Example:
+        >>> grows_linearly([(256, 1.0), (512, 2.0), (1024, 4.0)]), grows_linearly([(256, 1.0), (512, 2.0), (1024, 5.0)])
+        (True, False)
+    """
+    slopes = [(y2 - y1) / (t2 - t1) for (t1, y1), (t2, y2) in zip(points, points[1:])]
+    return all(later <= earlier * slack + 1e-9 for earlier, later in zip(slopes, slopes[1:]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--tokens", default="1024", help="context lengths, comma-separated (default 1024)")
     parser.add_argument("--layers", type=int, default=12, help="transformer blocks (default 12: GPT-2 small)")
-    parser.add_argument("--project", default="1024,4096,16384", help="lengths to project the fit to")
+    parser.add_argument("--project", default="1024,4096,16384", help="lengths to bound the bytes at")
     parser.add_argument("--json", help="write the counts here")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")
@@ -139,20 +175,24 @@ def main(argv: list[str] | None = None) -> int:
                            "actviz": {f"{name}|{'mode' if mode else ''}": v for (name, mode), v in rows.items()}}
     if len(lengths) >= 3:
         projected = [int(t) for t in args.project.split(",")]
-        names = sorted({key for r in results.values() for key in r["actviz"]})
-        print(f"== actviz's bytes per op name, fitted as a + b*T + c*T^2 over T = {lengths}, projected (MiB)")
-        print(f"  {'op|via mode':50s} {'c (B/T^2)':>10s} " + " ".join(f"{f'T={t}':>10s}" for t in projected))
-        sums = {t: 0.0 for t in projected}
-        for key in names:
-            a, b, c = fit_quadratic([(t, results[t]["actviz"].get(key, [0, 0])[1]) for t in lengths])
-            values = {t: a + b * t + c * t * t for t in projected}
-            for t in projected:
-                sums[t] += values[t]
-            print(f"  {key:50s} {c:10.3f} " + " ".join(f"{values[t] / 2**20:10.1f}" for t in projected))
-        a, b, c = fit_quadratic([(t, results[t]["model_bytes_bare"]) for t in lengths])
-        print(f"  {'all of actviz':50s} {'':10s} " + " ".join(f"{sums[t] / 2**20:10.1f}" for t in projected))
-        print(f"  {'the bare step (model), for scale':50s} {c:10.3f} " + " ".join(
-            f"{(a + b * t + c * t * t) / 2**20:10.1f}" for t in projected))
+        print(f"== actviz's bytes by what they are for (GiB), measured at T = {lengths}; beyond, the line through the "
+              "last two (a bound where the bytes grow no faster than linearly)")
+        print(f"  {'':72s} {'ops':>5s} " + " ".join(f"{f'T={t}':>9s}" for t in lengths + projected) + "  linear?")
+        totals = collections.Counter()
+        for label, _, _ in GROUPS:
+            points = []
+            for t in lengths:
+                found = [v for key, v in results[t]["actviz"].items()
+                         if group_of(key.split("|")[0], key.endswith("|mode")) == label]
+                points.append((t, sum(v[1] for v in found) / 2**30))
+            count_ops = sum(v[0] for key, v in results[lengths[-1]]["actviz"].items()
+                            if group_of(key.split("|")[0], key.endswith("|mode")) == label)
+            values = [y for _, y in points] + [linear_bound(points, t) for t in projected]
+            for t, v in zip(lengths + projected, values):
+                totals[t] += v
+            print(f"  {label:72s} {count_ops:5d} " + " ".join(f"{v:9.2f}" for v in values) +
+                  f"  {'yes' if grows_linearly(points) else 'NO: faster'}")
+        print(f"  {'all of actviz':72s} {'':5s} " + " ".join(f"{totals[t]:9.2f}" for t in lengths + projected))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=1)
