@@ -130,6 +130,8 @@ def unit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[float], flo
     wide_last[:, [3, 69]] = 0.0  # 5 tiles, each starting mid-row of 70 channels
     beyond = torch.randn(2, 5000, 1, generator=generator).relu()  # 5,000 channels of 1: past the histogram, eager
     beyond[:, :7] = 0.0
+    beyond_last = torch.randn(1, 5000, 4, 4, generator=generator).relu().contiguous(memory_format=torch.channels_last)
+    beyond_last[:, 4990:] = 0.0  # 5,000 channels last: a bin per channel would be past the histogram, eager
     tanh = torch.tanh(torch.randn(50_000, generator=generator) * 3)
     sigmoid = torch.sigmoid(torch.randn(3000, generator=generator) * 4)
     sigmoid[5] = math.nan
@@ -147,6 +149,8 @@ def unit_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, list[float], flo
         ("dead channels, channels last over 5 tiles", wide_last, wide_last.permute(0, 2, 3, 1).reshape(-1),
          [1, 70, 256, 1], dead(wide_last)),
         ("dead channels past the kernels' histogram", beyond, beyond.reshape(-1), [1, 5000, 1, 0], dead(beyond)),
+        ("dead channels past the kernels' histogram, channels last", beyond_last,
+         beyond_last.permute(0, 2, 3, 1).reshape(-1), [1, 5000, 16, 1], dead(beyond_last)),
         ("tanh saturation", tanh, tanh, [2, 0.0, 0.97], float((tanh.double().abs() > 0.97).double().mean())),
         ("sigmoid saturation", sigmoid, sigmoid, [2, 0.5, 0.47],
          float(((sigmoid.double() - 0.5).abs() > 0.47).double().mean())),

@@ -77,7 +77,6 @@ def test_three_launches_compile_for_sm90_without_spills_divisions_or_ordered_ato
 
 
 @needs_ptxas
-@pytest.mark.slow
 def test_every_variant_compiles_for_sm80_and_sm90_without_spills_divisions_or_ordered_atomics():
     found = _compiled((80, 90), quick=False)
     _check(found, {"_tile_partials", "_combine_tiles", "_row_kernel"})

@@ -96,7 +96,7 @@ def summarize(tensors: Sequence[torch.Tensor], strides: Sequence[int], outliers:
             if takes_units(tuple(units), tensors[0].numel()):
                 return triton_body()(list(tensors), tuple(strides), width, OUTLIER_THRESHOLD, outliers, tuple(units),
                                      tuple(channels))
-            # Dead channels past the kernels' histogram (over 4,096 channels of under 9 elements): counted eagerly.
+            # Dead channels past the kernels' histogram (over 4,096 channels, channels-last or short): counted eagerly.
             out = triton_body()(list(tensors), tuple(strides), width - 1, OUTLIER_THRESHOLD, outliers, (), tuple(channels))
         except CaptureNeedsTables:  # the first step of these tensors inside a CUDA graph capture
             return eager_summarize(tensors, strides, outliers, units, channels)

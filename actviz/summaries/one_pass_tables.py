@@ -29,7 +29,7 @@ BLOCK = 1024
 #: Elements of one tile: one program's share of a tensor (at most 32 turns: the packed counts' 10 bits each).
 TILE = 32 * BLOCK
 #: The most histogram bins a tile counts its channels in (16 KiB of shared memory, 32 registers a thread); a
-#: layout that needs more (over 4,096 channels and under 9 elements a channel) takes the eager body.
+#: layout that needs more (over 4,096 channels, channels-last or of under 9 elements each) takes the eager body.
 MAX_BINS = 4096
 
 
@@ -123,16 +123,20 @@ def addresses_of(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def takes_units(units: tuple[float, ...], size: int) -> bool:
-    """Whether the kernels count ``units`` (see :func:`summarize_tensors`) of a tensor of ``size`` elements: a
-    saturation count always; dead channels where a tile's channels fit :data:`MAX_BINS` histogram bins.
+    """Whether the kernels count ``units`` (see :func:`~actviz.summaries.one_pass_triton.summarize_tensors`) of a
+    tensor of ``size`` elements: a saturation count always; dead channels where a tile's channels fit
+    :data:`MAX_BINS` histogram bins (channels-last: a bin per channel).
 
     Example:
         >>> takes_units((1, 256, 3136, 0), 16 * 256 * 3136), takes_units((1, 40_000, 1, 0), 40_000)
         (True, False)
+        >>> takes_units((1, 5000, 49, 0), 16 * 5000 * 49), takes_units((1, 5000, 49, 1), 16 * 5000 * 49)
+        (True, False)
     """
     if not units or int(units[0]) != 1:
         return True
-    return unit_bins(int(units[1]), int(units[2]), size) is not None
+    spatial = 1 if int(units[3]) else int(units[2])  # channels-last: a channel's run is one element
+    return unit_bins(int(units[1]), spatial, size) is not None
 
 
 def unit_bins(channels: int, spatial: int, size: int) -> tuple[int, bool] | None:

@@ -355,7 +355,7 @@ def summarize_tensors(tensors: list[torch.Tensor], strides: tuple[int, ...], row
         bins, row_mode = found
     segments, tiles, total = tables_for(sizes, strides, row, device, (spatial, unit_channels))
     addresses = addresses_of(tensors) if listed else segments  # unread with one tensor
-    aligned = all(tensor.data_ptr() % 16 == 0 for tensor in tensors)
+    aligned = listed and all(tensor.data_ptr() % 16 == 0 for tensor in tensors)  # one tensor: the JIT checks it
     tile_count = tiles.numel() // 5
     row_magic, row_shift = divider(spatial)
     wrap = (1 << 30) if row_mode else unit_channels
