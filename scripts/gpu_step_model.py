@@ -34,7 +34,7 @@ its device time is the bare step's.
 
 Usage::
 
-    python scripts/gpu_step_model.py                     # both models: about 10 minutes on 2 cores
+    python scripts/gpu_step_model.py                     # both models: about 15 minutes on 2 cores
     python scripts/gpu_step_model.py --models gpt2 --json model.json
 """
 
