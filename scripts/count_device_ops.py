@@ -62,11 +62,12 @@ def tensor_bytes(tree) -> int:
 
 
 def from_actviz() -> bool:
-    """Whether a frame of the actviz package is on the stack (its ``__torch_function__`` passes the model's ops on)."""
+    """Whether a frame of the actviz package other than a ``__torch_function__`` is on the stack: the attention
+    statistics' mode passes every torch call of a logging forward on, the model's and actviz's own hooks' alike."""
     frame = sys._getframe(2)
     while frame is not None:
-        if frame.f_code.co_filename.startswith(PACKAGE):
-            return frame.f_code.co_name != "__torch_function__"
+        if frame.f_code.co_filename.startswith(PACKAGE) and frame.f_code.co_name != "__torch_function__":
+            return True
         frame = frame.f_back
     return False
 

@@ -48,6 +48,7 @@ SLOW_TESTS = {
     "test_watch.py::test_torchvision_models_with_inplace_relus",
     # from `--durations=30` of the quick lane, 2 cores shared with other jobs (load 2 to 4), November 2026
     "test_alerts.py::test_300_steps_of_a_tiny_gpt2_raise_no_alert",
+    "test_check_gpu.py::test_smoke_mode_runs_every_phase_on_the_cpu_and_writes_its_table",  # the Triton interpreter
     "test_alerts.py::test_300_steps_of_resnet18_at_a_small_size_raise_no_alert",
     "test_alerts.py::test_300_steps_of_the_demo_cnn_raise_no_alert",
     "test_amp.py::test_gradients_are_logged_unscaled_against_a_twin_without_scaling[fused]",

@@ -111,7 +111,7 @@ def test_bench_compile_runs_both_sides_in_fresh_processes(tmp_path):
 
 
 def test_the_gpu_step_benchmark_runs_its_three_copies_and_refuses_a_missing_gpu(tmp_path):
-    # scripts/check_gpu.sh runs it on a GPU; here --device cpu checks the script itself (no memory figures).
+    # On a GPU it times a step with memory figures; here --device cpu checks the script itself.
     script = SCRIPT.parent / "bench_gpu_step.py"
     command = [sys.executable, str(script), "--device", "cpu", "--model", "micro", "--rounds", "2", "--warmup", "1"]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)

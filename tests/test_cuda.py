@@ -1,6 +1,6 @@
 """On a CUDA GPU: no host sync on the training thread, the same numbers as on the CPU, the compiled summaries.
 
-Skipped where no GPU is present (CI has none). Run on a GPU machine with ``bash scripts/check_gpu.sh`` or
+Skipped where no GPU is present (CI has none). Run on a GPU machine with ``python scripts/check_gpu.py`` or
 ``python -m pytest tests/test_cuda.py``.
 """
 
