@@ -190,6 +190,12 @@ def second_spellings(source: str) -> list[str]:
                 and isinstance(call.func.value, ast.Name) and call.func.value.id == node.target.id and not call.args
                 for statement in node.body for call in ast.walk(statement)):
             found.append((node.lineno, "hook-handle list"))
+        elif isinstance(node, ast.While) and isinstance(node.test, ast.Name) and any(  # while handles: handles[-1].remove()
+                isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "remove"
+                and isinstance(call.func.value, ast.Subscript) and isinstance(call.func.value.value, ast.Name)
+                and call.func.value.value.id == node.test.id and not call.args
+                for statement in node.body for call in ast.walk(statement)):
+            found.append((node.lineno, "hook-handle list"))
     for number, line in enumerate(source.splitlines(), 1):
         if _SCALE.search(line) and _UINT8.search(line):
             found.append((number, "float to uint8"))
