@@ -1,8 +1,8 @@
 """What actviz's transformer statistics cost on a 12-layer GPT-2 with tiny widths, on the accelerator code path.
 
-The method of ../shared/bench/host_time.py and device_ops.py, on a GPT-2 (12 layers, 2 heads, width 32, 64 tokens,
+The method of scripts/bench_host_time.py and scripts/count_device_ops.py, on a GPT-2 (12 layers, 2 heads, width 32, 64 tokens,
 batch 1, Hugging Face ``sdpa`` attention) whose device work is nearly free, so the training thread's CPU time is host
-overhead. Three copies take training steps in turns: bare, watched with ``transformer_stats=False`` and watched with
+overhead. Three copies take training steps in turns: bare, watched without the transformer statistics (a ``statistics=`` list without them) and watched with
 the statistics on (every=1: every step logs; images off). Printed: the training thread's CPU time of a bare step, the
 extra of a logging step with and without the statistics (median and p10-p90 over rounds), a step that does not log
 (every=10**9) against bare, and the kernel-launching aten ops of one logging step, counted with a TorchDispatchMode.

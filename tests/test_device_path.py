@@ -2,7 +2,7 @@
 
 On a GPU every aten op that is not a view launches a kernel, and .item(), nonzero, bincount
 or a boolean mask make the host wait. A TorchDispatchMode counts them deterministically, so
-these budgets cannot drift back. ../shared/bench/device_ops.py makes the same count on
+these budgets cannot drift back. scripts/count_device_ops.py makes the same count on
 ResNet-50; the README reports it.
 """
 

@@ -12,7 +12,7 @@ op's output ends with the strength of each channel of sample 0 (:func:`channel_s
 channels of its feature-map grid, from the same read.
 
 It is a ``torch.library`` op, so a ``TorchDispatchMode`` (the op and byte budgets of the tests,
-``shared/bench/realsize/ops_bytes.py``) sees one op with the tensors as its inputs and the rows as its output.
+``scripts/count_device_ops.py``) sees one op with the tensors as its inputs and the rows as its output.
 Its bodies:
 
 * on CUDA, where Triton is installed (it comes with PyTorch's CUDA wheels): two Triton kernels that read
