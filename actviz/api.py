@@ -119,6 +119,7 @@ def watch(
     on_alert: Callable[[Alert], None] | None = None,
     spikes: bool = False,
     gradient_noise: bool = False,
+    flow_pictures: bool = False,
 ) -> Watcher:
     """Watch ``model`` while it trains and log what happens inside it to TensorBoard.
 
@@ -219,6 +220,8 @@ def watch(
             McCandlish et al. 2018) with ``/grad_squared`` and ``/trace_sigma``, from the per-example gradient
             norms of the watched ``nn.Linear``, ``nn.LayerNorm`` and ``nn.RMSNorm`` layers, taken in their hooks
             (:mod:`actviz.statistics.gradient_noise`; docs/gradient-noise.md). A few ops per such layer and step.
+        flow_pictures: Also draw the ``flow/*`` pictures on image steps (docs/diagnosis.md). Off by default:
+            TensorBoard's actviz tab and ``actviz export`` show every layer over time from the scalars.
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -248,7 +251,7 @@ def watch(
         bins=bins, histogram_sample_size=histogram_sample_size, max_channels=max_channels, outputs=outputs,
         update_ratio=update_ratio, merge_ranks=merge_ranks, unit_counts=alerts is not False,
         transformer_stats=transformer_stats, moe=moe, statistics=check_statistics(statistics),
-        gradient_noise=gradient_noise,
+        gradient_noise=gradient_noise, flow_pictures=flow_pictures,
     )
     if merge_ranks and _world_size() == 1:
         options = dataclasses.replace(options, merge_ranks=False)  # one process: nothing to merge
@@ -313,7 +316,7 @@ def watch(
         model, chosen, sink, stats_schedule, image_schedule, options, auto_step, strict,
         grad_scaler=grad_scaler, callbacks=callbacks, diagnosis=None if sink is None else make_diagnosis(
             sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, callbacks.hold,
-            spikes, update_ratio, image_schedule),
+            spikes, update_ratio, image_schedule, options.flow_pictures),
         probe=None if probe is None else Probe(
             probe, [(layer_display_name(name), module) for name, module in chosen], options.max_channels, cam_layers
         ),

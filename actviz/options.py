@@ -69,6 +69,9 @@ class CaptureOptions:
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
+        flow_pictures: Draw the ``flow/*`` pictures (:mod:`actviz.diagnosis.flow`) on image steps. Off by default:
+            TensorBoard's actviz tab (:mod:`actviz.view`) draws the same layers x steps view from the scalars;
+            turn them on for a sink of your own or a TensorBoard without the tab.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -94,6 +97,7 @@ class CaptureOptions:
     moe: bool | None = None
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
+    flow_pictures: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("bins", self.bins, DEFAULT_BINS, MAX_BINS)
@@ -102,7 +106,7 @@ class CaptureOptions:
             check_positive_int("histogram_sample_size", self.histogram_sample_size, DEFAULT_SAMPLE_SIZE)
         if self.outputs not in ("first", "all"):
             raise ValueError(f"outputs must be 'first' or 'all', got {self.outputs!r}")
-        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

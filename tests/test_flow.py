@@ -48,7 +48,7 @@ def run(log_dir, model: nn.Module, steps: int = 11, nan_at: int | None = None, *
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, log_dir, every=1, image_every=5, **watch_kwargs):
+        with actviz.watch(model, log_dir, every=1, image_every=5, flow_pictures=True, **watch_kwargs):
             for step in range(steps):
                 inputs = torch.randn(16, 8)
                 if step == nan_at:
@@ -182,7 +182,8 @@ def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, image_every=5, strict=True, alerts={"warmup_steps": 0}) as viz:
+        with actviz.watch(model, tmp_path, every=1, image_every=5, strict=True, alerts={"warmup_steps": 0},
+                          flow_pictures=True) as viz:
             for _ in range(6):
                 loss = model(torch.randn(16, 8)).square().mean()
                 optimizer.zero_grad()

@@ -1,0 +1,80 @@
+"""Layers x steps onto at most a few hundred columns: what the heat map of the actviz tab draws.
+
+A run's steps (every step any layer logged) are cut into at most ``columns`` bins of consecutive steps, as
+even in count as they divide. Each cell keeps two numbers of its layer's values in the bin: the **max**, so that
+a spike in one step of a bin still shows, and the **last**, what the layer ended the bin with. A NaN in a bin
+makes its max NaN: a non-finite value is never hidden. With as many columns as steps each cell is one value,
+unchanged.
+
+Example:
+    >>> bins = bin_steps({"a": [(0, 1.0), (1, 5.0), (2, 2.0), (3, 3.0)], "b": [(1, 7.0)]}, ["a", "b"], columns=2)
+    >>> bins.first_steps, bins.last_steps
+    ([0, 2], [1, 3])
+    >>> bins.max, bins.last
+    ([[5.0, 3.0], [7.0, None]], [[5.0, 3.0], [7.0, None]])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["MAX_COLUMNS", "Bins", "bin_steps", "json_number"]
+
+#: The most step columns a heat map gets: about one per screen pixel of a laptop's plot.
+MAX_COLUMNS = 500
+
+
+@dataclass
+class Bins:
+    """The heat map of one statistic: per layer (rows) and bin (columns) the max and last value, ``None``: none."""
+
+    first_steps: list[int]
+    last_steps: list[int]
+    max: list[list[float | str | None]]
+    last: list[list[float | str | None]]
+
+
+def json_number(value: float) -> float | str:
+    """A float for JSON: ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` as strings (JSON has no such numbers).
+
+    Example:
+        >>> json_number(0.5), json_number(float("nan")), json_number(float("-inf"))
+        (0.5, 'NaN', '-Infinity')
+    """
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def bin_steps(series: dict[str, Sequence[tuple[int, float]]], layers: Sequence[str],
+              columns: int = MAX_COLUMNS) -> Bins:
+    """Each layer's ``(step, value)`` points in at most ``columns`` bins of steps (module docstring)."""
+    steps = np.unique(np.fromiter((step for layer in layers for step, _ in series.get(layer, ())), dtype=np.int64))
+    if steps.size == 0:
+        return Bins([], [], [[] for _ in layers], [[] for _ in layers])
+    count = min(columns, steps.size)
+    starts = (np.arange(count) * steps.size) // count  # first step index of each bin
+    ends = np.append(starts[1:], steps.size) - 1
+    values = np.full((len(layers), steps.size), -np.inf)
+    present = np.zeros((len(layers), steps.size), dtype=bool)
+    for row, layer in enumerate(layers):
+        points = series.get(layer, ())
+        if points:
+            where = np.searchsorted(steps, np.fromiter((step for step, _ in points), dtype=np.int64))
+            values[row, where] = np.fromiter((value for _, value in points), dtype=np.float64)
+            present[row, where] = True
+    maxima = np.maximum.reduceat(values, starts, axis=1)  # NaN propagates: a bin with a NaN is NaN
+    positions = np.where(present, np.arange(steps.size), -1)
+    last_index = np.maximum.reduceat(positions, starts, axis=1)
+    lasts = np.take_along_axis(values, np.maximum(last_index, 0), axis=1)
+    empty = last_index < 0
+
+    def rows(table: np.ndarray) -> list[list[float | str | None]]:
+        return [[None if gone else json_number(value) for value, gone in zip(row.tolist(), missing.tolist())]
+                for row, missing in zip(table, empty)]
+
+    return Bins(steps[starts].tolist(), steps[ends].tolist(), rows(maxima), rows(lasts))
