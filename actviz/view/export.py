@@ -106,11 +106,15 @@ def export_html(folder: str | os.PathLike[str], file: str | os.PathLike[str], co
     """Write the views of the runs in ``folder`` to one self-contained HTML ``file``; returns its path.
 
     Raises:
-        FileNotFoundError: ``folder`` is not a folder.
+        FileNotFoundError: ``folder`` is not a folder, or holds no actviz run.
     """
     if not Path(folder).is_dir():
         raise FileNotFoundError(f"{os.fspath(folder)!r} is not a folder; give the folder actviz.watch() wrote to")
-    page = html_page(view_data(RunData(local_provider(folder, samples)), columns), f"actviz: {Path(folder).name}")
+    embedded = view_data(RunData(local_provider(folder, samples)), columns)
+    if not embedded["runs"]:
+        raise FileNotFoundError(f"no actviz run in {os.fspath(folder)!r}: no per-layer statistics (~activation_stats/, "
+                                "~gradient_stats/); give the folder actviz.watch() wrote to")
+    page = html_page(embedded, f"actviz: {Path(folder).name}")
     target = Path(file)
     partial = target.with_name(target.name + ".partial")
     partial.write_text(page, encoding="utf-8")

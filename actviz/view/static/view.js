@@ -361,7 +361,7 @@ export async function render(options = {}) {
     }
     const cell = await source.get("cell", { run, layer: known, step });
     const picture = cell.feature_map
-      ? element("div", {}, element("h3", {}, `feature map · step ${cell.feature_map.step}`), element("img", { src: cell.feature_map.src, class: "av-cell-image" }))
+      ? element("div", {}, element("h3", {}, `feature map · step ${cell.feature_map.step}`), element("img", { src: cell.feature_map.src, class: "av-cell-image", "data-step": cell.feature_map.step }))
       : element("div", { class: "av-note" }, "no feature map kept for this layer");
     cellBox.replaceChildren(
       element("h3", { id: "av-cell-title", "data-layer": known, "data-step": step, "data-run": run }, `${run} · ${known} · step ${step}`),
