@@ -25,7 +25,7 @@ const STYLE = `
   table.av-alerts td, table.av-alerts th { padding: 2px 8px; text-align: left; border-bottom: 1px solid #eee; }
   table.av-alerts tr.av-alert { cursor: pointer; }
   table.av-alerts tr.av-alert:hover { background: #fff3e0; }
-  .av-feature img { image-rendering: pixelated; max-width: 520px; border: 1px solid #ccc; }
+  .av-root img { image-rendering: pixelated; border: 1px solid #ccc; }
   .av-note { color: #5f6368; font-size: 12px; }
 `;
 
@@ -240,6 +240,15 @@ function drawHeatmap(box, map, scale, view, marks) {
   return canvas;
 }
 
+// A picture enlarged by a whole factor, pixels kept square, to about 320 px on its long side.
+function enlarged(image) {
+  image.addEventListener("load", () => {
+    const scale = Math.max(1, Math.floor(320 / Math.max(image.naturalWidth, image.naturalHeight, 1)));
+    image.style.width = `${image.naturalWidth * scale}px`;
+  });
+  return image;
+}
+
 // -- a histogram as SVG bars ----------------------------------------------------------------------------------
 
 function histogramSvg(title, entry) {
@@ -361,7 +370,7 @@ export async function render(options = {}) {
     }
     const cell = await source.get("cell", { run, layer: known, step });
     const picture = cell.feature_map
-      ? element("div", {}, element("h3", {}, `feature map · step ${cell.feature_map.step}`), element("img", { src: cell.feature_map.src, class: "av-cell-image", "data-step": cell.feature_map.step }))
+      ? element("div", {}, element("h3", {}, `feature map · step ${cell.feature_map.step}`), enlarged(element("img", { src: cell.feature_map.src, class: "av-cell-image", "data-step": cell.feature_map.step })))
       : element("div", { class: "av-note" }, "no feature map kept for this layer");
     cellBox.replaceChildren(
       element("h3", { id: "av-cell-title", "data-layer": known, "data-step": step, "data-run": run }, `${run} · ${known} · step ${step}`),
@@ -377,7 +386,7 @@ export async function render(options = {}) {
     view.featureLayer = select.value;
     const pictures = await source.get("feature_maps", { run, layer: select.value });
     const slider = element("input", { type: "range", id: "av-feature-slider", min: 0, max: Math.max(pictures.length - 1, 0), step: 1 });
-    const image = element("img", { id: "av-feature-image" });
+    const image = enlarged(element("img", { id: "av-feature-image" }));
     const caption = element("span", { id: "av-feature-step" });
     const index = view.selected && view.selected.layer === select.value ? pictures.indexOf(nearest(pictures, view.selected.step)) : pictures.length - 1;
     slider.value = Math.max(index, 0);
