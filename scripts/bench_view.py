@@ -144,7 +144,7 @@ def main() -> int:
             "alerts": ("alerts", {"run": "a"}),
             "cell (click)": ("cell", {"run": "a", "layer": layer, "step": args.steps // 2}),
             "feature_maps": ("feature_maps", {"run": "a", "layer": layer}),
-            "compare a, b": ("compare", {"a": "a", "b": "b", "statistic": statistic}),
+            "compare a, b (where they part)": ("compare", {"a": "a", "b": "b"}),
         }
         print(f"{'view':28} {'first':>8} {'again':>8} {'bytes':>10}  what")
         for name, route in routes.items():

@@ -12,6 +12,7 @@ hand: ``a`` has a ``nonfinite`` alert at ``NAN_STEP`` in ``stem`` (the first lay
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
 import re
@@ -96,9 +97,9 @@ def test_bins_keep_the_max_and_the_last_and_a_nan_shows() -> None:
     bins = bin_steps(series, ["a", "b"], columns=500)
     assert len(bins.first_steps) == 500 and bins.first_steps[:3] == [0, 2, 4] and bins.last_steps[-1] == 999
     expected = [max(step % 7 for step in (2 * c, 2 * c + 1)) for c in range(500)]
-    assert bins.max[0] == [float(value) for value in expected]
-    assert bins.last[0] == [float((2 * c + 1) % 7) for c in range(500)]
-    assert bins.max[1][1] == "NaN" and bins.max[1][0] is None and bins.max[1][-1] == 2.0
+    rows_max, rows_last = json.loads(bins.matrix_json("max")), json.loads(bins.matrix_json("last"))
+    assert rows_max[0] == expected and rows_last[0] == [(2 * c + 1) % 7 for c in range(500)]
+    assert rows_max[1][1] == "NaN" and rows_max[1][0] is None and rows_max[1][-1] == 2.0
 
 
 def test_is_active_for_an_actviz_run_only(tmp_path: Path) -> None:

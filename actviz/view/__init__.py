@@ -6,6 +6,13 @@ Modules: :mod:`~actviz.view.layer_tags` (which layer and statistic a tag is), :m
 (steps onto columns), :mod:`~actviz.view.run_data` (each view as JSON, through a TensorBoard data provider),
 :mod:`~actviz.view.plugin` (the tab), :mod:`~actviz.view.export` (the file and the notebook page),
 :mod:`~actviz.view.command` (``actviz export``), and ``static/view.js``, the page itself.
+
+Example:
+    >>> import tempfile
+    >>> export_html(tempfile.mkdtemp(), "view.html")  # a folder with no run
+    Traceback (most recent call last):
+    ...
+    FileNotFoundError: no actviz run in '...': no per-layer statistics (...); give the folder actviz.watch() wrote to
 """
 
 from .export import export_html, show

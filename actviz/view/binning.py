@@ -10,8 +10,8 @@ Example:
     >>> bins = bin_steps({"a": [(0, 1.0), (1, 5.0), (2, 2.0), (3, 3.0)], "b": [(1, 7.0)]}, ["a", "b"], columns=2)
     >>> bins.first_steps, bins.last_steps
     ([0, 2], [1, 3])
-    >>> bins.max, bins.last
-    ([[5.0, 3.0], [7.0, None]], [[5.0, 3.0], [7.0, None]])
+    >>> bins.matrix_json("max"), bins.matrix_json("last")
+    ('[[5,3],[7,null]]', '[[5,3],[7,null]]')
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_COLUMNS", "Bins", "bin_steps", "json_number"]
+__all__ = ["MAX_COLUMNS", "Bins", "bin_steps", "json_number", "number_json"]
 
 #: The most step columns a heat map gets: about one per screen pixel of a laptop's plot.
 MAX_COLUMNS = 500
@@ -30,12 +30,39 @@ MAX_COLUMNS = 500
 
 @dataclass
 class Bins:
-    """The heat map of one statistic: per layer (rows) and bin (columns) the max and last value, ``None``: none."""
+    """The heat map of one statistic: per layer (rows) and bin (columns) the max and the last value; ``empty``
+    marks the cells with none."""
 
     first_steps: list[int]
     last_steps: list[int]
-    max: list[list[float | str | None]]
-    last: list[list[float | str | None]]
+    max: np.ndarray
+    last: np.ndarray
+    empty: np.ndarray
+
+    def matrix_json(self, which: str) -> str:
+        """``max`` or ``last`` as JSON rows, each number to float32's 9 digits (the event file keeps float32), a cell
+        with no value ``null``, NaN and infinities as :func:`json_number` writes them."""
+        table = self.max if which == "max" else self.last
+        rows = []
+        for values, empty in zip(table.tolist(), self.empty):
+            if empty.any() or not all(map(math.isfinite, values)):
+                rows.append(",".join("null" if gone else number_json(value) for value, gone in zip(values, empty)))
+            else:  # the common case, with no check per value
+                rows.append(",".join(map(_NINE_DIGITS, values)))
+        return "[" + ",".join(f"[{row}]" for row in rows) + "]"
+
+
+_NINE_DIGITS = "{:.9g}".format
+
+
+def number_json(value: float) -> str:
+    """One number as JSON text, to 9 digits; NaN and infinities as strings (see :func:`json_number`).
+
+    Example:
+        >>> number_json(0.1234567891), number_json(float("inf"))
+        ('0.123456789', '"Infinity"')
+    """
+    return _NINE_DIGITS(value) if math.isfinite(value) else f'"{json_number(value)}"'
 
 
 def json_number(value: float) -> float | str:
@@ -55,7 +82,8 @@ def bin_steps(series: dict[str, Sequence[tuple[int, float]]], layers: Sequence[s
     """Each layer's ``(step, value)`` points in at most ``columns`` bins of steps (module docstring)."""
     steps = np.unique(np.fromiter((step for layer in layers for step, _ in series.get(layer, ())), dtype=np.int64))
     if steps.size == 0:
-        return Bins([], [], [[] for _ in layers], [[] for _ in layers])
+        nothing = np.zeros((len(layers), 0))
+        return Bins([], [], nothing, nothing, nothing.astype(bool))
     count = min(columns, steps.size)
     starts = (np.arange(count) * steps.size) // count  # first step index of each bin
     ends = np.append(starts[1:], steps.size) - 1
@@ -64,17 +92,11 @@ def bin_steps(series: dict[str, Sequence[tuple[int, float]]], layers: Sequence[s
     for row, layer in enumerate(layers):
         points = series.get(layer, ())
         if points:
-            where = np.searchsorted(steps, np.fromiter((step for step, _ in points), dtype=np.int64))
-            values[row, where] = np.fromiter((value for _, value in points), dtype=np.float64)
+            where = np.searchsorted(steps, np.fromiter((step for step, _ in points), dtype=np.int64, count=len(points)))
+            values[row, where] = np.fromiter((value for _, value in points), dtype=np.float64, count=len(points))
             present[row, where] = True
     maxima = np.maximum.reduceat(values, starts, axis=1)  # NaN propagates: a bin with a NaN is NaN
     positions = np.where(present, np.arange(steps.size), -1)
     last_index = np.maximum.reduceat(positions, starts, axis=1)
     lasts = np.take_along_axis(values, np.maximum(last_index, 0), axis=1)
-    empty = last_index < 0
-
-    def rows(table: np.ndarray) -> list[list[float | str | None]]:
-        return [[None if gone else json_number(value) for value, gone in zip(row.tolist(), missing.tolist())]
-                for row, missing in zip(table, empty)]
-
-    return Bins(steps[starts].tolist(), steps[ends].tolist(), rows(maxima), rows(lasts))
+    return Bins(steps[starts].tolist(), steps[ends].tolist(), maxima, lasts, last_index < 0)

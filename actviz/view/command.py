@@ -1,6 +1,12 @@
 """``actviz export RUN --html FILE``: the actviz tab's views of a run, as one HTML file that opens from disk.
 
 Exit codes: 0 written, 2 no actviz run in the folder or the file cannot be written.
+
+Example:
+    >>> import tempfile
+    >>> from actviz.cli import main
+    >>> main(["export", tempfile.mkdtemp(), "--html", "view.html"])  # no run there: says so on stderr
+    2
 """
 
 from __future__ import annotations

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import html
 import itertools
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from .binning import MAX_COLUMNS
-from .run_data import RunData
+from .run_data import RunData, to_json
 
 __all__ = ["HISTOGRAM_STEPS", "Page", "export_html", "html_page", "local_provider", "show", "view_data"]
 
@@ -60,10 +59,6 @@ def _spread(entries: list[Any], most: int) -> list[Any]:
 
 def view_data(data: RunData, columns: int = MAX_COLUMNS) -> dict[str, Any]:
     """Every view of every run that :func:`export_html` embeds."""
-    from tensorboard.context import RequestContext
-
-    if data.context is None:
-        data.context = RequestContext()
     runs = data.runs()
     embedded: dict[str, Any] = {"runs": runs, "heatmaps": {}, "alerts": {}, "histograms": {}, "feature_maps": {},
                                 "divergences": {}}
@@ -79,18 +74,13 @@ def view_data(data: RunData, columns: int = MAX_COLUMNS) -> dict[str, Any]:
                                           if (pictures := data.feature_maps(name, layer))}
     names = [run["run"] for run in runs[:COMPARED_RUNS]]
     for run_a, run_b in itertools.permutations(names, 2):
-        statistic = next(iter(embedded["heatmaps"][run_a]))
-        if statistic not in embedded["heatmaps"][run_b]:
-            continue
-        compared = data.compare(run_a, run_b, statistic)
-        embedded["divergences"][f"{run_a}\n{run_b}"] = {
-            key: value for key, value in compared.items() if key not in ("a", "b")}
+        embedded["divergences"][f"{run_a}\n{run_b}"] = data.compare(run_a, run_b)
     return embedded
 
 
 def html_page(embedded: dict[str, Any], title: str = "actviz") -> str:
     """One HTML document: ``embedded`` as JSON, then the tab's module inline, which draws it."""
-    payload = json.dumps(embedded, allow_nan=False, separators=(",", ":"))
+    payload = to_json(embedded)
     payload = payload.replace("</", "<\\/").replace("<!--", "<\\!--")  # nothing in the JSON ends its script
     script = _SCRIPT.read_text(encoding="utf-8")
     return (

@@ -11,18 +11,24 @@ through ``context.data_provider``, the provider TensorBoard's own tabs read:
 ``/alerts``            ``run``: the alerts
 ``/cell``              ``run``, ``layer``, ``step``: histograms and feature map there
 ``/feature_maps``      ``run``, ``layer``: every kept feature map
-``/compare``           ``a``, ``b``, ``statistic``: both heat maps and where they part
+``/compare``           ``a``, ``b``: where two runs part
 ``/blob``              ``key``: a picture's PNG
 =====================  ===============================================================
 
 The tab is listed (``/data/plugins_listing``) wherever a run holds a scalar of actviz's per-layer statistics.
+
+Example:
+    >>> from tensorboard.plugins.base_plugin import TBContext
+    >>> plugin = ActvizPlugin(TBContext(data_provider=None))
+    >>> plugin.plugin_name, plugin.frontend_metadata().es_module_path, plugin.is_active()
+    ('actviz', '/view.js', False)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import urllib.parse
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from .layer_tags import parse_tag
-from .run_data import RunData
+from .run_data import RunData, to_json
 
 __all__ = ["PLUGIN_NAME", "STATIC", "ActvizPlugin"]
 
@@ -53,6 +59,7 @@ class ActvizPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._provider = context.data_provider
+        self._cache: OrderedDict = OrderedDict()  # heat maps, shared by the requests (run_data.CACHED_VIEWS)
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(es_module_path="/view.js", tab_name="actviz", disable_reload=False)
@@ -74,14 +81,14 @@ class ActvizPlugin(base_plugin.TBPlugin):
             "/alerts": self._json(lambda data, args: data.alerts(args["run"])),
             "/cell": self._json(lambda data, args: data.cell(args["run"], args["layer"], int(args["step"]))),
             "/feature_maps": self._json(lambda data, args: data.feature_maps(args["run"], args["layer"])),
-            "/compare": self._json(lambda data, args: data.compare(args["a"], args["b"], args["statistic"])),
+            "/compare": self._json(lambda data, args: data.compare(args["a"], args["b"])),
             "/blob": self._blob,
         }
 
     def _data(self, request: Any) -> RunData:
         return RunData(self._provider, plugin_util.experiment_id(request.environ),
                        plugin_util.context(request.environ),
-                       blob_url=lambda key: "./blob?" + urllib.parse.urlencode({"key": key}))
+                       blob_url=lambda key: "./blob?" + urllib.parse.urlencode({"key": key}), cache=self._cache)
 
     def _json(self, view: Any) -> Any:
         @wrappers.Request.application
@@ -92,7 +99,7 @@ class ActvizPlugin(base_plugin.TBPlugin):
                 raise errors.NotFoundError(str(error.args[0]) if error.args else "missing argument") from None
             except ValueError as error:  # a step that is not a number
                 raise errors.InvalidArgumentError(str(error)) from None
-            return http_util.Respond(request, json.dumps(body, allow_nan=False), "application/json")
+            return http_util.Respond(request, to_json(body), "application/json")
 
         return serve
 

@@ -66,10 +66,7 @@ function embeddedSource(data) {
           gradients: nearest(histograms.gradients, step),
           feature_map: nearest(((data.feature_maps[run] || {})[params.layer]) || [], step) };
       }
-      if (view === "compare") {
-        const parted = data.divergences[`${params.a}\n${params.b}`] || { error: "not exported" };
-        return { ...parted, a: data.heatmaps[params.a][params.statistic], b: data.heatmaps[params.b][params.statistic] };
-      }
+      if (view === "compare") return data.divergences[`${params.a}\n${params.b}`] || { error: "not exported" };
       throw new Error(`unknown view ${view}`);
     },
   };
@@ -324,8 +321,9 @@ export async function render(options = {}) {
     view.compare = other && other !== run && byRun[other].statistics.some((s) => s.name === statistic) ? other : "";
     let shown, parted = null;
     if (view.compare) {
-      const compared = await source.get("compare", { a: run, b: view.compare, statistic });
-      shown = [compared.a, compared.b];
+      const [a, b, compared] = await Promise.all([source.get("heatmap", { run, statistic }),
+        source.get("heatmap", { run: view.compare, statistic }), source.get("compare", { a: run, b: view.compare })]);
+      shown = [a, b];
       parted = compared.first_divergence;
       divergence.textContent = compared.error ? compared.error : parted
         ? `the runs part at step ${parted.step}, layer ${parted.layer}: ${parted.statistic} ${format(toNumber(parted.a))} vs ${format(toNumber(parted.b))}`
