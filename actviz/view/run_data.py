@@ -195,8 +195,9 @@ class RunData:
             "points": sum(len(points) for points in series.values()),
         }
         self.cache[key] = shown
-        while len(self.cache) > CACHED_VIEWS:
-            self.cache.popitem(last=False)
+        while len(self.cache) > CACHED_VIEWS + 1:  # the heat maps, and the runs kept for comparing
+            oldest = next(key for key in self.cache if key != "compare")
+            del self.cache[oldest]
         return shown
 
     def alerts(self, run: str) -> list[dict[str, Any]]:
@@ -270,9 +271,22 @@ class RunData:
         return shown
 
     def _run_statistics(self, run: str) -> RunStatistics:
-        """The scalars of :data:`actviz.run_diff.STATISTICS` as ``actviz diff`` reads them, from the provider."""
+        """The scalars of :data:`actviz.run_diff.STATISTICS` as ``actviz diff`` reads them, from the provider; the
+        last two runs read are kept (``cache``), each under its last step and point count."""
+        listed = self._list(_SCALARS, run).get(run, {})
+        key = ("compare", self.experiment_id, run, max((series.max_step for series in listed.values()), default=-1),
+               sum(getattr(series, "max_wall_time", 0) for series in listed.values()))
+        kept = self.cache.setdefault("compare", OrderedDict())
+        if key in kept:
+            return kept[key]
+        kept[key] = found = self._read_run_statistics(run, listed)
+        while len(kept) > 2:
+            kept.popitem(last=False)
+        return found
+
+    def _read_run_statistics(self, run: str, listed: dict[str, Any]) -> RunStatistics:
         wanted: dict[str, tuple[str, str]] = {}
-        for tag in self._list(_SCALARS, run).get(run, {}):
+        for tag in listed:
             parsed = parse_tag(tag)
             if parsed is None:
                 continue

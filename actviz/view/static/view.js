@@ -316,24 +316,24 @@ export async function render(options = {}) {
     if (run.statistics.some((s) => s.name === keep)) statisticSelect.value = keep;
   }
 
-  async function drawMaps() {
-    const run = runSelect.value, statistic = statisticSelect.value, other = compareSelect.value;
-    view.compare = other && other !== run && byRun[other].statistics.some((s) => s.name === statistic) ? other : "";
-    let shown, parted = null;
-    if (view.compare) {
-      const [a, b, compared] = await Promise.all([source.get("heatmap", { run, statistic }),
-        source.get("heatmap", { run: view.compare, statistic }), source.get("compare", { a: run, b: view.compare })]);
-      shown = [a, b];
-      parted = compared.first_divergence;
-      divergence.textContent = compared.error ? compared.error : parted
-        ? `the runs part at step ${parted.step}, layer ${parted.layer}: ${parted.statistic} ${format(toNumber(parted.a))} vs ${format(toNumber(parted.b))}`
-        : `the runs agree over ${compared.common_steps} common logged steps`;
-      Object.assign(divergence.dataset, { step: parted ? parted.step : "", layer: parted ? parted.layer : "" });
-    } else {
-      shown = [await source.get("heatmap", { run, statistic })];
-      divergence.textContent = ""; divergence.dataset.step = ""; divergence.dataset.layer = "";
-    }
-    view.maps = shown;
+  // Where two runs part, asked once per pair: the heat maps are drawn first, framed once it comes.
+  const partings = new Map();
+  function parting(a, b) {
+    const key = `${a}\n${b}`;
+    if (!partings.has(key)) partings.set(key, source.get("compare", { a, b }));
+    return partings.get(key);
+  }
+
+  function describe(compared) {
+    const parted = compared.first_divergence;
+    divergence.textContent = compared.error ? compared.error : parted
+      ? `the runs part at step ${parted.step}, layer ${parted.layer}: ${parted.statistic} ${format(toNumber(parted.a))} vs ${format(toNumber(parted.b))}`
+      : `the runs agree over ${compared.common_steps} common logged steps`;
+    Object.assign(divergence.dataset, { step: parted ? parted.step : "", layer: parted ? parted.layer : "" });
+  }
+
+  function paint(shown, parted) {
+    const run = runSelect.value;
     const scale = scaleOf(shown);
     maps.replaceChildren(...shown.map((map) => {
       const alerts = map.run === run ? view.alerts : view.otherAlerts || [];
@@ -342,6 +342,26 @@ export async function render(options = {}) {
       const binned = map.first_steps.some((s, c) => s !== map.last_steps[c]) ? `, ${map.first_steps.length} columns, each the max of its steps` : "";
       return element("div", { class: "av-map" }, element("h3", {}, `${map.run} · ${map.label} · ${map.layers.length} layers · ${steps}${binned}`), canvas);
     }));
+  }
+
+  async function drawMaps() {
+    const run = runSelect.value, statistic = statisticSelect.value, other = compareSelect.value;
+    view.compare = other && other !== run && byRun[other].statistics.some((s) => s.name === statistic) ? other : "";
+    if (!view.compare) {
+      view.maps = [await source.get("heatmap", { run, statistic })];
+      divergence.textContent = ""; divergence.dataset.step = ""; divergence.dataset.layer = "";
+      paint(view.maps, null);
+      return;
+    }
+    const pending = parting(run, view.compare);
+    view.maps = await Promise.all([source.get("heatmap", { run, statistic }), source.get("heatmap", { run: view.compare, statistic })]);
+    const drawn = view.maps;
+    if (!divergence.dataset.step) divergence.textContent = "looking for where the runs part…";
+    paint(drawn, null);
+    const compared = await pending;
+    if (view.maps !== drawn) return;  // the page moved on meanwhile
+    describe(compared);
+    paint(drawn, compared.first_divergence);
   }
 
   async function loadAlerts() {
