@@ -121,12 +121,12 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}/data/plugin/actviz"
     try:
         started = time.perf_counter()
-        statistic = "gradient_stats/norm"
-        while True:  # until both runs are read to their last step
+        statistic, loaded = "gradient_stats/norm", "activation_stats/zero_fraction"
+        while True:  # until both runs are read to their last step (asked of a statistic not timed below)
             try:
-                _, body = get(f"{base}/heatmap?" + urllib.parse.urlencode({"run": "b", "statistic": statistic}))
+                _, body = get(f"{base}/heatmap?" + urllib.parse.urlencode({"run": "b", "statistic": loaded}))
                 if json.loads(body)["last_steps"][-1] == args.steps - 1:
-                    _, body = get(f"{base}/heatmap?" + urllib.parse.urlencode({"run": "a", "statistic": statistic}))
+                    _, body = get(f"{base}/heatmap?" + urllib.parse.urlencode({"run": "a", "statistic": loaded}))
                     if json.loads(body)["last_steps"][-1] == args.steps - 1:
                         break
             except OSError:
