@@ -119,8 +119,10 @@ def export_html(folder: str | os.PathLike[str], file: str | os.PathLike[str], co
     """
     if not Path(folder).is_dir():
         raise FileNotFoundError(f"{os.fspath(folder)!r} is not a folder; give the folder actviz.watch() wrote to")
-    with open_runs(folder, samples) as provider:
-        embedded = view_data(RunData(provider), columns)
+    embedded = {"runs": []}
+    if any(Path(folder).rglob("*tfevents*")):  # else no server to start
+        with open_runs(folder, samples) as provider:
+            embedded = view_data(RunData(provider), columns)
     if not embedded["runs"]:
         raise FileNotFoundError(f"no actviz run in {os.fspath(folder)!r}: no per-layer statistics (~activation_stats/, "
                                 "~gradient_stats/); give the folder actviz.watch() wrote to")
