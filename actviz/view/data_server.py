@@ -43,21 +43,26 @@ def data_server_provider(folder: str | os.PathLike[str], samples: dict[str, int]
     Raises:
         DataServerUnavailable: No data server binary, or it did not start; read with the Python loader instead.
     """
-    import grpc
-    from tensorboard.data import grpc_provider, server_ingester
-
     try:
+        import grpc
+        from tensorboard.data import grpc_provider, server_ingester
+
         binary = server_ingester.get_server_binary()
-    except server_ingester.NoDataServerError as error:
-        raise DataServerUnavailable(str(error)) from None
+        make_stub = grpc_provider.make_stub
+    except (ImportError, AttributeError, RuntimeError) as error:  # no server for this platform, or an older API
+        raise DataServerUnavailable(f"{type(error).__name__}: {error}") from None
     with tempfile.TemporaryDirectory(prefix="actviz-data-server-") as scratch:
         port_file = Path(scratch) / "port"
         hints = ",".join(f"{kind}={'all' if count == 0 else count}" for kind, count in (samples or {}).items())
         log = (Path(scratch) / "log").open("wb")
-        server = subprocess.Popen(
-            [binary.path, f"--logdir={os.fspath(folder)}", "--reload=once", f"--samples-per-plugin={hints}",
-             "--port=0", f"--port-file={port_file}", "--die-after-stdin", "--verbose"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            server = subprocess.Popen(
+                [binary.path, f"--logdir={os.fspath(folder)}", "--reload=once", f"--samples-per-plugin={hints}",
+                 "--port=0", f"--port-file={port_file}", "--die-after-stdin", "--verbose"],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log)
+        except OSError as error:  # not executable here
+            log.close()
+            raise DataServerUnavailable(f"TensorBoard's data server cannot run: {error}") from None
         try:
             deadline = time.monotonic() + _START_SECONDS
             while not (port_file.exists() and port_file.read_text().endswith("\n")):
@@ -67,7 +72,7 @@ def data_server_provider(folder: str | os.PathLike[str], samples: dict[str, int]
             channel = grpc.insecure_channel(f"localhost:{int(port_file.read_text())}",
                                             options=[("grpc.max_receive_message_length", 1 << 28)])
             provider = grpc_provider.GrpcDataProvider(f"localhost:{int(port_file.read_text())}",
-                                                      grpc_provider.make_stub(channel))
+                                                      make_stub(channel))
             _wait_until_read(provider, Path(scratch) / "log", server)
             yield provider
             channel.close()

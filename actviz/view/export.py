@@ -100,7 +100,7 @@ def view_data(data: RunData, columns: int = MAX_COLUMNS) -> dict[str, Any]:
 def html_page(embedded: dict[str, Any], title: str = "actviz") -> str:
     """One HTML document: ``embedded`` as JSON, then the tab's module inline, which draws it."""
     payload = to_json(embedded)
-    payload = payload.replace("</", "<\\/").replace("<!--", "<\\!--")  # nothing in the JSON ends its script
+    payload = payload.replace("</", "<\\/").replace("<!--", "<\\u0021--")  # nothing in the JSON ends its script
     script = _SCRIPT.read_text(encoding="utf-8")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
