@@ -190,6 +190,7 @@ def screenshot(page: Any, name: str) -> None:
     """Save the page at 1366 x 768 under $ACTVIZ_FIGURES (docs/figures for the README), if set."""
     folder = os.environ.get("ACTVIZ_FIGURES")
     if folder:
+        page.mouse.move(1, 700)  # no tooltip in the picture
         page.screenshot(path=str(Path(folder) / name))
 
 

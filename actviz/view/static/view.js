@@ -225,7 +225,9 @@ function drawHeatmap(box, map, scale, view, marks) {
       Object.assign(tip.dataset, { layer: map.layers[at.r], step: first === last ? first : `${first}-${last}`, value: format(high) });
     }
     tip.style.display = "block";
-    tip.style.left = `${event.clientX + 14}px`; tip.style.top = `${event.clientY + 10}px`;
+    const wide = event.clientX + 14 + tip.offsetWidth > window.innerWidth;  // near the right edge: on the left
+    tip.style.left = `${wide ? event.clientX - 14 - tip.offsetWidth : event.clientX + 14}px`;
+    tip.style.top = `${event.clientY + 10}px`;
   });
   canvas.addEventListener("mouseleave", () => { view.tip.style.display = "none"; });
   canvas.addEventListener("click", (event) => {
