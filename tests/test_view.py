@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -100,6 +101,34 @@ def test_bins_keep_the_max_and_the_last_and_a_nan_shows() -> None:
     rows_max, rows_last = json.loads(bins.matrix_json("max")), json.loads(bins.matrix_json("last"))
     assert rows_max[0] == expected and rows_last[0] == [(2 * c + 1) % 7 for c in range(500)]
     assert rows_max[1][1] == "NaN" and rows_max[1][0] is None and rows_max[1][-1] == 2.0
+
+
+def test_the_tabs_comparison_names_what_actviz_diff_names() -> None:
+    """compare_runs on only the steps the prefilter flags finds the same first divergence as on every step: values
+    near the tolerance, NaN, infinities and statistics one run lacks, 200 random pairs of runs."""
+    from actviz.run_diff import RunStatistics
+    from actviz.view.run_data import _only, _steps_that_may_differ
+
+    rng = np.random.default_rng(0)
+    names = ["activation_mean", "activation_std", "gradient_norm"]
+    for case in range(200):
+        steps = {}, {}
+        for step in range(12):
+            for layer in ("x", "y", "z"):
+                for name in names:
+                    value = float(rng.normal())
+                    other = value * (1 + float(rng.choice([0.0, 2e-4, 4.9e-4, 5.1e-4, 9.9e-4, 1.1e-3, 1e-2]))
+                                     * (rng.random() < 0.05))
+                    if rng.random() < 0.01:
+                        value, other = float(rng.choice([math.nan, math.inf])), float(rng.choice([math.nan, math.inf]))
+                    steps[0].setdefault(step, {})[(layer, name)] = value
+                    if rng.random() > 0.02:  # now and then a statistic only the first run holds
+                        steps[1].setdefault(step, {})[(layer, name)] = other
+        a, b = (RunStatistics(f"run{index}", ["x", "y", "z"], held) for index, held in enumerate(steps))
+        common = sorted(set(a.steps) & set(b.steps))
+        flagged = _steps_that_may_differ(a, b, common, 1e-3, 0.0) or common[:1]
+        expected = compare_runs(a, b).first_divergence
+        assert compare_runs(_only(a, flagged), _only(b, flagged)).first_divergence == expected, case
 
 
 def test_is_active_for_an_actviz_run_only(tmp_path: Path) -> None:
