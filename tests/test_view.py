@@ -104,13 +104,24 @@ def test_bins_keep_the_max_and_the_last_and_a_nan_shows() -> None:
 
 
 def test_the_tabs_comparison_names_what_actviz_diff_names() -> None:
-    """compare_runs on only the steps the prefilter flags finds the same first divergence as on every step: values
-    near the tolerance, NaN, infinities and statistics one run lacks, 200 random pairs of runs."""
-    from actviz.run_diff import RunStatistics
-    from actviz.view.run_data import _only, _steps_that_may_differ
+    """The tab's comparison (numpy first, then compare_runs on the steps where a value may differ, a few rows at
+    a time) finds the same first divergence as compare_runs on every step: values near the tolerance, NaN,
+    infinities, statistics one run lacks, steps one run lacks, 200 random pairs of runs."""
+    from actviz.run_diff import NoRunToCompare, RunStatistics
+    from actviz.view.run_compare import ScalarTable, compare_tables
+
+    def table(run: RunStatistics) -> ScalarTable:  # as the tab reads it: per (layer, statistic) its points
+        series: dict = {}
+        for step, values in run.steps.items():
+            for key, value in values.items():
+                series.setdefault(key, ([], []))[0].append(step)
+                series[key][1].append(value)
+        return ScalarTable.from_series(run.path, run.layers, {key: (np.array(steps), np.array(values))
+                                                              for key, (steps, values) in series.items()})
 
     rng = np.random.default_rng(0)
     names = ["activation_mean", "activation_std", "gradient_norm"]
+    parted = 0
     for case in range(200):
         steps = {}, {}
         for step in range(12):
@@ -121,14 +132,21 @@ def test_the_tabs_comparison_names_what_actviz_diff_names() -> None:
                                      * (rng.random() < 0.05))
                     if rng.random() < 0.01:
                         value, other = float(rng.choice([math.nan, math.inf])), float(rng.choice([math.nan, math.inf]))
-                    steps[0].setdefault(step, {})[(layer, name)] = value
+                    if rng.random() > 0.01:  # now and then a step only the second run logged
+                        steps[0].setdefault(step, {})[(layer, name)] = value
                     if rng.random() > 0.02:  # now and then a statistic only the first run holds
                         steps[1].setdefault(step, {})[(layer, name)] = other
         a, b = (RunStatistics(f"run{index}", ["x", "y", "z"], held) for index, held in enumerate(steps))
-        common = sorted(set(a.steps) & set(b.steps))
-        flagged = _steps_that_may_differ(a, b, common, 1e-3, 0.0) or common[:1]
-        expected = compare_runs(a, b).first_divergence
-        assert compare_runs(_only(a, flagged), _only(b, flagged)).first_divergence == expected, case
+        expected = compare_runs(a, b)
+        parted += expected.first_divergence is not None
+        for rows_at_once in (1, 5, 4096):
+            found = compare_tables(table(a), table(b), rows_at_once=rows_at_once)
+            assert repr((found.first_divergence, found.differing, found.common_steps, found.layers)) == repr((
+                expected.first_divergence, expected.differing, expected.common_steps, expected.layers)), case  # NaN
+    assert 50 < parted < 200  # both answers are tested
+    with pytest.raises(NoRunToCompare, match="share no logged step"):
+        compare_tables(table(RunStatistics("a", ["x"], {1: {("x", "gradient_norm"): 1.0}})),
+                       table(RunStatistics("b", ["x"], {2: {("x", "gradient_norm"): 1.0}})))
 
 
 def test_is_active_for_an_actviz_run_only(tmp_path: Path) -> None:
