@@ -7,7 +7,7 @@ makes its max NaN: a non-finite value is never hidden. With as many columns as s
 unchanged.
 
 Example:
-    >>> bins = bin_steps({"a": [(0, 1.0), (1, 5.0), (2, 2.0), (3, 3.0)], "b": [(1, 7.0)]}, ["a", "b"], columns=2)
+    >>> bins = bin_steps({"a": ([0, 1, 2, 3], [1.0, 5.0, 2.0, 3.0]), "b": ([1], [7.0])}, ["a", "b"], columns=2)
     >>> bins.first_steps, bins.last_steps
     ([0, 2], [1, 3])
     >>> bins.matrix_json("max"), bins.matrix_json("last")
@@ -77,10 +77,12 @@ def json_number(value: float) -> float | str:
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
-def bin_steps(series: dict[str, Sequence[tuple[int, float]]], layers: Sequence[str],
-              columns: int = MAX_COLUMNS) -> Bins:
-    """Each layer's ``(step, value)`` points in at most ``columns`` bins of steps (module docstring)."""
-    steps = np.unique(np.fromiter((step for layer in layers for step, _ in series.get(layer, ())), dtype=np.int64))
+def bin_steps(series: dict[str, tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray]],
+              layers: Sequence[str], columns: int = MAX_COLUMNS) -> Bins:
+    """Each layer's points, ``(steps, values)``, in at most ``columns`` bins of steps (module docstring)."""
+    points = {layer: (np.asarray(series[layer][0], dtype=np.int64), np.asarray(series[layer][1], dtype=np.float64))
+              for layer in layers if layer in series and len(series[layer][0])}
+    steps = np.unique(np.concatenate([steps for steps, _ in points.values()])) if points else np.zeros(0, np.int64)
     if steps.size == 0:
         nothing = np.zeros((len(layers), 0))
         return Bins([], [], nothing, nothing, nothing.astype(bool))
@@ -90,10 +92,9 @@ def bin_steps(series: dict[str, Sequence[tuple[int, float]]], layers: Sequence[s
     values = np.full((len(layers), steps.size), -np.inf)
     present = np.zeros((len(layers), steps.size), dtype=bool)
     for row, layer in enumerate(layers):
-        points = series.get(layer, ())
-        if points:
-            where = np.searchsorted(steps, np.fromiter((step for step, _ in points), dtype=np.int64, count=len(points)))
-            values[row, where] = np.fromiter((value for _, value in points), dtype=np.float64, count=len(points))
+        if layer in points:
+            where = np.searchsorted(steps, points[layer][0])
+            values[row, where] = points[layer][1]
             present[row, where] = True
     maxima = np.maximum.reduceat(values, starts, axis=1)  # NaN propagates: a bin with a NaN is NaN
     positions = np.where(present, np.arange(steps.size), -1)

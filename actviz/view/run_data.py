@@ -185,8 +185,8 @@ class RunData:
             self.cache.move_to_end(key)
             return self.cache[key]
         layers = layer_order(tags, self._table(run))
-        read = self._read(_SCALARS, run, [tags[layer] for layer in layers])
-        series = {layer: [(datum.step, datum.value) for datum in read.get(tags[layer], [])] for layer in layers}
+        read = self._scalar_arrays(run, [tags[layer] for layer in layers])
+        series = {layer: read[tags[layer]] for layer in layers if tags[layer] in read}
         bins = bin_steps(series, layers, columns)
         sizes = np.abs(bins.max[~bins.empty & np.isfinite(bins.max) & (bins.max != 0)])
         shown = {
@@ -194,7 +194,7 @@ class RunData:
             "first_steps": bins.first_steps, "last_steps": bins.last_steps,
             "max": RawJSON(bins.matrix_json("max")), "last": RawJSON(bins.matrix_json("last")),
             "low": float(sizes.min()) if sizes.size else None, "high": float(sizes.max()) if sizes.size else None,
-            "points": sum(len(points) for points in series.values()),
+            "points": sum(len(steps) for steps, _ in series.values()),
         }
         self.cache[key] = shown
         while len(self.cache) > CACHED_VIEWS + 1:  # the heat maps, and the runs kept for comparing
