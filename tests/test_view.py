@@ -144,6 +144,10 @@ def test_the_tabs_comparison_names_what_actviz_diff_names() -> None:
             assert repr((found.first_divergence, found.differing, found.common_steps, found.layers)) == repr((
                 expected.first_divergence, expected.differing, expected.common_steps, expected.layers)), case  # NaN
     assert 50 < parted < 200  # both answers are tested
+    twice = ScalarTable.from_series("a", ["x"], {("x", "gradient_norm"): (np.array([0, 1, 1, 2]), np.array([1.0, 2, 3, 4])),
+                                                 ("x", "activation_std"): (np.array([2, 0]), np.array([5.0, 6]))})
+    assert twice.steps.tolist() == [0, 1, 2] and twice.held.tolist() == [[True, True], [True, False], [True, True]]
+    assert twice.values[:, 0].tolist() == [1.0, 3.0, 4.0] and twice.values[[0, 2], 1].tolist() == [6.0, 5.0]  # the last
     with pytest.raises(NoRunToCompare, match="share no logged step"):
         compare_tables(table(RunStatistics("a", ["x"], {1: {("x", "gradient_norm"): 1.0}})),
                        table(RunStatistics("b", ["x"], {2: {("x", "gradient_norm"): 1.0}})))

@@ -49,15 +49,20 @@ class ScalarTable:
         """A table from each ``(layer, statistic)``'s ``(steps, values)``; of a step written twice, the last value."""
         columns = list(series)
         parts = [np.asarray(steps, dtype=np.int64) for steps, _ in series.values()]
-        steps = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        if parts and all(np.array_equal(part, parts[0]) for part in parts[1:]):  # the common case: the same steps
+            steps = np.unique(parts[0])
+        else:
+            steps = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
         values = np.full((steps.size, len(columns)), np.nan)
         held = np.zeros((steps.size, len(columns)), dtype=bool)
-        for column, key in enumerate(columns):
-            point_steps, point_values = (np.asarray(part) for part in series[key])
-            # np.unique keeps the first of equal steps: of the reversed points, that is the last one written
-            unique, first = np.unique(point_steps[::-1], return_index=True)
-            rows = np.searchsorted(steps, unique)
-            values[rows, column] = np.asarray(point_values, dtype=np.float64)[::-1][first]
+        for column, (point_steps, (_, point_values)) in enumerate(zip(parts, series.values())):
+            point_values = np.asarray(point_values, dtype=np.float64)
+            if not (np.diff(point_steps) > 0).all():  # a step written twice, or out of order
+                # np.unique keeps the first of equal steps: of the reversed points, that is the last one written
+                point_steps, first = np.unique(point_steps[::-1], return_index=True)
+                point_values = point_values[::-1][first]
+            rows = np.searchsorted(steps, point_steps)
+            values[rows, column] = point_values
             held[rows, column] = True
         return cls(path, layers, steps, columns, values, held)
 
