@@ -29,12 +29,15 @@ from .selection import select_layers
 from .statistics import LayerStatistic
 from .summaries.one_tensor import summarize
 from .watcher import Watcher
+from .view import export_html, show
 
 __all__ = [
     "watch",
     "Options",
     "Probe",
     "Spikes",
+    "show",
+    "export_html",
     "Alert",
     "LayerStatistic",
     "grad_cam",

@@ -227,7 +227,9 @@ def watch(
             and ``KeyboardInterrupt`` are warned about once, or raised on the training thread with
             ``Options(strict=True)``.
         options: Sizes and mechanics, an :class:`actviz.Options`: histogram bins and sample size, channels
-            per grid, tuple outputs, ``auto_step``, ``strict``, the AMP ``grad_scaler``, ``merge_ranks``.
+            per grid, tuple outputs, ``auto_step``, ``strict``, the AMP ``grad_scaler``, ``merge_ranks``, and
+            ``flow_pictures`` (the ``flow/*`` pictures, off by default: TensorBoard's actviz tab and ``actviz export``
+            show every layer over time from the scalars).
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -268,7 +270,8 @@ def watch(
     merge_ranks = options.merge_ranks and _world_size() > 1  # one process: nothing to merge
     capture = CaptureOptions(
         bins=options.bins, histogram_sample_size=options.histogram_sample_size, max_channels=options.max_channels,
-        outputs=options.outputs, merge_ranks=merge_ranks, unit_counts=alerts is not False, **chosen_statistics,
+        outputs=options.outputs, merge_ranks=merge_ranks, unit_counts=alerts is not False,
+        flow_pictures=options.flow_pictures, **chosen_statistics,
     )
     update_ratio = capture.update_ratio
     probe_extra, spikes_extra = check_extras(extras)
@@ -325,7 +328,7 @@ def watch(
         model, chosen, sink, stats_schedule, image_schedule, capture, options.auto_step, options.strict,
         grad_scaler=options.grad_scaler, callbacks=callbacks, diagnosis=None if sink is None else make_diagnosis(
             sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, callbacks.hold,
-            spikes, update_ratio, image_schedule),
+            spikes, update_ratio, image_schedule, capture.flow_pictures),
         probe=None if probe is None else ProbeForward(
             probe, [(layer_display_name(name), module) for name, module in chosen], capture.max_channels, cam_layers
         ),

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from .diagnosis.doctor import add_doctor_parser, doctor
 from .options import CaptureOptions
 from .run_diff import add_diff_parser, diff
+from .view.command import add_export_parser, run_export
 
 __all__ = ["main", "build_parser"]
 
@@ -142,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--quiet", action="store_true", help="no progress bar and no summary lines")
     add_doctor_parser(commands, _Formatter)
     add_diff_parser(commands, _Formatter)
+    add_export_parser(commands, _Formatter)
     return parser
 
 
@@ -232,6 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "diff":
         status, text = diff(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol, as_json=args.json)
         print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
+        return status
+    if args.command == "export":
+        status, text = run_export(args)
+        print(text, file=sys.stderr if status else sys.stdout)
         return status
     try:
         CaptureOptions(max_channels=args.max_channels)  # the watcher's check and message

@@ -71,6 +71,9 @@ class Options:
             the same logging steps and a few collectives per step merge them before rank 0 writes. Every rank
             must then call :func:`actviz.watch`, ``viz.flush()`` and ``viz.close()`` alike. The default runs
             no collective at all.
+        flow_pictures: Also draw the ``flow/*`` pictures, every layer over time as a PNG, on image steps
+            (docs/diagnosis.md). Off by default: TensorBoard's actviz tab and ``actviz export`` draw the same view
+            from the scalars; turn them on for a sink of your own or a TensorBoard without the tab.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -97,10 +100,11 @@ class Options:
     strict: bool = False
     grad_scaler: Any = None
     merge_ranks: bool = False
+    flow_pictures: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
-        for name in ("auto_step", "strict", "merge_ranks"):
+        for name in ("auto_step", "strict", "merge_ranks", "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_grad_scaler(self.grad_scaler)
@@ -159,6 +163,9 @@ class CaptureOptions:
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
         with_defaults: With ``statistics`` a tuple: run the built-ins on by default too (``statistics=["default", ...]``).
+        flow_pictures: Draw the ``flow/*`` pictures (:mod:`actviz.diagnosis.flow`) on image steps. Off by default:
+            TensorBoard's actviz tab (:mod:`actviz.view`) draws the same layers x steps view from the scalars;
+            turn them on for a sink of your own or a TensorBoard without the tab.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -185,10 +192,11 @@ class CaptureOptions:
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
     with_defaults: bool = False
+    flow_pictures: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
-        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults", "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

@@ -102,7 +102,7 @@ def _stats(pattern: str, *names: str) -> tuple[str, ...]:
 ROWS = (
     Row("Images", (FEATURE_MAPS,), "sample 0's channels as grayscale tiles, each normalised on its own (black = its "
         "min, white = its max); 3-D outputs `(N, C, L)` as one viridis heat map", readme=True),
-    Row("Images", (FLOW,), "every layer over time, one row per layer: `gradient_norm`, `activation_std`, "
+    Row("Images", (FLOW,), "with `actviz.Options(flow_pictures=True)`: every layer over time, one row per layer: `gradient_norm`, `activation_std`, "
         "`zero_fraction` (and `update_ratio`), on image steps ([diagnosis](diagnosis.md))"),
     Row("Images", (PROBE_INPUT, GRADCAM), "with `actviz.Probe(batch)`: its sample 0, and with `gradcam=` Grad-CAM over it"),
     Row("Images", (ATTENTION_MAPS,), "with `actviz.Probe`: the probe's attention weights, one tile per head "

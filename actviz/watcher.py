@@ -157,6 +157,15 @@ class Watcher:
         """
         return None if self._writer is None else self._writer.layer_table
 
+    def show(self, height: int = 900) -> Any:
+        """The run so far as TensorBoard's actviz tab shows it, inline in a notebook (:func:`actviz.view.show`)."""
+        if self.writer is None:
+            raise ValueError("viz.show() needs the run's TensorBoard folder: watch(model, log_dir) on this rank")
+        self.flush()
+        from .view import show
+
+        return show(self.writer.get_logdir(), height)
+
     def set_step(self, step: int) -> None:
         """Set the step number of the next training forward.
 

@@ -3,7 +3,7 @@ and its share by kind of record, read back from the file.
 
 A tiny CNN (the tests' ``small_cnn``: Conv-ReLU-Conv-BN-ReLU-Linear on 8 × 8 inputs) trains for ``--steps`` steps
 under ``actviz.watch(every=10, layers="all", update_ratio=True, spikes=True, probe=..., gradcam=True)`` with the
-default alerts and statistics; ``image_every`` defaults to ``every``, so every logging step is an image step. After
+default alerts and statistics (``--flow-pictures``: and ``actviz.Options(flow_pictures=True)``); ``image_every`` defaults to ``every``, so every logging step is an image step. After
 each 1,000 steps the script flushes the watcher and measures the folder's event files, so that the growth per
 1,000 steps shows whether the run's size is linear in its length (a flat cost per 1,000 steps). At the end it reads
 every record back (TensorBoard's ``RawEventFileLoader``) and splits the bytes by kind: scalars, histograms, texts,
@@ -78,7 +78,8 @@ def shares(folder: Path) -> tuple[Counter[str], int]:
     return by_kind, records
 
 
-def run(folder: Path, steps: int, every: int, image_every: int | None) -> list[tuple[int, int, float]]:
+def run(folder: Path, steps: int, every: int, image_every: int | None, flow_pictures: bool = False,
+        ) -> list[tuple[int, int, float]]:
     """Train for ``steps`` steps watched with every feature on; (steps done, bytes on disk, seconds) per 1,000."""
     model = small_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -88,7 +89,8 @@ def run(folder: Path, steps: int, every: int, image_every: int | None) -> list[t
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the alerts of a random-input run are not what is measured
         with actviz.watch(model, folder, every=every, image_every=image_every, layers="all",
-            statistics=["default", "update_ratio"], extras=[actviz.Probe(probe, gradcam=True), actviz.Spikes()]) as viz:
+            statistics=["default", "update_ratio"], extras=[actviz.Probe(probe, gradcam=True), actviz.Spikes()],
+            options=actviz.Options(flow_pictures=flow_pictures)) as viz:
             for step in tqdm(range(1, steps + 1), desc="steps", unit="step", mininterval=2.0):
                 loss = model(torch.randn(4, 3, 8, 8)).square().mean()
                 optimizer.zero_grad()
@@ -114,12 +116,14 @@ def main() -> int:
     parser.add_argument("--image-every", type=int, default=None, help="watch(image_every=...) (default: every)")
     parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it (default: a "
                                                                  "temporary folder, deleted at the end)")
+    parser.add_argument("--flow-pictures", action="store_true", help="also draw the flow/* pictures "
+                        "(actviz.Options(flow_pictures=True); off by default)")
     args = parser.parse_args()
     if args.steps < 1 or args.every < 1:
         parser.error("--steps and --every must be at least 1")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="actviz-run-size-"))
     try:
-        marks = run(folder, args.steps, args.every, args.image_every)
+        marks = run(folder, args.steps, args.every, args.image_every, args.flow_pictures)
         by_kind, records = shares(folder)
         total = folder_bytes(folder)
     finally:

@@ -127,7 +127,8 @@ def test_the_gpu_step_benchmark_runs_its_three_copies_and_refuses_a_missing_gpu(
 
 def test_the_run_size_benchmark_reads_its_run_back_by_kind_of_record(tmp_path):
     """scripts/bench_run_size.py: a short run with every feature on; bytes per 1,000 steps and by kind, read back."""
-    command = [sys.executable, str(SCRIPT.parent / "bench_run_size.py"), "--steps", "30", "--keep", str(tmp_path / "run")]
+    command = [sys.executable, str(SCRIPT.parent / "bench_run_size.py"), "--steps", "30", "--keep", str(tmp_path / "run"),
+               "--flow-pictures"]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     out = finished.stdout

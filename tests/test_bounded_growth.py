@@ -28,7 +28,8 @@ def test_flow_pictures_cost_the_same_bytes_at_every_image_step_once_the_window_i
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, tmp_path, every=1, image_every=FLOW_IMAGE_EVERY, layers="all"):
+        with actviz.watch(model, tmp_path, every=1, image_every=FLOW_IMAGE_EVERY, layers="all",
+                          options=actviz.Options(flow_pictures=True)):
             for _ in range(FLOW_STEPS):
                 loss = model(torch.randn(16, 8)).square().mean()
                 optimizer.zero_grad()

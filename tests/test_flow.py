@@ -48,7 +48,8 @@ def run(log_dir, model: nn.Module, steps: int = 11, nan_at: int | None = None, *
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with actviz.watch(model, log_dir, every=1, image_every=5, **watch_kwargs):
+        with actviz.watch(model, log_dir, every=1, image_every=5, options=actviz.Options(flow_pictures=True),
+                          **watch_kwargs):
             for step in range(steps):
                 inputs = torch.randn(16, 8)
                 if step == nan_at:
@@ -183,7 +184,7 @@ def test_strict_mode_draws_and_alerts_on_the_training_thread(tmp_path, read_run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with actviz.watch(model, tmp_path, every=1, image_every=5, alerts={"warmup_steps": 0},
-            options=actviz.Options(strict=True)) as viz:
+            options=actviz.Options(strict=True, flow_pictures=True)) as viz:
             for _ in range(6):
                 loss = model(torch.randn(16, 8)).square().mean()
                 optimizer.zero_grad()

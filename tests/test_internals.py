@@ -305,3 +305,40 @@ def test_replace_event_records_puts_a_record_writer_in_the_event_file_threads_pa
     assert Path(counting.path) == next(tmp_path.glob("events.*"))
     events = [Event.FromString(record) for record in RawEventFileLoader(counting.path).Load()]
     assert [event.step for event in events if event.HasField("summary")] == [3]
+
+
+def test_scalar_arrays_send_the_grpc_providers_request_and_give_its_points_as_arrays() -> None:
+    import math
+
+    from tensorboard.context import RequestContext
+    from tensorboard.data import grpc_provider, provider
+    from tensorboard.data.proto import data_provider_pb2
+
+    tags = ["~gradient_stats/fc/norm", "~activation_stats/fc/std"]
+    response = data_provider_pb2.ReadScalarsResponse()
+    run = response.runs.add(run_name="a")
+    for number, tag in enumerate(tags):
+        points = run.tags.add(tag_name=tag).data
+        points.step.extend([0, 5, 10 + number])
+        points.wall_time.extend([1.0, 2.0, 3.0])
+        points.value.extend([0.5, math.nan, 1e30 * (number + 1)])
+
+    class Stub:  # the data server's answer, and the requests it got
+        requests: list = []
+
+        def ReadScalars(self, request):  # the gRPC method's name
+            self.requests.append(request)
+            return response
+
+    grpc_data = grpc_provider.GrpcDataProvider("localhost:0", Stub())
+    public = grpc_data.read_scalars(RequestContext(), experiment_id="", plugin_name="scalars", downsample=1000,
+                                    run_tag_filter=provider.RunTagFilter(runs=["a"], tags=sorted(tags)))
+    arrays = _internals.scalar_arrays(grpc_data, "", "a", sorted(tags), 1000)
+    assert Stub.requests[0] == Stub.requests[1]  # the request read_scalars sends
+    assert sorted(arrays) == sorted(public["a"]) == sorted(tags)
+    for tag in tags:
+        steps, values = arrays[tag]
+        assert steps.dtype == "int64" and values.dtype == "float64"
+        assert steps.tolist() == [datum.step for datum in public["a"][tag]]
+        assert repr(values.tolist()) == repr([datum.value for datum in public["a"][tag]])  # NaN too
+    assert _internals.scalar_arrays(object(), "", "a", tags, 1000) is None  # another provider: read_scalars

@@ -181,7 +181,8 @@ def test_an_rgb_flow_picture_is_compressed_with_full_matching_and_decodes_the_sa
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[m for _ in range(8) for m in (torch.nn.Linear(16, 16), torch.nn.Tanh())])
-    viz = actviz.watch(model, tmp_path, every=1, image_every=1, layers="all")
+    viz = actviz.watch(model, tmp_path, every=1, image_every=1, layers="all",
+                       options=actviz.Options(flow_pictures=True))
     for _ in range(20):
         model(torch.randn(8, 16)).square().mean().backward()
     viz.flush()

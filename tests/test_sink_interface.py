@@ -11,6 +11,7 @@ import torch
 from conftest import hooks_left, small_cnn, train_step
 
 import actviz
+from actviz.common.histogram_buckets import expand_empty_buckets, merge_empty_buckets
 from actviz.output.open_watchers import watching
 from actviz.common.results import StepResults
 from actviz.output.sink import FanOutSink
@@ -73,7 +74,9 @@ def test_a_sink_beside_tensorboard_gets_the_numbers_tensorboard_writes(tmp_path,
             limits, counts = summary.histogram()
             assert kind == "histogram" and (histogram.min, histogram.max, histogram.num, histogram.sum) == (
                 summary.min, summary.max, summary.finite_count, summary.sum)
-            assert (list(histogram.bucket_limit), list(histogram.bucket)) == (limits, counts)
+            assert (list(histogram.bucket_limit), list(histogram.bucket)) == merge_empty_buckets(limits, counts)
+            assert expand_empty_buckets(histogram.min, histogram.max, histogram.bucket_limit, histogram.bucket,
+                                        len(summary.bucket_counts)) == (limits, counts)
             written += 1
     for tag in run.image_tags:
         for step in run.image_steps(tag):

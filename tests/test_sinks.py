@@ -20,6 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 import actviz
 from actviz.output import tensorboard as sinks
+from actviz.common.histogram_buckets import merge_empty_buckets
 from actviz.common.results import StepResults, Summary
 from actviz.output.pending_step import record_values
 from actviz.output.tensorboard import TensorBoardSink, use_fast_crc
@@ -192,7 +193,7 @@ def _write_with_public_methods(writer: SummaryWriter, results: StepResults) -> N
     """What SummaryWriter's own methods write for one step: the reference for the sink's one event (TensorBoard's
     names of actviz's tags start with "~")."""
     for tag, summary in results.activations.items():
-        limits, counts = summary.histogram()
+        limits, counts = merge_empty_buckets(*summary.histogram())  # runs of empty buckets as one, as actviz writes
         writer.add_histogram_raw(
             f"~activations/{tag}", min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
             sum_squares=summary.sum_squares, bucket_limits=limits, bucket_counts=counts, global_step=results.step,

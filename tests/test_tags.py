@@ -90,7 +90,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         with actviz.watch(model, folder / "cnn", every=1000, layers="all",
                           statistics=["default", "update_ratio", "gradient_kurtosis", "weight_grad_kurtosis"],
             extras=[actviz.Probe(torch.randn(1, 3, 8, 8), gradcam=True), actviz.Spikes()],
-            options=actviz.Options(grad_scaler=scaler)) as viz:
+            options=actviz.Options(grad_scaler=scaler, flow_pictures=True)) as viz:
             for step in range(20):  # a spike at step 18 logs 19 in full, where a NaN comes in
                 loss = model(torch.randn(4, 3, 8, 8) / (0.0 if step == 19 else 1.0)).square().mean()
                 loss = loss * (1000.0 if step == 18 else 1.0)

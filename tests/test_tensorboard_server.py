@@ -84,7 +84,7 @@ def write_run(log_dir: Path) -> None:
     torch.manual_seed(0)
     model = small_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with actviz.watch(model, log_dir, every=1) as viz:
+    with actviz.watch(model, log_dir, every=1, options=actviz.Options(flow_pictures=True)) as viz:
         assert viz.layer_names == list(LAYERS)
         for _ in range(STEPS):
             loss = nn.functional.cross_entropy(model(torch.randn(INPUT_SHAPE)), torch.randint(0, 4, (4,)))
@@ -411,7 +411,7 @@ def write_user_run(log_dir: Path, user_tag: str) -> None:
     torch.manual_seed(0)
     model = small_cnn()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    with SummaryWriter(log_dir) as writer, actviz.watch(model, log_dir, every=1):
+    with SummaryWriter(log_dir) as writer, actviz.watch(model, log_dir, every=1, options=actviz.Options(flow_pictures=True)):
         for step in range(STEPS):
             loss = nn.functional.cross_entropy(model(torch.randn(INPUT_SHAPE)), torch.randint(0, 4, (4,)))
             optimizer.zero_grad()

@@ -35,6 +35,7 @@ function                               private API
 :func:`child_modules`                  ``Module._modules``
 :func:`forward_depth`                  ``Module._call_impl``'s frames (``sys._getframe``)
 :func:`traced_here`                    ``torch._guards.CompileContext.try_get``
+:func:`scalar_arrays`                  ``GrpcDataProvider._stub``, ``data_provider_pb2``
 =====================================  ===========================================
 
 The summaries also call ``_foreach`` ops (``torch._foreach_norm``, ``_foreach_max``...) directly: aten operators
@@ -58,7 +59,7 @@ __all__ = [
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
     "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "replace_event_records",
     "replace_record_checksum",
-    "set_compiled_call", "swap_stance", "tensor_version",
+    "scalar_arrays", "set_compiled_call", "swap_stance", "tensor_version",
 ]
 
 
@@ -394,3 +395,42 @@ def flatten_copy(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """
     with torch.no_grad():
         return torch._C._nn.flatten_dense_tensors(list(tensors))
+
+
+def scalar_arrays(provider: Any, experiment_id: str, run: str, tags: Sequence[str],
+                  points: int) -> dict[str, tuple[Any, Any]] | None:
+    """``{tag: (steps, values)}`` (int64 and float64 numpy arrays) of one run's scalar ``tags``, as TensorBoard's gRPC
+    data provider's ``read_scalars(..., downsample=points)`` would give them; ``None`` for any other provider.
+
+    Why private: ``GrpcDataProvider.read_scalars`` (what ``tensorboard --logdir`` serves through its data server)
+    builds one Python ``ScalarDatum`` per point, about 15 times as long as the data server's answer takes (0.6 s
+    for 400,000 points on a 2-core CPU); its stub's ``ReadScalars`` answer holds each tag's steps and values as
+    packed arrays, which numpy takes at once. Anything unexpected gives ``None``, and the caller reads with the
+    public ``read_scalars``.
+    """
+    try:
+        import grpc
+        from tensorboard.data import grpc_provider
+        from tensorboard.data.proto import data_provider_pb2
+    except ImportError:
+        return None
+    if not isinstance(provider, grpc_provider.GrpcDataProvider):
+        return None
+    try:
+        request = data_provider_pb2.ReadScalarsRequest(experiment_id=experiment_id)
+        request.plugin_filter.plugin_name = "scalars"
+        request.run_tag_filter.runs.names.append(run)
+        request.run_tag_filter.tags.names.extend(tags)
+        request.downsample.num_points = points
+        response = provider._stub.ReadScalars(request)
+    except (AttributeError, TypeError, ValueError, grpc.RpcError):  # the public read then raises TensorBoard's error
+        return None
+    import numpy as np
+
+    found: dict[str, tuple[Any, Any]] = {}
+    for run_entry in response.runs:
+        if run_entry.run_name == run:
+            for tag_entry in run_entry.tags:
+                found[tag_entry.tag_name] = (np.array(tag_entry.data.step, dtype=np.int64),
+                                             np.array(tag_entry.data.value, dtype=np.float64))
+    return found

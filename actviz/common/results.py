@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .histogram_buckets import fixed_width_limits
 from .pixels import PaletteImage
 
 __all__ = ["HEADER_SIZE", "StepResults", "Summary"]
@@ -104,10 +105,7 @@ class Summary:
 
     def bucket_limits(self) -> list[float]:
         """Upper edge of each bucket, as TensorBoard's ``HistogramProto.bucket_limit`` wants."""
-        width = (self.max - self.min) / len(self.bucket_counts)
-        limits = [self.min + (i + 1) * width for i in range(len(self.bucket_counts))]
-        limits[-1] = self.max
-        return limits
+        return fixed_width_limits(self.min, self.max, len(self.bucket_counts))
 
     def histogram(self) -> tuple[list[float], list[float]]:
         """``(bucket_limits, bucket_counts)``; a constant tensor gets one bucket."""

@@ -162,10 +162,10 @@ class MatrixNames:
 
 def make_diagnosis(
     sink: Any, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], alerts: Any, on_alert: Any, spikes: bool,
-    update_ratio: bool, image_steps: Callable[[int], bool] | None = None,
+    update_ratio: bool, image_steps: Callable[[int], bool] | None = None, flow_pictures: bool = False,
 ) -> Diagnosis:
     """The :class:`Diagnosis` of :func:`actviz.watch`'s ``alerts``, ``on_alert``, ``spikes`` and ``update_ratio``;
-    flow pictures are drawn on ``image_steps`` (the image schedule).
+    flow pictures, with ``flow_pictures``, are drawn on ``image_steps`` (the image schedule).
 
     ``layers`` are ``(tag name, module)``; ``alerts`` has been checked (:func:`~actviz.diagnosis.alerts.check_alerts`).
     """
@@ -173,4 +173,4 @@ def make_diagnosis(
     monitor = None if thresholds is None else health_monitor(
         thresholds, {name for name, module in layers if is_relu_family(module)}, MatrixNames(model), on_alert,
     )
-    return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps), spikes, on_alert)
+    return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps) if flow_pictures else None, spikes, on_alert)

@@ -23,6 +23,7 @@ from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import text as text_summary
 
+from ..common.histogram_buckets import merge_empty_buckets
 from ..common.pixels import PaletteImage
 from .png import encode_png
 from ..common.results import StepResults, Summary  # noqa: F401 - StepResults for the example
@@ -44,7 +45,7 @@ def _values(kind: str, tag: str, value: Any) -> list[SummaryProto.Value]:
 def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:
     if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
         return []
-    limits, counts = summary.histogram()
+    limits, counts = merge_empty_buckets(*summary.histogram())  # lossless: see actviz.common.histogram_buckets
     histo = HistogramProto(
         min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
         sum_squares=summary.sum_squares, bucket_limit=limits, bucket=counts,
