@@ -2,8 +2,9 @@
 and its share by kind of record, read back from the file.
 
 A tiny CNN (the tests' ``small_cnn``: Conv-ReLU-Conv-BN-ReLU-Linear on 8 × 8 inputs) trains for ``--steps`` steps
-under ``actviz.watch(every=10, layers="all", update_ratio=True, spikes=True, probe=..., gradcam=True)`` with the
-default alerts and statistics (``--flow-pictures``: and ``actviz.Options(flow_pictures=True)``); ``image_every`` defaults to ``every``, so every logging step is an image step. After
+under ``actviz.watch(every=10, layers="all", statistics=["default", "update_ratio"], extras=[actviz.Probe(...,
+gradcam=True), actviz.Spikes()])`` with the default alerts and statistics (``--flow-pictures``: and
+``actviz.Options(flow_pictures=True)``); ``image_every`` defaults to ``every``, so every logging step is an image step. After
 each 1,000 steps the script flushes the watcher and measures the folder's event files, so that the growth per
 1,000 steps shows whether the run's size is linear in its length (a flat cost per 1,000 steps). At the end it reads
 every record back (TensorBoard's ``RawEventFileLoader``) and splits the bytes by kind: scalars, histograms, texts,
