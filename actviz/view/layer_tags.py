@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ..run_diff import _table_layers as table_layers  # the layers text's one parser, shared with actviz diff
+from ..run_reader import _table_layers as table_layers  # the layers text's one parser, shared with actviz diff
 from ..tags import ACTIVATION_STAT, GRADIENT_STAT, PATTERNS, TENSORBOARD_PREFIX
 
 __all__ = ["FIRST_STATISTICS", "label", "layer_order", "parse_tag", "statistic_order", "table_layers"]

@@ -102,7 +102,8 @@ def compare_tables(first: ScalarTable, second: ScalarTable, rtol: float = 1e-3, 
         if unsure.size:
             found = compare_runs(first.statistics(block_a[unsure]), second.statistics(block_b[unsure]), rtol, atol)
             if found.first_divergence is not None:
-                return Comparison(common.tolist(), found.layers, found.first_divergence, found.differing)
+                compared = common[common <= found.first_divergence.step].tolist()  # as compare_runs: up to where they part
+                return Comparison(compared, found.layers, found.first_divergence, found.differing)
     # every common step agrees: compare_runs on the first names the shared layers (or raises: none shared)
     found = compare_runs(first.statistics(rows_a[:1]), second.statistics(rows_b[:1]), rtol, atol)
     return Comparison(common.tolist(), found.layers, None, [])
