@@ -61,7 +61,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)  # set for the case's duration
     whole_periods: bool = False  # measured over whole periods of DEFAULT_EVERY steps, else computed
     needs: str | None = None  # a package the case is skipped without
-    probe: bool = False  # pass probe= (sample 0 of the first batch) to the setup
+    probe: bool = False  # pass extras=[actviz.Probe(sample 0 of the first batch)] to the setup
     compiled: bool = False  # both copies torch.compile'd (Inductor), timed once compiled
 
 
@@ -129,7 +129,7 @@ def run_case(model_name: str, name: str, steps: int, warmup: int, budget_s: floa
     bare, watched = Trainer(model, DEVICE), Trainer(copy.deepcopy(model), DEVICE)
     if case.compiled:
         bare.model, watched.model = torch.compile(bare.model), torch.compile(watched.model)
-    extra = {"probe": batches(0)[0][:1]} if case.probe else {}
+    extra = {"extras": [actviz.Probe(batches(0)[0][:1])]} if case.probe else {}
     setup = Setup("")
     with mock.patch.dict(os.environ, case.env):  # restored afterwards
         try:

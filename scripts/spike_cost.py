@@ -1,4 +1,4 @@
-"""What ``watch(spikes=True)`` costs a training step that does not log: a side-by-side loop.
+"""What ``watch(extras=[actviz.Spikes()])`` costs a training step that does not log: a side-by-side loop.
 
     python scripts/spike_cost.py              # demo CNN and ResNet-18 on the CPU (a few seconds each)
     python scripts/spike_cost.py --device cuda

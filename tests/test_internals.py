@@ -17,7 +17,7 @@ from tensorboard.summary.writer import record_writer
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
-from actviz.common import _internals
+from actviz.common import _internals, _tensorboard_internals
 
 PACKAGE = Path(_internals.__file__).parent
 CAT = Path(__file__).parent / "data" / "chelsea.jpg"
@@ -64,7 +64,7 @@ def test_norm_base_is_the_private_class_and_covers_every_batch_and_instance_norm
 
 def test_event_file_writer_takes_a_summary_proto(tmp_path: Path) -> None:
     with SummaryWriter(tmp_path) as writer:
-        file_writer = _internals.event_file_writer(writer)
+        file_writer = _tensorboard_internals.event_file_writer(writer)
         values = [SummaryProto.Value(tag="a", simple_value=1.5), SummaryProto.Value(tag="b", simple_value=-2.0)]
         file_writer.add_summary(SummaryProto(value=values), 3)
     records = RawEventFileLoader(str(next(tmp_path.glob("events.*")))).Load()
@@ -83,7 +83,7 @@ def test_record_checksum_is_looked_up_when_each_record_is_written(tmp_path: Path
         return pywrap_tensorflow.masked_crc32c(data)
 
     monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
-    assert _internals.replace_record_checksum(counting) is True
+    assert _tensorboard_internals.replace_record_checksum(counting) is True
     assert record_writer.masked_crc32c is counting
     calls.clear()  # the probe it was checked on
     with open(tmp_path / "records", "wb") as handle:
@@ -94,7 +94,7 @@ def test_record_checksum_is_looked_up_when_each_record_is_written(tmp_path: Path
 def test_a_wrong_checksum_is_refused_and_tensorboard_left_alone(monkeypatch) -> None:
     monkeypatch.setattr(record_writer, "masked_crc32c", pywrap_tensorflow.masked_crc32c)
     with pytest.raises(ValueError, match="checksum"):
-        _internals.replace_record_checksum(lambda data: 0)
+        _tensorboard_internals.replace_record_checksum(lambda data: 0)
     assert record_writer.masked_crc32c is pywrap_tensorflow.masked_crc32c
 
 
@@ -170,7 +170,7 @@ def test_no_other_module_touches_these_private_apis() -> None:
                "mark_unbacked", "_stance", "common", "_dynamo_marked_constant", "_functorch", "_forward_hooks",
                "_forward_pre_hooks", "_modules"}
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "_internals.py":
+        if path.name in ("_internals.py", "_tensorboard_internals.py"):
             continue
         tree = ast.parse(path.read_text())
         names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
@@ -297,8 +297,8 @@ def test_replace_event_records_puts_a_record_writer_in_the_event_file_threads_pa
             self.records.close()
 
     with SummaryWriter(tmp_path) as writer:
-        file_writer = _internals.event_file_writer(writer)
-        counting = _internals.replace_event_records(file_writer, Counting)
+        file_writer = _tensorboard_internals.event_file_writer(writer)
+        counting = _tensorboard_internals.replace_event_records(file_writer, Counting)
         file_writer.add_summary(SummaryProto(value=[SummaryProto.Value(tag="a", simple_value=1.5)]), 3)
         file_writer.flush()
         assert len(seen) == 1
@@ -333,7 +333,7 @@ def test_scalar_arrays_send_the_grpc_providers_request_and_give_its_points_as_ar
     grpc_data = grpc_provider.GrpcDataProvider("localhost:0", Stub())
     public = grpc_data.read_scalars(RequestContext(), experiment_id="", plugin_name="scalars", downsample=1000,
                                     run_tag_filter=provider.RunTagFilter(runs=["a"], tags=sorted(tags)))
-    arrays = _internals.scalar_arrays(grpc_data, "", "a", sorted(tags), 1000)
+    arrays = _tensorboard_internals.scalar_arrays(grpc_data, "", "a", sorted(tags), 1000)
     assert Stub.requests[0] == Stub.requests[1]  # the request read_scalars sends
     assert sorted(arrays) == sorted(public["a"]) == sorted(tags)
     for tag in tags:
@@ -341,4 +341,4 @@ def test_scalar_arrays_send_the_grpc_providers_request_and_give_its_points_as_ar
         assert steps.dtype == "int64" and values.dtype == "float64"
         assert steps.tolist() == [datum.step for datum in public["a"][tag]]
         assert repr(values.tolist()) == repr([datum.value for datum in public["a"][tag]])  # NaN too
-    assert _internals.scalar_arrays(object(), "", "a", tags, 1000) is None  # another provider: read_scalars
+    assert _tensorboard_internals.scalar_arrays(object(), "", "a", tags, 1000) is None  # another provider: read_scalars

@@ -42,7 +42,7 @@ import os
 import threading
 from typing import Any
 
-from ..common._internals import replace_event_records
+from ..common._tensorboard_internals import replace_event_records
 
 __all__ = ["WholeRecords", "guard_records"]
 

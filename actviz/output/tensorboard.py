@@ -16,7 +16,7 @@ import torch
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
 
-from ..common._internals import event_file_writer, replace_record_checksum
+from ..common._tensorboard_internals import event_file_writer, replace_record_checksum
 from .event_records import WholeRecords, guard_records
 from ..tags import TENSORBOARD_PREFIX, step_items, tensorboard_tag
 from ..common.results import StepResults

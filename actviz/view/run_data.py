@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..diagnosis.alerts import parse_alert_lines
-from ..common._internals import scalar_arrays
+from ..common._tensorboard_internals import scalar_arrays
 from ..run_diff import STATISTICS, NoRunToCompare
 from ..tags import ACTIVATIONS, ALERTS, FEATURE_MAPS, GRADIENTS, LAYERS, TENSORBOARD_PREFIX
 from .binning import MAX_COLUMNS, bin_steps, json_number
