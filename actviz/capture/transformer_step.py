@@ -176,11 +176,10 @@ class TransformerStep:
             if failed is not None:
                 _warn_once(failed, self._info.warned)
         for name in sorted(self._routers.dense if self._routers is not None else ()):
-            if f"dense {name}" not in self._info.warned:
-                self._info.warned.add(f"dense {name}")
-                warn_safely(f"actviz: the router {name!r} chooses every one of its experts (top-k with k equal to the "
-                            "number of experts, a dense layer): its load, dead experts and top-k margin mean nothing "
-                            f"there, only moe/{name}/router_entropy is written (warned once)", RuntimeWarning, stacklevel=2)
+            warn_once(self._info.warned, f"dense {name}", f"actviz: the router {name!r} chooses every one of its "
+                      "experts (top-k with k equal to the number of experts, a dense layer): its load, dead experts and "
+                      f"top-k margin mean nothing there, only moe/{name}/router_entropy is written (warned once)",
+                      RuntimeWarning, stacklevel=2)
 
     def remove(self) -> None:
         """Leave the mode, if still in it. Safe to call more than once."""
