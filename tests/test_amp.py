@@ -153,8 +153,8 @@ def test_a_pending_steps_loss_scale_divides_only_the_scaled_summaries_and_is_wri
     pending = PendingStep(7, bins=4)
     pending.loss_scale = torch.tensor(4.0)
     assert not pending.empty  # the scale alone is a step's scalar
-    pending.activations.add("fc", start_summary(values))
-    pending.gradients.add("fc", start_summary(values), scaled=True)
+    pending.activations.add_many({"fc": start_summary(values)})
+    pending.gradients.add_many({"fc": start_summary(values)}, scaled=True)
     pending.weights.add_many({"fc.weight": start_summary(values)})
     pending.weight_grads.add_many({"fc.weight": start_summary(values), "fc.bias": start_summary(values)}, scaled=True,
                                   mergeable={"fc.bias"})

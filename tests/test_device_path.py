@@ -93,7 +93,7 @@ def test_a_step_of_many_summaries_packs_in_a_handful_of_ops():
     pending = PendingStep(0, bins=8)
     tensors = [torch.randn(50, 30) for _ in range(100)] + [torch.randn(4000) for _ in range(100)]
     for index, tensor in enumerate(tensors):
-        pending.activations.add(str(index), start_summary(tensor, sample_size=1000))
+        pending.activations.add_many({str(index): start_summary(tensor, sample_size=1000)})
     with CountAll() as count:
         pending.send()
     assert len(count.kernels) <= 3, count.kernels  # one cat per dtype and one of their bytes

@@ -203,7 +203,8 @@ def test_merge_ranks_has_the_small_tensors_reduced_on_their_device():
 
     reduce_segments(torch.zeros(3), (3,))  # the layout for these sizes, made once (a run's steps repeat)
     pending = PendingStep(0, bins=8)
-    pending.activations.add("a", start_summary(torch.tensor([1.0, float("nan"), -2.0]), None, pending.small), mergeable=True)
+    pending.activations.add_many({"a": start_summary(torch.tensor([1.0, float("nan"), -2.0]), None, pending.small)},
+                                 mergeable={"a"})
     with CountOps() as count:
         ((tag, reduction),) = pending.mergeable
     assert count.kernels.count("aten.segment_reduce.default") == 3 and count.syncs == []  # sums, min, max

@@ -130,7 +130,8 @@ class OutputGradients:
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return
-        self._pending.gradients.add(tag, summary, scaled=self._parameters.scale_taken, mergeable=True)
+        summary.tag, summary.scaled, summary.mergeable = tag, self._parameters.scale_taken, True
+        self._pending.gradients.append(summary)
         if statistics:
             take_values(statistics, tag, module, grad, summary, self._pending.layer_values, self._options)
         if self._noise is not None:

@@ -256,7 +256,8 @@ class StepCapture:
                 if self.want_stats:
                     values = nested_values(tensor)
                     summary = start_summary(values, self.options.histogram_sample_size, self._pending.small)
-                    self._pending.activations.add(name + suffix, summary, mergeable=True)
+                    summary.tag, summary.mergeable = name + suffix, True
+                    self._pending.activations.append(summary)
                     statistics = self._layer_statistics.get(id(module))
                     if statistics is not None:
                         self._run_statistics(statistics, name + suffix, module, values, summary)
@@ -288,7 +289,8 @@ class StepCapture:
                 strengths = summary.made.strengths if summary is not None and summary.made is not None else None
                 picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths)
         if summary is not None:
-            self._pending.activations.add(tag, summary, mergeable=True)
+            summary.tag, summary.mergeable = tag, True
+            self._pending.activations.append(summary)
             if statistics is not None:
                 self._run_statistics(statistics, tag, module, tensor, summary)
             self.gradients.hook(name, tag, tensor)

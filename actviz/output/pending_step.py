@@ -2,7 +2,7 @@
 
 The hooks leave :class:`~actviz.summaries.header.Reduction` objects and picture sources on
 the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
-(``pending.activations.add(tag, reduction)``, likewise ``gradients``, ``weights`` and
+(``pending.activations.append(summary)``, likewise ``gradients``, ``weights`` and
 ``weight_grads``: :class:`TaggedReductions`), the AMP loss scale in :attr:`PendingStep.loss_scale`.
 When the step ends, :meth:`PendingStep.send` packs every tensor of a device into one byte
 buffer and starts a single copy to the host; on a GPU the copy goes to pinned memory without
@@ -113,52 +113,34 @@ def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return flats[0] if len(flats) == 1 else torch.cat(flats)
 
 
-class TaggedReductions:
-    """One kind of a step's summaries, as the hooks leave them: tags and their reductions, in the order added.
+class TaggedReductions(list):
+    """One kind of a step's summaries, as the hooks leave them: their handles
+    (:class:`~actviz.summaries.one_tensor.PendingSummary`), in the order added, each with its ``tag``.
 
     A :class:`PendingStep` has one per field of summaries of :class:`~actviz.common.results.StepResults`
     (:attr:`PendingStep.activations`, :attr:`~PendingStep.gradients`, :attr:`~PendingStep.weights`,
-    :attr:`~PendingStep.weight_grads`), which :meth:`PendingStep.resolve` finishes on the host. Per summary it
-    keeps one entry in each of three parallel lists: its handle, no object of its own.
+    :attr:`~PendingStep.weight_grads`), which :meth:`PendingStep.resolve` finishes on the host. A hook sets its
+    handle's ``tag`` (the layer's or parameter's name), ``scaled`` (the tensor is multiplied by the loss scale,
+    :attr:`PendingStep.loss_scale`, which the host divides out) and ``mergeable`` (it differs between ranks, and
+    ``merge_ranks=True`` merges it, :mod:`actviz.summaries.merge_ranks`), then appends it: no call of actviz's
+    and no object but the handle per summary.
 
     Args:
         name: The field's name, which prefixes the tags that :attr:`PendingStep.mergeable` gives.
     """
 
-    __slots__ = ("name", "tags", "reductions", "scaled", "mergeable")
+    __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self.tags: list[str] = []
-        self.reductions: list[PendingSummary] = []
-        self.scaled: list[bool] = []
-        self.mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
 
-    def add(self, tag: str, reduction: PendingSummary, scaled: bool = False, mergeable: bool = False) -> None:
-        """Keep one summary.
-
-        Args:
-            tag: The layer's or parameter's name.
-            reduction: Its handle (:func:`~actviz.summaries.one_tensor.start_summary`): a reduction made in its
-                hook, or a row of :attr:`PendingStep.small`.
-            scaled: The tensor is multiplied by the loss scale (:attr:`PendingStep.loss_scale`); the host divides it.
-            mergeable: It differs between ranks, and ``merge_ranks=True`` merges it (:mod:`actviz.summaries.merge_ranks`).
-        """
-        self.tags.append(tag)
-        self.reductions.append(reduction)
-        self.scaled.append(scaled)
-        if mergeable:
-            self.mergeable.append(len(self.tags) - 1)
-
-    def add_many(self, reductions: dict[str, PendingSummary], scaled: bool = False,
+    def add_many(self, summaries: dict[str, PendingSummary], scaled: bool = False,
                  mergeable: Collection[str] = ()) -> None:
-        """:meth:`add` each ``tag: reduction`` of ``reductions``; the tags in ``mergeable`` are."""
-        start = len(self.tags)
-        self.tags.extend(reductions)
-        self.reductions.extend(reductions.values())
-        self.scaled.extend([scaled] * len(reductions))
-        if mergeable:
-            self.mergeable.extend(start + index for index, tag in enumerate(reductions) if tag in mergeable)
+        """Append each ``tag: summary`` of ``summaries`` (many parameters), ``scaled``; the tags in ``mergeable`` are."""
+        for tag, summary in summaries.items():
+            summary.tag, summary.scaled, summary.mergeable = tag, scaled, tag in mergeable
+        self.extend(summaries.values())
 
 
 class LayerValues:
@@ -248,7 +230,9 @@ class PendingStep:
     Example:
         >>> from actviz.summaries.one_tensor import start_summary
         >>> pending = PendingStep(3, bins=4)
-        >>> pending.gradients.add("fc", start_summary(torch.tensor([2.0, -6.0])), scaled=True)
+        >>> summary = start_summary(torch.tensor([2.0, -6.0]))
+        >>> summary.tag, summary.scaled = "fc", True
+        >>> pending.gradients.append(summary)
         >>> pending.loss_scale = torch.tensor(2.0)
         >>> results = pending.resolve()
         >>> results.gradients["fc"].max, results.scalars
@@ -283,7 +267,7 @@ class PendingStep:
 
     @property
     def empty(self) -> bool:
-        return not (any(kind.reductions for kind in self._kinds) or self.loss_scale is not None or self._pictures
+        return not (any(self._kinds) or self.loss_scale is not None or self._pictures
                     or self._scalars or self._host_work or self.layer_values.tensors)
 
     @property
@@ -293,8 +277,8 @@ class PendingStep:
         The small tensors are reduced on the device first, so that every reduction has its header there to merge.
         """
         self.small.reduce()
-        return [(f"{kind.name}/{kind.tags[index]}", kind.reductions[index].reduction(self.small))  # a row's: made now
-                for kind in self._kinds for index in kind.mergeable]
+        return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small))  # a row's: made now
+                for kind in self._kinds for summary in kind if summary.mergeable]
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
@@ -324,7 +308,7 @@ class PendingStep:
         self.small.pack()
         unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
         for kind in self._kinds:
-            for summary in kind.reductions:  # many share one header and one sample: look each up once
+            for summary in kind:  # many share one header and one sample: look each up once
                 reduction = summary.made
                 if reduction is None:  # a row of self.small: its batch's tensors are in
                     continue
@@ -359,9 +343,9 @@ class PendingStep:
         results = StepResults(self.step, texts=dict(self._texts))
         for kind in self._kinds:  # each summary finished, the scaled ones divided by the loss scale
             found = getattr(results, kind.name)
-            for tag, summary, scaled in zip(kind.tags, kind.reductions, kind.scaled):
+            for summary in kind:
                 finished = summary.finish(self.small, host, self.bins)
-                found[tag] = finished.divided_by(scale) if scaled and scale != 1.0 else finished
+                found[summary.tag] = finished.divided_by(scale) if summary.scaled and scale != 1.0 else finished
         for picture in self._pictures:
             image = picture.draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
                                    for source in picture.sources])

@@ -9,7 +9,7 @@
   takes one copy instead (:mod:`actviz.summaries.small_tensors`). The step's rows go to the host
   in one copy (:mod:`actviz.output.pending_step`); :func:`actviz.summaries.many_tensors.reduce_tensors`
   reduces many parameters together.
-* :func:`finish` runs on the host, on the writer thread: it decodes the row
+* :meth:`PendingSummary.finish` (:func:`finish` of a bare reduction) runs on the host, on the writer thread: it decodes the row
   (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
@@ -115,8 +115,13 @@ class PendingSummary:
     made: Reduction | None = None
     row: int | None = None
     copy: torch.Tensor | None = None
+    #: Set by the hook that keeps it (:class:`~actviz.output.pending_step.TaggedReductions`): its layer's or
+    #: parameter's name, whether the loss scale multiplies it, and whether ranks merge it.
+    tag: str = ""
+    scaled: bool = False
+    mergeable: bool = False
 
-    def reduction(self, small: SmallTensors) -> Reduction:
+    def reduction(self, small: SmallTensors | None) -> Reduction:
         """Its :class:`~actviz.summaries.header.Reduction`: the one made in the hook, or its row's in ``small``
         (complete once the batch is reduced, or received on the host), kept from then on."""
         if self.made is None:
@@ -124,12 +129,39 @@ class PendingSummary:
             self.made = small.reduction(self.row)
         return self.made
 
-    def finish(self, small: SmallTensors, host: dict[int, torch.Tensor], bins: int = DEFAULT_BINS) -> Summary:
-        """On the host: its :class:`~actviz.common.results.Summary`, from the step's tensors copied to ``host``
-        (by ``id`` of the device tensor) and the small tensors received there (:func:`finish`)."""
-        reduction = self.reduction(small)
+    def finish(self, small: SmallTensors | None, host: dict[int, torch.Tensor], bins: int = DEFAULT_BINS) -> Summary:
+        """The host half, on the writer thread: numbers and bucket counts, from the step's tensors copied to ``host``
+        (by ``id`` of the device tensor) and its small tensors received there.
+
+        Bucket ``i`` covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the
+        last also holds ``max``. Counts come from the sample's finite values, scaled to the
+        finite total when the sample is not the whole tensor.
+        """
+        reduction = self.reduction(small)  # type: ignore[arg-type]
         reduction.receive(host)
-        return finish(reduction, bins)
+        nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
+        numel = reduction.numel
+        finite_count = numel - nonfinite
+        sample = reduction.sample_values() if reduction.numel else torch.empty(0)
+        sample = sample.to(torch.float64).numpy()
+        if nonfinite:
+            sample = sample[np.isfinite(sample)]
+        if finite_count == 0:  # the row's +inf/-inf placeholders
+            low = high = math.nan
+        counts = np.zeros(bins)
+        if reduction.counts is not None:  # merged across ranks between common edges
+            counts = np.asarray(reduction.counts[reduction.index], dtype=float)
+        elif finite_count and sample.size:
+            if high > low:
+                index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
+                counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
+            else:
+                counts[0] = sample.size
+            if reduction.stride > 1:
+                counts *= finite_count / sample.size
+        return Summary(
+            numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
+        )
 
 
 def start_summary(
@@ -235,35 +267,10 @@ def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
-    """The host half of a summary: numbers and bucket counts, once the reduction is on the host.
-
-    Bucket ``i`` covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the
-    last also holds ``max``. Counts come from the sample's finite values, scaled to the
-    finite total when the sample is not the whole tensor.
-    """
-    nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
-    numel = reduction.numel
-    finite_count = numel - nonfinite
-    sample = reduction.sample_values() if reduction.numel else torch.empty(0)
-    sample = sample.to(torch.float64).numpy()
-    if nonfinite:
-        sample = sample[np.isfinite(sample)]
-    if finite_count == 0:  # the row's +inf/-inf placeholders
-        low = high = math.nan
-    counts = np.zeros(bins)
-    if reduction.counts is not None:  # merged across ranks between common edges
-        counts = np.asarray(reduction.counts[reduction.index], dtype=float)
-    elif finite_count and sample.size:
-        if high > low:
-            index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
-            counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
-        else:
-            counts[0] = sample.size
-        if reduction.stride > 1:
-            counts *= finite_count / sample.size
-    return Summary(
-        numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
-    )
+    """The host half of a summary whose reduction is on the host already: :meth:`PendingSummary.finish`."""
+    summary = PendingSummary()
+    summary.made = reduction
+    return summary.finish(None, {}, bins)
 
 
 def summarize(
