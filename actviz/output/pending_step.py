@@ -1,7 +1,7 @@
 """From the device to the writer thread: one step's small results, in one copy per device.
 
-The hooks leave :class:`~actviz.summaries.header.Reduction` objects and picture sources on
-the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
+The hooks leave summary handles (:class:`~actviz.summaries.one_tensor.PendingSummary`) and pictures
+(:class:`~actviz.pictures.rendering.Picture`) on the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
 (``pending.activations.append(summary)``, likewise ``gradients``, ``weights`` and
 ``weight_grads``: :class:`TaggedReductions`), the AMP loss scale in :attr:`PendingStep.loss_scale`.
 When the step ends, :meth:`PendingStep.send` packs every tensor of a device into one byte
@@ -257,7 +257,7 @@ class PendingStep:
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
         self._ids: list[int] = []
-        #: The small tensors the hooks copy (``pending.small.whole_copy(...)``, then ``add_copy``), reduced together
+        #: The small tensors the hooks copy (:func:`~actviz.summaries.one_tensor.start_summary`), reduced together
         #: before merging or sending; ``ACTVIZ_CPU_SHORTCUTS`` is read once, here, per step.
         self.small = SmallTensors(cpu_shortcuts())
 
