@@ -34,7 +34,7 @@ from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from torch.utils.tensorboard.summary import histogram
 
 from actviz.diagnosis.alerts import Alert
-from actviz.output.tensorboard_values import _text_value  # a text under its own tag, as actviz writes it
+from actviz.output.tensorboard import _text_value  # a text under its own tag, as actviz writes it
 
 REPO = Path(__file__).resolve().parent.parent
 

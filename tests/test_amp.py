@@ -147,16 +147,16 @@ def test_huggingface_passes_its_scaler_with_fp16(tmp_path):
 
 def test_a_pending_steps_loss_scale_divides_only_the_scaled_summaries_and_is_written():
     from actviz.output.pending_step import PendingStep
-    from actviz.summaries.one_tensor import reduce_tensor
+    from actviz.summaries.one_tensor import start_summary
 
     values = torch.tensor([4.0, -8.0, 2.0])
     pending = PendingStep(7, bins=4)
     pending.loss_scale = torch.tensor(4.0)
     assert not pending.empty  # the scale alone is a step's scalar
-    pending.activations.add("fc", reduce_tensor(values))
-    pending.gradients.add("fc", reduce_tensor(values), scaled=True)
-    pending.weights.add_many({"fc.weight": reduce_tensor(values)})
-    pending.weight_grads.add_many({"fc.weight": reduce_tensor(values), "fc.bias": reduce_tensor(values)}, scaled=True,
+    pending.activations.add_many({"fc": start_summary(values)})
+    pending.gradients.add_many({"fc": start_summary(values)}, scaled=True)
+    pending.weights.add_many({"fc.weight": start_summary(values)})
+    pending.weight_grads.add_many({"fc.weight": start_summary(values), "fc.bias": start_summary(values)}, scaled=True,
                                   mergeable={"fc.bias"})
     assert [tag for tag, _ in pending.mergeable] == ["weight_grads/fc.bias"]
     results = pending.resolve()

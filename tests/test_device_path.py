@@ -20,7 +20,7 @@ from actviz.output.pending_step import HostCopy, PendingStep
 from actviz.common.pixels import PaletteImage
 from actviz.pictures.rendering import feature_map_grid, heatmap, picture_source
 from actviz.summaries.many_tensors import reduce_tensors
-from actviz.summaries.one_tensor import reduce_tensor
+from actviz.summaries.one_tensor import reduce_tensor, start_summary
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +85,7 @@ def test_many_parameters_take_the_same_ops_whatever_their_count():
             reductions = reduce_tensors(parameters)
         assert count.syncs == []
         counts.append(len(count.kernels))
-        assert len({id(reduction.header) for reduction in reductions}) == 2  # the small ones' matrix, the others'
+        assert len({id(summary.made.header) for summary in reductions}) == 2  # the small ones' matrix, the others'
     assert counts[0] == counts[1] <= 56, counts  # segment reduction (small_tensors) + _foreach reductions
 
 
@@ -93,7 +93,7 @@ def test_a_step_of_many_summaries_packs_in_a_handful_of_ops():
     pending = PendingStep(0, bins=8)
     tensors = [torch.randn(50, 30) for _ in range(100)] + [torch.randn(4000) for _ in range(100)]
     for index, tensor in enumerate(tensors):
-        pending.activations.add(str(index), reduce_tensor(tensor, sample_size=1000))
+        pending.activations.add_many({str(index): start_summary(tensor, sample_size=1000)})
     with CountAll() as count:
         pending.send()
     assert len(count.kernels) <= 3, count.kernels  # one cat per dtype and one of their bytes

@@ -184,7 +184,7 @@ def test_a_failed_compile_warns_once_and_falls_back(monkeypatch):
 
     monkeypatch.setattr(fused, "inductor_backend", broken_backend)
     monkeypatch.setattr(fused, "_compiled", {})
-    monkeypatch.setattr(fused, "_warned", False)
+    monkeypatch.setattr(fused, "_warned", set())
     tensor = random_values()
     with pytest.warns(RuntimeWarning, match="no C.. compiler here") as warned:
         first = summarize(tensor)
@@ -198,7 +198,7 @@ def test_a_failed_compile_warns_once_and_falls_back(monkeypatch):
 def test_training_goes_on_after_a_failed_compile(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "inductor_backend", lambda: None)  # calling it raises
     monkeypatch.setattr(fused, "_compiled", {})
-    monkeypatch.setattr(fused, "_warned", False)
+    monkeypatch.setattr(fused, "_warned", set())
     model = staircase(3)
     with pytest.warns(RuntimeWarning, match="runs eagerly"):
         with actviz.watch(model, tmp_path, every=1, options=actviz.Options(histogram_sample_size=4)) as viz:  # outputs larger: compiled

@@ -11,7 +11,7 @@ from torch import nn
 
 import actviz
 from actviz.summaries.many_tensors import reduce_tensors
-from actviz.summaries.one_tensor import finish, reduce_tensor
+from actviz.summaries.one_tensor import finish, reduce_tensor, start_summary
 from actviz.summaries.segments import reduce_segments
 from actviz.summaries.small_tensors import SmallTensors
 
@@ -130,7 +130,7 @@ def test_parameters_the_sample_covers_take_the_segment_reduction():
     generator = torch.Generator().manual_seed(5)
     parameters = [torch.randn(40, generator=generator) + 1e3, torch.randn(7, 9, generator=generator),
                   torch.randn(30_000, generator=generator)]  # the last is strided: the _foreach path
-    reductions = reduce_tensors(parameters)
+    reductions = [summary.made for summary in reduce_tensors(parameters)]
     assert reductions[0].header is reductions[1].header is not reductions[2].header
     for tensor, reduction in zip(parameters, reductions):
         summary = finish(reduction)
@@ -203,7 +203,8 @@ def test_merge_ranks_has_the_small_tensors_reduced_on_their_device():
 
     reduce_segments(torch.zeros(3), (3,))  # the layout for these sizes, made once (a run's steps repeat)
     pending = PendingStep(0, bins=8)
-    pending.activations.add("a", pending.small.add_copy(torch.tensor([1.0, float("nan"), -2.0])), mergeable=True)
+    pending.activations.add_many({"a": start_summary(torch.tensor([1.0, float("nan"), -2.0]), None, pending.small)},
+                                 mergeable={"a"})
     with CountOps() as count:
         ((tag, reduction),) = pending.mergeable
     assert count.kernels.count("aten.segment_reduce.default") == 3 and count.syncs == []  # sums, min, max

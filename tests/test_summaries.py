@@ -210,7 +210,7 @@ def test_reduce_tensors_gives_what_reduce_tensor_gives_one_by_one():
         torch.zeros(0),                                      # empty
         torch.randn(9000, generator=generator),              # sampled at a stride
     ]
-    together = reduce_tensors(tensors, sample_size=4096)
+    together = [summary.made for summary in reduce_tensors(tensors, sample_size=4096)]
     assert len(together) == len(tensors)
     for tensor, reduction in zip(tensors, together):
         many = finished(reduction, 16)
@@ -219,7 +219,7 @@ def test_reduce_tensors_gives_what_reduce_tensor_gives_one_by_one():
         assert many.bucket_counts == alone.bucket_counts
         assert many.sum == pytest.approx(alone.sum, rel=1e-6, abs=1e-6)
         assert many.sum_squares == pytest.approx(alone.sum_squares, rel=1e-6)
-    by_hand = finished(reduce_tensors([torch.tensor([0.0, -1.0, 3.0, 4.0])])[0], 2)
+    by_hand = finished(reduce_tensors([torch.tensor([0.0, -1.0, 3.0, 4.0])])[0].made, 2)
     # width 2.5 over [-1, 4]: -1 and 0 in the first bucket, 3 and 4 in the second
     assert (by_hand.sum, by_hand.sum_squares, by_hand.min, by_hand.max, by_hand.bucket_counts) == (
         6.0, 26.0, -1.0, 4.0, [2.0, 2.0])
@@ -230,8 +230,8 @@ def test_a_tensor_that_requires_grad_builds_no_graph():
     for tensor in (weight, weight * 2, torch.tensor([1.0, float("nan")], requires_grad=True)):
         vector = summarize(tensor, bins=4)
         assert not vector.requires_grad and vector.grad_fn is None
-    for reduction in reduce_tensors([weight, weight * 2]):
-        assert all(t.grad_fn is None for t in reduction.device_tensors())
+    for summary in reduce_tensors([weight, weight * 2]):
+        assert all(t.grad_fn is None for t in summary.made.device_tensors())
 
 
 @pytest.mark.parametrize("mean, std, numel", [(1e4, 1.0, 100_000), (1000.0, 0.01, 100_000), (1.0, 1e-4, 1_000_000)])

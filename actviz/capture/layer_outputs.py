@@ -20,9 +20,7 @@ from ..common._internals import batch_and_instance_norm_types, tensor_version
 from ..options import CaptureOptions
 from ..output.pending_step import Draw
 from ..pictures.rendering import draw_first_grid, picture_source
-from ..common.distributed_types import is_dtensor
 from ..summaries.header import Reduction
-from ..summaries.one_pass import channel_layout
 from ..summaries.one_tensor import reduce_tensor
 
 __all__ = [
@@ -151,28 +149,29 @@ def reduce_output(
     and a unit fraction to the summary's row where the one-pass op makes it): see
     :func:`~actviz.summaries.one_tensor.reduce_tensor` and :func:`~actviz.pictures.rendering.picture_source`.
     :func:`~actviz.summaries.one_tensor.finish` and ``draw(source)`` complete them on the host.
-    In a watcher's step a tensor its sample covers whole is copied once instead (:func:`copied_picture`).
+    A watcher's hook does the same by :func:`~actviz.summaries.one_tensor.start_summary`, where a tensor its sample
+    covers whole is copied once instead (:func:`copied_picture`).
     """
     # A grid of a few of many channels picks them by the strengths the summary's read gives (where the one-pass op makes it).
-    many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels and not is_dtensor(tensor)
-    channels = channel_layout(tensor) if many else None
+    many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels
     reduction = reduce_tensor(tensor, options.histogram_sample_size, outliers=outliers, units=units,
-                              channels=channels or ()) if stats else None
+                              strengths=many) if stats else None
     strengths = reduction.strengths if reduction is not None else None
     picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths) if draw else None
     return reduction, picture
 
 
 def copied_picture(copy: torch.Tensor, row: int, max_channels: int, batch_dim: int) -> tuple[Draw, torch.Tensor | int] | None:
-    """The picture of a layer output that a watcher's step copied whole (:meth:`~actviz.summaries.small_tensors.SmallTensors.whole_copy`)
-    into its summary's ``row``: a grid of every channel is drawn on the host from the row's sample
+    """The picture of a layer output that a watcher's step copied whole (:func:`~actviz.summaries.one_tensor.start_summary`
+    with ``keep_copy``) into its summary's ``row``: a grid of every channel is drawn on the host from the row's sample
     (:func:`~actviz.pictures.rendering.draw_first_grid`); otherwise the source is taken from the copy, on its device.
 
     Example:
+        >>> from actviz.summaries.one_tensor import start_summary
         >>> from actviz.summaries.small_tensors import SmallTensors
         >>> small = SmallTensors(cpu_shortcut=False)
-        >>> copy = small.whole_copy(torch.rand(2, 3, 4, 4), None)
-        >>> draw, source = copied_picture(copy, small.add_copy(copy), max_channels=8, batch_dim=0)
+        >>> summary = start_summary(torch.rand(2, 3, 4, 4), None, small, keep_copy=True)
+        >>> draw, source = copied_picture(summary.copy, summary.row, max_channels=8, batch_dim=0)
         >>> small.reduce(); draw(small.row_sample(source)).shape  # sample 0's 3 channels: 32-pixel tiles, 2 × 2
         torch.Size([1, 70, 70])
     """

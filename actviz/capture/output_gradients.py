@@ -39,7 +39,7 @@ from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
 from ..statistics.gradient_noise import GradientNoise
 from ..statistics.layer_statistic import summary_request, take_values
-from ..summaries.one_tensor import reduce_tensor
+from ..summaries.one_tensor import start_summary
 from .layer_outputs import output_tensors
 from .step_end import Stage, StepEnd
 from .step_parameters import StepParameters
@@ -122,21 +122,18 @@ class OutputGradients:
         self.seen.add(tag)
         if not self._callback_queued:
             self._queue_backward_callback()
-        small = self._pending.small
         module, statistics = self.statistics.get(name, (None, ()))  # most steps: none
-        try:  # a small gradient is a row of the step's batch (no object); any other is reduced now
-            copy = small.whole_copy(grad, self._options.histogram_sample_size)
-            if copy is not None:
-                reduction = small.add_copy(copy)
-            else:
-                outliers, units = summary_request(statistics, grad, module)
-                reduction = reduce_tensor(grad, self._options.histogram_sample_size, False, outliers=outliers, units=units)
+        try:  # a small gradient is a row of the step's batch (no object but its handle); any other is reduced now
+            outliers, units = summary_request(statistics, grad, module) if statistics else (False, ())
+            summary = start_summary(grad, self._options.histogram_sample_size, self._pending.small, False,
+                                    outliers=outliers, units=units)
         except Exception as error:  # noqa: BLE001 - a hook must never stop training
             self._on_error(name, error)
             return
-        self._pending.gradients.add(tag, reduction, scaled=self._parameters.scale_taken, mergeable=True)
+        summary.tag, summary.scaled, summary.mergeable = tag, self._parameters.scale_taken, True
+        self._pending.gradients.append(summary)
         if statistics:
-            take_values(statistics, tag, module, grad, reduction, self._pending.layer_values, self._options)
+            take_values(statistics, tag, module, grad, summary, self._pending.layer_values, self._options)
         if self._noise is not None:
             self._noise.take_gradient(tag, grad)
 

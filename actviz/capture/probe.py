@@ -31,14 +31,13 @@ from ..pictures.gradcam import call_model, grad_cam, gradcam_overlay, last_conv_
 from .layer_outputs import DrawnTensors, batch_dim_of, output_tensors
 from ..common.owned_hooks import HookHandles
 from ..common.pixels import to_uint8
-from ..pictures.rendering import _normalize, picture_source
+from ..pictures.rendering import Picture, _normalize, picture_source
 from ..selection import find_layer
 from ..tags import GRADCAM, PROBE_INPUT
 
 __all__ = ["ProbeForward", "check_probe", "gradcam_layers", "probe_image", "try_probe", "unwrap_for_probe"]
 
 #: ``(tag, draw, sources, full_tag)``: what PendingStep.add_picture takes.
-Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
 
 
 def check_probe(probe: Any, model: nn.Module) -> None:
@@ -243,7 +242,7 @@ class ProbeForward:
                 return
             picture = picture_source(first[1], self._max_channels, batch_dim)
             if picture is not None:
-                found.append((name, picture[0], (picture[1],), False))
+                found.append(Picture(name, picture[0], (picture[1],)))
                 drawn.add(first[1])
 
         modes = {module: module.training for module in model.modules()}
@@ -258,11 +257,11 @@ class ProbeForward:
             image = probe_image(self.inputs)
             found += attention_pictures(maps, image)
             if image is not None:
-                found.append((PROBE_INPUT, draw_probe_input, (image,), True))
+                found.append(Picture(PROBE_INPUT, draw_probe_input, (image,), True))
                 for name, layer in self.gradcam:
                     with eager():
                         cam = grad_cam(model, layer, self.inputs)[0]
-                    found.append((GRADCAM.format(layer=name), gradcam_overlay, (image, cam), True))
+                    found.append(Picture(GRADCAM.format(layer=name), gradcam_overlay, (image, cam), True))
         finally:
             handles.remove()
             for module, training in modes.items():

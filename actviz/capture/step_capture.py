@@ -8,7 +8,7 @@ gradients, and a :class:`~actviz.capture.step_end.StepEnd` that holds the step's
 :class:`~actviz.capture.step_end.Stage` and decides, event by event, when the step is over. The events, in order:
 
 1. attach (``__init__``): layer forward hooks, the end-of-forward hook on the model, the optimizer hook;
-2. layer output (``_on_layer_output``): summary, picture source, a hook on the output's gradient
+2. layer output (``_on_module_output``, then ``_capture_tensor`` per tensor): summary, picture source, a hook on the output's gradient
    (:meth:`OutputGradients.hook <actviz.capture.output_gradients.OutputGradients.hook>`);
 3. end of forward (``_on_forward_done``): forward hooks off, then :meth:`StepEnd.forward_done
    <actviz.capture.step_end.StepEnd.forward_done>`: over now if nothing waits for a backward;
@@ -41,17 +41,16 @@ from torch import nn
 from ..common._internals import functorch_wrapped
 from .compiled_model import EagerStance
 from .layer_outputs import DrawnTensors, first_tensor, layer_table, nested_values, output_tensors
-from .layer_outputs import PER_CHANNEL_AFFINE, copied_picture, reduce_output, shape_of as _shape_of
+from .layer_outputs import PER_CHANNEL_AFFINE, copied_picture, shape_of as _shape_of
 from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
 from ..common.owned_hooks import ForwardHooks, HookHandles, OwnedHook
 from .output_gradients import OutputGradients
-from .probe import Picture
 from .step_end import Stage, StepEnd
 from .step_parameters import LoopHistory, StepParameters
-from ..summaries.header import Reduction
+from ..pictures.rendering import Picture, picture_source
 from ..summaries.merge_ranks import merge_across_ranks
-from ..summaries.one_tensor import reduce_tensor
+from ..summaries.one_tensor import PendingSummary, start_summary
 from ..tags import LAYERS
 from .probe import unwrap_for_probe
 from ..selection import ROOT_NAME
@@ -85,7 +84,7 @@ class StepCapture:
             its outputs waited for, or without the gradients it made (``end.dropped_gradients``).
         grad_scaler: A ``torch.amp.GradScaler``: gradients are logged divided by its scale.
         describe_layers: Also write the text ``layers`` (see :func:`~actviz.capture.layer_outputs.layer_table`).
-        pictures: Pictures made before the step (the probe's): ``(tag, draw, sources, full_tag)``.
+        pictures: Pictures made before the step (the probe's).
 
     With ``options.merge_ranks`` every rank runs a capture for the same steps and ``deliver``
     may be ``None``; with ``options.update_ratio`` a step ends at the next forward, once the
@@ -141,8 +140,8 @@ class StepCapture:
         self._on_error = on_error
         self._on_no_backward = on_no_backward
         self._pending = PendingStep(step, options.bins)
-        for tag, draw, sources, full_tag in pictures:
-            self._pending.add_picture(tag, draw, *sources, full_tag=full_tag)
+        for picture in pictures:
+            self._pending.add_picture(picture)
         self._hooks = HookHandles()
         self._layer_pairs = list(layers)  # the watcher's own pairs: its steps reuse their lookup (LoopHistory)
         self._layers = dict(layers)
@@ -217,38 +216,38 @@ class StepCapture:
             TransformerStep.start(model, self._layers, self._pending, self.options, self._hooks)  # attention, logits
 
     def _on_module_output(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        """The layers' one forward hook: each name ``module`` is watched under, its output captured once."""
         entry = self._by_module.get(id(module), _UNWATCHED)
         if entry[0] is not module or self.end.stage is Stage.DONE:  # a copy's module (it shares the hook dict), or over
             return
         for at in range(1, len(entry), 2):
-            self._on_layer_output(entry[at], entry[at + 1], module, inputs, output)
-
-    def _on_layer_output(self, name: str, batch_dim: int, module: nn.Module, inputs: Any, output: Any) -> None:
-        if name in self._seen:  # a module called twice logs its first call
-            return
-        first = output if isinstance(output, torch.Tensor) else first_tensor(output)
-        if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
-            return
-        self._seen.add(name)
-        if name in self._statistics_only:  # not watched: its statistics alone
-            if first is not None:
-                self._run_statistics(self._layer_statistics[id(module)], name, module, first)
-            return
-        if self._shapes is not None and first is not None:
-            self._shapes[name] = _shape_of(first)
-        if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
-            self._recompute.add(name)
-        # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
-        draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE) and self._drawn.would_repeat(module, inputs))
-        try:
-            if self._noise is not None and first is not None and first.requires_grad:
-                self._noise.take_input(name, module, inputs, first)
-            if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
-                self._capture_tensor(name, name, batch_dim, module, output, draw)
-            else:
-                self._capture_output(name, batch_dim, module, output, draw)
-        except Exception as error:  # noqa: BLE001 - a hook must never stop training
-            self._on_error(name, error)
+            name, batch_dim = entry[at], entry[at + 1]
+            if name in self._seen:  # a module called twice logs its first call
+                continue
+            first = output if isinstance(output, torch.Tensor) else first_tensor(output)
+            if first is not None and functorch_wrapped(first):  # a torch.func transform's call: skip the call only
+                continue
+            self._seen.add(name)
+            if name in self._statistics_only:  # not watched: its statistics alone
+                if first is not None:
+                    self._run_statistics(self._layer_statistics[id(module)], name, module, first)
+                continue
+            if self._shapes is not None and first is not None:
+                self._shapes[name] = _shape_of(first)
+            if not torch.is_grad_enabled():  # run without grad inside a training forward: checkpointed
+                self._recompute.add(name)
+            # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
+            draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE)
+                                             and self._drawn.would_repeat(module, inputs))
+            try:
+                if self._noise is not None and first is not None and first.requires_grad:
+                    self._noise.take_input(name, module, inputs, first)
+                if type(output) is torch.Tensor and not output.is_nested:  # most layers: one plain tensor, no loop
+                    self._capture_tensor(name, name, batch_dim, module, output, draw)
+                else:
+                    self._capture_output(name, batch_dim, module, output, draw)
+            except Exception as error:  # noqa: BLE001 - a hook must never stop training
+                self._on_error(name, error)
 
     def _capture_output(self, name: str, batch_dim: int, module: nn.Module, output: Any, draw: bool) -> None:
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
@@ -256,8 +255,12 @@ class StepCapture:
             if tensor.is_nested:  # ragged: its statistics are its values'; no grid, and its gradient is nested too
                 if self.want_stats:
                     values = nested_values(tensor)
-                    reduction = reduce_tensor(values, self.options.histogram_sample_size, small=self._pending.small)
-                    self._add_activation(module, name + suffix, values, reduction)
+                    summary = start_summary(values, self.options.histogram_sample_size, self._pending.small)
+                    summary.tag, summary.mergeable = name + suffix, True
+                    self._pending.activations.append(summary)
+                    statistics = self._layer_statistics.get(id(module))
+                    if statistics is not None:
+                        self._run_statistics(statistics, name + suffix, module, values, summary)
             else:  # only the first is drawn (an LSTM's h and c are not batch-first)
                 self._capture_tensor(name, name + suffix, batch_dim, module, tensor, draw and position == 0)
 
@@ -268,32 +271,37 @@ class StepCapture:
         Most outputs are copied once, whole: the copy is the summary's row in the step's small tensors
         and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
         """
-        small = self._pending.small
-        copy = small.whole_copy(tensor, self.options.histogram_sample_size) if self.want_stats else None
-        if copy is not None:
-            row = small.add_copy(copy)
-            reduction, picture = row, copied_picture(copy, row, self.options.max_channels, batch_dim) if draw else None
-        else:
-            outliers, units = summary_request(self._layer_statistics.get(id(module)), tensor, module)
-            reduction, picture = reduce_output(tensor, self.options, stats=self.want_stats, draw=draw, batch_dim=batch_dim,
-                                               outliers=outliers, units=units)
-        if reduction is not None:
-            self._add_activation(module, tag, tensor, reduction)
+        options = self.options
+        summary = picture = statistics = None
+        if self.want_stats:
+            statistics = self._layer_statistics.get(id(module))  # most layers of most models: none, no call
+            outliers, units = summary_request(statistics, tensor, module) if statistics else (False, ())
+            # A grid of a few of many channels picks them by the strengths the summary's read gives (the one-pass op's).
+            many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels
+            summary = start_summary(tensor, options.histogram_sample_size, self._pending.small, outliers=outliers,
+                                    units=units, strengths=many, keep_copy=draw)
+        if draw:
+            copy = summary.copy if summary is not None else None
+            if copy is not None:  # copied whole: the copy is the picture's source too, not kept by the handle
+                summary.copy = None  # type: ignore[union-attr]
+                picture = copied_picture(copy, summary.row, options.max_channels, batch_dim)  # type: ignore[union-attr]
+            else:
+                strengths = summary.made.strengths if summary is not None and summary.made is not None else None
+                picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths)
+        if summary is not None:
+            summary.tag, summary.mergeable = tag, True
+            self._pending.activations.append(summary)
+            if statistics is not None:
+                self._run_statistics(statistics, tag, module, tensor, summary)
             self.gradients.hook(name, tag, tensor)
         if picture is not None:
-            self._pending.add_picture(tag, *picture)
+            self._pending.add_picture(Picture(tag, picture[0], (picture[1],)))
             self._drawn.add(tensor)
 
-    def _add_activation(self, module: nn.Module, tag: str, tensor: torch.Tensor, reduction: Reduction | int) -> None:
-        self._pending.activations.add(tag, reduction, mergeable=True)
-        statistics = self._layer_statistics.get(id(module))  # most layers of most models: none, no call
-        if statistics is not None:
-            self._run_statistics(statistics, tag, module, tensor, reduction)
-
     def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module,
-                        tensor: torch.Tensor, reduction: Reduction | int | None = None) -> None:
+                        tensor: torch.Tensor, summary: PendingSummary | None = None) -> None:
         """Each statistic's device half of one tensor (:func:`~actviz.statistics.layer_statistic.take_values`)."""
-        take_values(statistics, layer, module, tensor, reduction, self._pending.layer_values, self.options)
+        take_values(statistics, layer, module, tensor, summary, self._pending.layer_values, self.options)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         try:

@@ -28,10 +28,9 @@ from .amp import loss_scale_of, unscaled_by
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
 from ..output.pending_step import LayerValues, PendingStep
-from ..summaries.header import Reduction
 from ..summaries.many_tensors import reduce_tensors
 from ..summaries.merge_ranks import is_sharded
-from ..summaries.one_tensor import local_shard, reduce_tensor
+from ..summaries.one_tensor import PendingSummary, local_shard, start_summary
 from ..statistics.layer_statistic import take_values
 from ..statistics.gradient_noise import NoiseRun
 from ..statistics.registry import Chosen
@@ -146,7 +145,7 @@ class StepParameters:
         self._history = history or LoopHistory()
         # merged across ranks (merge_ranks) only when sharded: looked at only then
         self._sharded = {name for name, param in self.named if is_sharded(param)} if options.merge_ranks else set()
-        self._grads: dict[str, Reduction] = {}  # the latest, replaced until the step ends
+        self._grads: dict[str, PendingSummary] = {}  # the latest, replaced until the step ends
         self._grads_scaled = False
         self._trainable_params = [param for _, param in self.trainable]
         self._grad_refs: list[weakref.ref[torch.Tensor] | None] = []  # each .grad as the step's backward left it
@@ -245,7 +244,7 @@ class StepParameters:
             self._grad_values = None
 
     def _take_values(self, statistics: tuple[Any, ...], named: list[tuple[str, nn.Parameter]],
-                     tensors: list[torch.Tensor], reductions: dict[str, Reduction], into: LayerValues) -> None:
+                     tensors: list[torch.Tensor], reductions: dict[str, PendingSummary], into: LayerValues) -> None:
         """The device halves of ``statistics`` of each of ``tensors`` (the parameters of ``named`` or their gradients)."""
         for (name, _), tensor in zip(named, tensors):
             take_values(statistics, name, None, tensor, reductions.get(name), into, self._options)
@@ -276,12 +275,15 @@ class StepParameters:
             self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
 
     def _warn_once(self, names: list[str], message: str) -> None:
-        """Warn with ``message`` unless every one of ``names`` was warned about already."""
+        """Warn with ``message`` unless every one of ``names`` was warned about already.
+
+        Not :func:`~actviz.common.safe_warnings.warn_once`, which says a thing once per key: one message here
+        names several parameters, and says them again only with one that is new."""
         if not self._history.resized.issuperset(names):
             self._history.resized.update(names)
             warn_safely(message, RuntimeWarning)
 
-    def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, Reduction]:
+    def _reduce(self, named: list[tuple[str, nn.Parameter]], tensors: list[torch.Tensor]) -> dict[str, PendingSummary]:
         """Reduce ``tensors`` (the parameters of ``named``, or their gradients) in a fixed number of ops;
         if that fails, one by one, to name the one that fails."""
         sample_size = self._options.histogram_sample_size
@@ -293,7 +295,7 @@ class StepParameters:
             found = {}
             for (tag, _), tensor in zip(named, tensors):
                 try:
-                    found[tag] = reduce_tensor(tensor, sample_size, count_zeros=False)
+                    found[tag] = start_summary(tensor, sample_size, count_zeros=False)
                 except Exception as error:  # noqa: BLE001
                     self._report(tag, error)
             return found

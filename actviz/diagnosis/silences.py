@@ -30,7 +30,7 @@ from torch import nn
 
 from ..common._internals import tensor_version
 from ..common.optimizer_steps import OptimizerStepSubscription, subscribe
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..schedule import Schedule
 
 __all__ = ["Silences"]
@@ -192,9 +192,7 @@ class Silences:
         return any(tensor_version(param) != version for param, version in zip(self._parameters, self._versions))
 
     def _say(self, kind: str, message: str, stacklevel: int = 4) -> None:
-        if kind not in self._said:
-            self._said.add(kind)
-            warn_safely(message, RuntimeWarning, stacklevel=stacklevel)
+        warn_once(self._said, kind, message, RuntimeWarning, stacklevel=stacklevel)
 
 
 def _describe(schedule: Schedule) -> str:

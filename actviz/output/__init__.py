@@ -10,8 +10,7 @@
 * :mod:`~actviz.output.once_warnings`: the writer's warnings, each kind once;
 * :mod:`~actviz.output.sink`: the ``Sink`` interface (``write``, ``flush``, ``close``) that
   ``watch(sink=...)`` accepts;
-* :mod:`~actviz.output.tensorboard`: :class:`TensorBoardSink`, one sink;
-* :mod:`~actviz.output.tensorboard_values`: the TensorBoard protobufs of one step;
+* :mod:`~actviz.output.tensorboard`: :class:`TensorBoardSink`, one sink, and the TensorBoard protobufs of one step;
 * :mod:`~actviz.output.png`: the PNG bytes of the pictures, for the event files and the report.
 
 Example:

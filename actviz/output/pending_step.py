@@ -1,8 +1,8 @@
 """From the device to the writer thread: one step's small results, in one copy per device.
 
-The hooks leave :class:`~actviz.summaries.header.Reduction` objects and picture sources on
-the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
-(``pending.activations.add(tag, reduction)``, likewise ``gradients``, ``weights`` and
+The hooks leave summary handles (:class:`~actviz.summaries.one_tensor.PendingSummary`) and pictures
+(:class:`~actviz.pictures.rendering.Picture`) on the tensors' devices in a :class:`PendingStep`: each summary in the field of its kind
+(``pending.activations.append(summary)``, likewise ``gradients``, ``weights`` and
 ``weight_grads``: :class:`TaggedReductions`), the AMP loss scale in :attr:`PendingStep.loss_scale`.
 When the step ends, :meth:`PendingStep.send` packs every tensor of a device into one byte
 buffer and starts a single copy to the host; on a GPU the copy goes to pinned memory without
@@ -21,11 +21,12 @@ import torch
 
 from ..common.safe_warnings import warn_once
 from ..options import cpu_shortcuts
+from ..pictures.rendering import Picture
 from ..summaries.header import Reduction
-from ..summaries.one_tensor import finish
+from ..summaries.one_tensor import PendingSummary
 from ..summaries.small_tensors import SmallTensors
 from ..tags import GRAD_SCALE
-from ..common.results import StepResults, Summary
+from ..common.results import StepResults
 
 __all__ = ["HostCopy", "LayerValues", "PendingStep", "TaggedReductions", "record_values"]
 
@@ -112,63 +113,34 @@ def _flat_cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return flats[0] if len(flats) == 1 else torch.cat(flats)
 
 
-class TaggedReductions:
-    """One kind of a step's summaries, as the hooks leave them: tags and their reductions, in the order added.
+class TaggedReductions(list):
+    """One kind of a step's summaries, as the hooks leave them: their handles
+    (:class:`~actviz.summaries.one_tensor.PendingSummary`), in the order added, each with its ``tag``.
 
     A :class:`PendingStep` has one per field of summaries of :class:`~actviz.common.results.StepResults`
     (:attr:`PendingStep.activations`, :attr:`~PendingStep.gradients`, :attr:`~PendingStep.weights`,
-    :attr:`~PendingStep.weight_grads`), and :meth:`finish` gives that field on the host. Per summary it
-    keeps one entry in each of three parallel lists and no object of its own.
+    :attr:`~PendingStep.weight_grads`), which :meth:`PendingStep.resolve` finishes on the host. A hook sets its
+    handle's ``tag`` (the layer's or parameter's name), ``scaled`` (the tensor is multiplied by the loss scale,
+    :attr:`PendingStep.loss_scale`, which the host divides out) and ``mergeable`` (it differs between ranks, and
+    ``merge_ranks=True`` merges it, :mod:`actviz.summaries.merge_ranks`), then appends it: no call of actviz's
+    and no object but the handle per summary.
 
     Args:
         name: The field's name, which prefixes the tags that :attr:`PendingStep.mergeable` gives.
     """
 
-    __slots__ = ("name", "tags", "reductions", "scaled", "mergeable")
+    __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         self.name = name
-        self.tags: list[str] = []
-        self.reductions: list[Reduction | int] = []  # an int: a row of PendingStep.small, made a Reduction when finished
-        self.scaled: list[bool] = []
-        self.mergeable: list[int] = []  # indices into the lists above: no tuple or tag string per summary
 
-    def add(self, tag: str, reduction: Reduction | int, scaled: bool = False, mergeable: bool = False) -> None:
-        """Keep one summary.
-
-        Args:
-            tag: The layer's or parameter's name.
-            reduction: A :class:`~actviz.summaries.header.Reduction`, or a row of :attr:`PendingStep.small`
-                (:meth:`~actviz.summaries.small_tensors.SmallTensors.add_row`).
-            scaled: The tensor is multiplied by the loss scale (:attr:`PendingStep.loss_scale`); the host divides it.
-            mergeable: It differs between ranks, and ``merge_ranks=True`` merges it (:mod:`actviz.summaries.merge_ranks`).
-        """
-        self.tags.append(tag)
-        self.reductions.append(reduction)
-        self.scaled.append(scaled)
-        if mergeable:
-            self.mergeable.append(len(self.tags) - 1)
-
-    def add_many(self, reductions: dict[str, Reduction | int], scaled: bool = False,
+    def add_many(self, summaries: dict[str, PendingSummary], scaled: bool = False,
                  mergeable: Collection[str] = ()) -> None:
-        """:meth:`add` each ``tag: reduction`` of ``reductions``; the tags in ``mergeable`` are."""
-        start = len(self.tags)
-        self.tags.extend(reductions)
-        self.reductions.extend(reductions.values())
-        self.scaled.extend([scaled] * len(reductions))
-        if mergeable:
-            self.mergeable.extend(start + index for index, tag in enumerate(reductions) if tag in mergeable)
-
-    def finish(self, small: SmallTensors, host: dict[int, torch.Tensor], bins: int, scale: float) -> dict[str, Summary]:
-        """On the host: each tag's :class:`~actviz.common.results.Summary`, the scaled ones divided by ``scale``."""
-        reductions = [small.reduction(r) if isinstance(r, int) else r for r in self.reductions]
-        for reduction in reductions:
-            reduction.receive(host)
-        found = {}
-        for tag, reduction, scaled in zip(self.tags, reductions, self.scaled):
-            summary = finish(reduction, bins)
-            found[tag] = summary.divided_by(scale) if scaled and scale != 1.0 else summary
-        return found
+        """Append each ``tag: summary`` of ``summaries`` (many parameters), ``scaled``; the tags in ``mergeable`` are."""
+        for tag, summary in summaries.items():
+            summary.tag, summary.scaled, summary.mergeable = tag, scaled, tag in mergeable
+        self.extend(summaries.values())
 
 
 class LayerValues:
@@ -256,9 +228,11 @@ class PendingStep:
         bins: Histogram buckets, for :func:`~actviz.summaries.one_tensor.finish`.
 
     Example:
-        >>> from actviz.summaries.one_tensor import reduce_tensor
+        >>> from actviz.summaries.one_tensor import start_summary
         >>> pending = PendingStep(3, bins=4)
-        >>> pending.gradients.add("fc", reduce_tensor(torch.tensor([2.0, -6.0])), scaled=True)
+        >>> summary = start_summary(torch.tensor([2.0, -6.0]))
+        >>> summary.tag, summary.scaled = "fc", True
+        >>> pending.gradients.append(summary)
         >>> pending.loss_scale = torch.tensor(2.0)
         >>> results = pending.resolve()
         >>> results.gradients["fc"].max, results.scalars
@@ -275,7 +249,7 @@ class PendingStep:
         #: The AMP loss scale of this step's backward pass, a 0-dim tensor on its device: written as
         #: ``amp/grad_scale``, and the scaled summaries are divided by it on the host, so the GPU never waits to read it.
         self.loss_scale: torch.Tensor | None = None
-        self._pictures: list[tuple[Any, ...]] = []  # (tag, draw, full_tag, *sources): one tuple per picture
+        self._pictures: list[Picture] = []
         self._scalars: list[tuple[str, torch.Tensor]] = []
         self._texts: dict[str, str] = {}
         #: Each per-layer statistic's device half (:mod:`actviz.statistics`), finished on the host after the summaries.
@@ -283,7 +257,7 @@ class PendingStep:
         self._host_work: list[tuple[Callable[[StepResults, list[torch.Tensor]], None], tuple[torch.Tensor, ...]]] = []
         self._copy: HostCopy | None = None
         self._ids: list[int] = []
-        #: The small tensors the hooks copy (``pending.small.whole_copy(...)``, then ``add_copy``), reduced together
+        #: The small tensors the hooks copy (:func:`~actviz.summaries.one_tensor.start_summary`), reduced together
         #: before merging or sending; ``ACTVIZ_CPU_SHORTCUTS`` is read once, here, per step.
         self.small = SmallTensors(cpu_shortcuts())
 
@@ -293,7 +267,7 @@ class PendingStep:
 
     @property
     def empty(self) -> bool:
-        return not (any(kind.reductions for kind in self._kinds) or self.loss_scale is not None or self._pictures
+        return not (any(self._kinds) or self.loss_scale is not None or self._pictures
                     or self._scalars or self._host_work or self.layer_values.tensors)
 
     @property
@@ -303,14 +277,8 @@ class PendingStep:
         The small tensors are reduced on the device first, so that every reduction has its header there to merge.
         """
         self.small.reduce()
-        found = []
-        for kind in self._kinds:
-            for index in kind.mergeable:
-                reduction = kind.reductions[index]
-                if isinstance(reduction, int):  # a row: its Reduction now, which the merge changes
-                    reduction = kind.reductions[index] = self.small.reduction(reduction)
-                found.append((f"{kind.name}/{kind.tags[index]}", reduction))
-        return found
+        return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small))  # a row's: made now
+                for kind in self._kinds for summary in kind if summary.mergeable]
 
     def add_scalar(self, tag: str, value: torch.Tensor) -> None:
         """Keep a 0-dim tensor, written as the scalar ``tag``."""
@@ -324,14 +292,10 @@ class PendingStep:
         """Keep a text summary (markdown), written under ``tag``."""
         self._texts[tag] = text
 
-    def add_picture(self, tag: str, draw: Draw, *sources: torch.Tensor | int, full_tag: bool = False) -> None:
-        """Keep what ``draw(*sources)`` turns into a picture on the host. A source that is an ``int`` is a row
-        of :attr:`small`: ``draw`` gets that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`).
-
-        ``tag`` is a layer's name, written as ``feature_maps/{tag}``, or with ``full_tag``
-        the whole tag (``probe/input``, ``gradcam/features.10``).
-        """
-        self._pictures.append((tag, draw, full_tag, *sources))
+    def add_picture(self, picture: Picture) -> None:
+        """Keep ``picture``, drawn on the host by ``picture.draw(*sources)``. A source that is an ``int`` is a row
+        of :attr:`small`: ``draw`` gets that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`)."""
+        self._pictures.append(picture)
 
     def send(self) -> None:
         """Start the copy to the host. Called once, on the training thread, when the step ends.
@@ -344,15 +308,16 @@ class PendingStep:
         self.small.pack()
         unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
         for kind in self._kinds:
-            for reduction in kind.reductions:  # many share one header and one sample: look each up once
-                if isinstance(reduction, int):  # a row of self.small: its batch's tensors are in
+            for summary in kind:  # many share one header and one sample: look each up once
+                reduction = summary.made
+                if reduction is None:  # a row of self.small: its batch's tensors are in
                     continue
                 header, sample = reduction.header, reduction.sample
                 if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
                     for tensor in reduction.device_tensors():
                         unique[id(tensor)] = tensor
         for picture in self._pictures:
-            for source in picture[3:]:
+            for source in picture.sources:
                 if not isinstance(source, int):  # a row of self.small goes with its batch
                     unique[id(source)] = source
         if self.loss_scale is not None:
@@ -375,18 +340,16 @@ class PendingStep:
         host = dict(zip(self._ids, self._copy.wait()))
         self.small.receive(host)
         scale = 1.0 if self.loss_scale is None else float(host[id(self.loss_scale)])
-        results = StepResults(
-            self.step,
-            activations=self.activations.finish(self.small, host, self.bins, scale),
-            gradients=self.gradients.finish(self.small, host, self.bins, scale),
-            weights=self.weights.finish(self.small, host, self.bins, scale),
-            weight_grads=self.weight_grads.finish(self.small, host, self.bins, scale),
-            texts=dict(self._texts),
-        )
-        for tag, draw, full_tag, *sources in self._pictures:
-            picture = draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
-                             for source in sources])
-            (results.pictures if full_tag else results.images)[tag] = picture
+        results = StepResults(self.step, texts=dict(self._texts))
+        for kind in self._kinds:  # each summary finished, the scaled ones divided by the loss scale
+            found = getattr(results, kind.name)
+            for summary in kind:
+                finished = summary.finish(self.small, host, self.bins)
+                found[summary.tag] = finished.divided_by(scale) if summary.scaled and scale != 1.0 else finished
+        for picture in self._pictures:
+            image = picture.draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
+                                   for source in picture.sources])
+            (results.pictures if picture.full_tag else results.images)[picture.tag] = image
         if self.loss_scale is not None:
             results.scalars[GRAD_SCALE] = scale
         for tag, value in self._scalars:

@@ -1,7 +1,7 @@
 """Sinks: write one step's results to TensorBoard.
 
 Every tag and what it holds is in :mod:`actviz.tags` (:func:`~actviz.tags.step_items`); this
-module only maps those items to TensorBoard's values, under TensorBoard's names of the tags
+module only maps those items to TensorBoard's values (pure functions at its end), under TensorBoard's names of the tags
 (:func:`~actviz.tags.tensorboard_tag`: scalars, histograms and images after ``~``). Any object
 with ``write(results)``, ``flush()`` and ``close()`` is a sink too (:class:`Sink`, ``watch(sink=...)``).
 """
@@ -13,15 +13,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from tensorboard.compat.proto.summary_pb2 import HistogramProto
 from tensorboard.compat.proto.summary_pb2 import Summary as SummaryProto
 from torch.utils.tensorboard.summary import custom_scalars
+from torch.utils.tensorboard.summary import text as text_summary
 
 from ..common._tensorboard_internals import event_file_writer, replace_record_checksum
 from .event_records import WholeRecords, guard_records
 from ..tags import TENSORBOARD_PREFIX, step_items, tensorboard_tag
-from ..common.results import StepResults
+from ..common.histogram_buckets import merge_empty_buckets
+from ..common.pixels import PaletteImage
+from ..common.results import StepResults, Summary
+from .png import encode_png
 from .sink import Sink
-from .tensorboard_values import _image_value, _scalar_values, _text_value, _values
 
 _TAG = "^" + TENSORBOARD_PREFIX  # the start of TensorBoard's name of an actviz scalar ("~" is not special in a regex)
 #: Custom Scalars charts (anchored regexes on TensorBoard's names of actviz's tags): each statistic across all layers.
@@ -182,3 +186,44 @@ def _not_written(step: int, folder: str, error: OSError | None) -> OSError:
              "the next ones once it can"
     number = getattr(error, "errno", None)
     return OSError(reason) if number is None else OSError(number, reason)
+
+
+def _values(kind: str, tag: str, value: Any) -> list[SummaryProto.Value]:
+    """The ``Summary.Value`` protos of one :func:`actviz.tags.step_items` item (none for an empty histogram)."""
+    if kind == "histogram":
+        return _histogram_values(tag, value)
+    if kind == "scalar":
+        return _scalar_values({tag: value})
+    if kind == "text":
+        return [_text_value(tag, value)]
+    return [_image_value(tag, value)]
+
+
+def _histogram_values(tag: str, summary: Summary) -> list[SummaryProto.Value]:
+    if not summary.has_histogram:  # empty or all NaN/Inf: the scalars say so
+        return []
+    limits, counts = merge_empty_buckets(*summary.histogram())  # lossless: see actviz.common.histogram_buckets
+    histo = HistogramProto(
+        min=summary.min, max=summary.max, num=summary.finite_count, sum=summary.sum,
+        sum_squares=summary.sum_squares, bucket_limit=limits, bucket=counts,
+    )
+    return [SummaryProto.Value(tag=tag, histo=histo)]
+
+
+def _scalar_values(scalars: dict[str, float]) -> list[SummaryProto.Value]:
+    # simple_value, as SummaryWriter.add_scalar writes by default
+    return [SummaryProto.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+
+
+def _text_value(tag: str, text: str) -> SummaryProto.Value:
+    """A markdown text summary under ``tag`` itself (``SummaryWriter.add_text`` would add ``/text_summary``)."""
+    value = text_summary(tag, text).value[0]
+    value.tag = tag
+    return value
+
+
+def _image_value(tag: str, image: torch.Tensor | PaletteImage) -> SummaryProto.Value:
+    channels, height, width = image.shape
+    png = encode_png(image)  # a heat map (PaletteImage): one byte per pixel, decoded to RGB
+    proto = SummaryProto.Image(height=height, width=width, colorspace=channels, encoded_image_string=png)
+    return SummaryProto.Value(tag=tag, image=proto)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ from ..options import DEFAULT_MAX_CHANNELS
 from ..common.pixels import PaletteImage, to_uint8
 
 __all__ = [
-    "DEFAULT_MAX_CHANNELS", "draw_first_grid", "feature_map_grid", "grid_layout", "heatmap", "picture_source",
+    "DEFAULT_MAX_CHANNELS", "Picture", "draw_first_grid", "feature_map_grid", "grid_layout", "heatmap", "picture_source",
     "select_channels", "tile_size",
 ]
 
@@ -36,6 +37,34 @@ MIN_TILE = 32
 #: Tiles larger than this are shrunk by area averaging.
 MAX_TILE = 128
 GRID_PADDING = 2
+
+
+class Picture(NamedTuple):
+    """One picture on its way from the step that made it to the writer thread, where ``draw(*sources)`` gives its pixels.
+
+    Every picture a step writes travels as one: a layer's feature map or heat map, the probe's, Grad-CAM's,
+    the attention maps'.
+
+    Attributes:
+        tag: A layer's name, written as ``feature_maps/{tag}``; with ``full_tag``, the whole tag
+            (``probe/input``, ``gradcam/features.10``).
+        draw: Turns the sources, once on the host, into a ``uint8`` image (or a
+            :class:`~actviz.common.pixels.PaletteImage`).
+        sources: What it is drawn from: tensors on their device, or an ``int``, a row of the step's small tensors,
+            drawn from that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`).
+        full_tag: ``tag`` is the whole tag.
+
+    Example:
+        >>> picture = Picture("conv1", draw_grid, (torch.rand(3, 4, 4),))
+        >>> tuple(picture.draw(*picture.sources).shape), picture.full_tag
+        ((1, 70, 70), False)
+    """
+
+    tag: str
+    draw: Callable[..., Any]
+    sources: tuple[torch.Tensor | int, ...]
+    full_tag: bool = False
+
 
 def tile_size(height: int, width: int, min_tile: int = MIN_TILE, max_tile: int = MAX_TILE) -> tuple[int, int]:
     """Size a ``height × width`` feature map is drawn at in a grid.
@@ -205,7 +234,7 @@ def picture_source(
     average at the picture's size and the whole's min and max (:func:`~actviz.pictures.heatmap_sources.heatmap_source`).
     ``draw(source)`` is :func:`feature_map_grid` of sample 0, or its :func:`heatmap` as a
     :class:`~actviz.common.pixels.PaletteImage` (the same pixels, a byte each). With ``copied``, ``tensor``
-    is a private copy off autograd's tape (a watcher's :meth:`~actviz.summaries.small_tensors.SmallTensors.whole_copy`):
+    is a private copy off autograd's tape (a watcher's :func:`~actviz.summaries.one_tensor.start_summary` copy):
     a grid of all its channels is a view of it, no second copy. ``strengths``, where the summary's read gave them,
     pick a 4-D output's channels (:func:`select_channels`) without a read of their own.
 

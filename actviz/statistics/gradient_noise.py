@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.distributed_types import is_dtensor
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 from ..tags import GRAD_SCALE, GRADIENT_NOISE
 
 __all__ = ["COUNTED", "FAILED", "GradientNoise", "NoiseRun", "linear_route", "noise_scale", "squared_norms"]
@@ -393,7 +393,5 @@ class GradientNoise:
             self._carried = []
         elif backward_seen and not self._failed:
             cause = self._skipped or NO_LAYER
-            if cause not in self._run.warned:
-                self._run.warned.add(cause)
-                warn_safely(f"actviz: the gradient_noise statistic counted nothing in this step: {cause}; no "
-                            "gradient_noise/ values are written (warned once)", RuntimeWarning, stacklevel=3)
+            warn_once(self._run.warned, cause, f"actviz: the gradient_noise statistic counted nothing in this step: "
+                      f"{cause}; no gradient_noise/ values are written (warned once)", RuntimeWarning, stacklevel=3)

@@ -54,7 +54,6 @@ from torch import nn
 
 from ..common.results import Summary
 from ..common.safe_warnings import warn_once
-from ..summaries.header import Reduction
 from ..summaries.one_pass import OUTLIER_FIELDS, UNIT_FIELDS
 from ..tags import ACTIVATION_STAT, GRADIENT_STAT, WEIGHT_GRAD_STAT, WEIGHT_STAT
 
@@ -187,9 +186,11 @@ def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.M
                 reduction: Any, layer_values: Any, options: Any) -> None:
     """Each statistic's device half of one tensor of its target, kept with the step's results (``layer_values``, a
     :class:`~actviz.output.pending_step.LayerValues`): from the numbers the summary's row holds where it has them
-    (``reduction``, the tensor's :class:`~actviz.summaries.header.Reduction` with the fields of
-    :func:`summary_request`), else by its own ops. One that raises is warned about once; training goes on."""
-    summarized = isinstance(reduction, Reduction) and reduction.extra
+    (``reduction``, the tensor's :class:`~actviz.summaries.one_tensor.PendingSummary`, whose reduction made in the
+    hook has the fields of :func:`summary_request`), else by its own ops. One that raises is warned about once;
+    training goes on."""
+    reduction = reduction.made if reduction is not None else None  # a row of the small batch has no fields
+    summarized = reduction is not None and reduction.extra
     for statistic in statistics:
         try:
             fields = reduction.extra_fields(statistic.summary_fields) if summarized else None

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from ..common._internals import compiler_stance, inductor_backend, mark_size_unbacked
-from ..common.safe_warnings import warn_safely
+from ..common.safe_warnings import warn_once
 
 __all__ = ["CompiledFunction", "compiled_functions", "run", "use_fused"]
 
@@ -71,7 +71,7 @@ Key = tuple[str, str, torch.dtype, bool]
 #: (function name, device, dtype, large) -> its compiled function, or None once it failed. The device
 #: with its index ("cuda:1"), as Dynamo guards on it: one process driving two GPUs gets graphs for each.
 _compiled: dict[Key, CompiledFunction | None] = {}
-_warned = False
+_warned: set[str] = set()  # "compile" once a failed compile was warned about (later ones are logged)
 
 
 def use_fused() -> bool:
@@ -130,15 +130,11 @@ def _run(function: Callable[[torch.Tensor], torch.Tensor], values: torch.Tensor)
 
 
 def _report_failure(key: Key, error: BaseException) -> None:
-    global _warned
     name, device, dtype, _ = key
     reason = " ".join([line for line in str(error).splitlines() if line.strip()][:2])[:500] or type(error).__name__
     message = f"actviz: compiling {name} for {device} {dtype} failed, so it runs eagerly: {reason}"
-    if _warned:
+    if not warn_once(_warned, "compile", message, RuntimeWarning, stacklevel=3):
         logger.info(message)
-    else:
-        _warned = True
-        warn_safely(message, RuntimeWarning, stacklevel=3)
 
 
 def compiled_functions() -> dict[Key, CompiledFunction | None]:

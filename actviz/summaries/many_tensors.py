@@ -5,8 +5,8 @@ would dispatch an op per parameter; here the small ones (the sample covers them 
 biases, norms, small convolutions) share the segment reduction of :mod:`actviz.summaries.small_tensors`,
 about 25 ops per million elements, and the larger floating tensors of one device and dtype share
 one call of the one-pass op (:mod:`actviz.summaries.one_pass`), whatever their count, which reads each
-where it lies. The results are the same :class:`~actviz.summaries.header.Reduction` objects, finished on
-the host by :func:`~actviz.summaries.one_tensor.finish`.
+where it lies. The results are the same handles as one tensor's
+(:class:`~actviz.summaries.one_tensor.PendingSummary`), finished on the host by their ``finish``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..common._internals import flatten_copy
 from ..options import DEFAULT_SAMPLE_SIZE, cpu_shortcuts
 from .one_pass import SUMMARIZE
 from .header import HEADER, Reduction
-from .one_tensor import flat_view, local_shard, reduce_tensor, sample_stride
+from .one_tensor import PendingSummary, flat_view, local_shard, sample_stride, start_summary
 from .small_tensors import SmallTensors
 
 __all__ = ["reduce_tensors"]
@@ -31,8 +31,8 @@ __all__ = ["reduce_tensors"]
 def reduce_tensors(
     tensors: Sequence[torch.Tensor], sample_size: int | None = DEFAULT_SAMPLE_SIZE,
     owners: Sequence[torch.Tensor] | None = None, small: SmallTensors | None = None,
-) -> list[Reduction | int]:
-    """:func:`reduce_tensor` of many tensors, in a number of ops that does not grow with their count.
+) -> list[PendingSummary]:
+    """:func:`~actviz.summaries.one_tensor.start_summary` of many tensors, in a number of ops that does not grow with their count.
 
     Floating tensors of one device its sample covers whole (biases, norms, small convolutions)
     are copied end to end in one op and share the segment reduction of
@@ -44,17 +44,18 @@ def reduce_tensors(
     ``owners``: the parameters ``tensors`` belong to (themselves, or whose ``.grad`` they are), the
     same every step: which tensor goes where is then decided once and kept (:class:`_Plan`).
     ``small``: the step's small tensors, where the copied ones join the step's one segment
-    reduction (completed by ``small.reduce()``) and are returned as their rows there (``int``,
-    see :meth:`~actviz.summaries.small_tensors.SmallTensors.reduction`); without, they are reduced here.
+    reduction (completed by ``small.reduce()``) and are returned as their rows there; without, they are reduced
+    here. Each tensor's summary is a :class:`~actviz.summaries.one_tensor.PendingSummary`, as
+    :func:`~actviz.summaries.one_tensor.start_summary` gives one tensor's; the one-by-one routes are its.
 
     Example:
         >>> from actviz.summaries.one_tensor import finish
         >>> bias, weight = torch.tensor([1.0, -1.0]), torch.arange(6.0).view(2, 3)
-        >>> [finish(r).sum for r in reduce_tensors([bias, weight])]
+        >>> [finish(summary.made).sum for summary in reduce_tensors([bias, weight])]
         [0.0, 15.0]
     """
     plan = _Plan.find(tensors, owners, sample_size, cpu_shortcuts())
-    reductions: list[Reduction | int | None] = [None] * len(tensors)
+    reductions: list[PendingSummary | None] = [None] * len(tensors)
     if plan.flat:
         batch = small if small is not None else SmallTensors(cpu_shortcut=False)
         try:
@@ -63,7 +64,8 @@ def reduce_tensors(
                 if flat.device != device or not flat.is_floating_point():
                     raise ValueError(f"tensors planned on {device} now give {flat.dtype} on {flat.device}")
                 for index, row in zip(indices, batch.add_segments(flat, sizes)):
-                    reductions[index] = row
+                    reductions[index] = summary = PendingSummary()  # no Python call per parameter
+                    summary.row = row
         except Exception:
             _Plan.forget(plan)  # a parameter moved or changed: planned again next time
             raise
@@ -71,19 +73,19 @@ def reduce_tensors(
             batch.reduce()
             for indices, _, _ in plan.flat:
                 for index in indices:
-                    reductions[index] = batch.reduction(reductions[index])  # type: ignore[arg-type]
+                    reductions[index].reduction(batch)  # type: ignore[union-attr]
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     shards = {index: local_shard(tensors[index]) for index in plan.rest}
     for index, tensor in shards.items():
-        if tensor.numel() == 0 or not tensor.is_floating_point():
-            reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
-        elif plan.shortcut and tensor.device.type == "cpu":  # on the CPU a plain loop is faster
-            reductions[index] = reduce_tensor(tensor, sample_size, count_zeros=False)
+        if (tensor.numel() == 0 or not tensor.is_floating_point()
+                or (plan.shortcut and tensor.device.type == "cpu")):  # on the CPU a plain loop is faster
+            reductions[index] = start_summary(tensor, sample_size, count_zeros=False)
         else:
             groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     for indices in groups.values():
         for index, reduction in zip(indices, _reduce_together([shards[index] for index in indices], sample_size)):
-            reductions[index] = reduction
+            reductions[index] = summary = PendingSummary()
+            summary.made = reduction
     return reductions  # type: ignore[return-value]
 
 

@@ -1,13 +1,15 @@
 """Tensor summaries, made in two halves so that a GPU never waits for the host.
 
-* :func:`reduce_tensor` runs inside the hook, on the tensor's device, and leaves one
+* :func:`start_summary` runs inside the hook, chooses the tensor's route (the one place that does) and gives
+  a :class:`PendingSummary`, the handle that travels to the writer thread; :func:`reduce_tensor` is its
+  :class:`~actviz.summaries.header.Reduction` at once. Either runs inside the hook, on the tensor's device, and leaves one
   header row (layout: :mod:`actviz.summaries.header`) and a strided sample: one op,
   ``torch.ops.actviz.summarize`` (:mod:`actviz.summaries.one_pass`), which reads the tensor once
   on a GPU; nothing read on the host. In the watcher's hooks a tensor its sample covers whole
   takes one copy instead (:mod:`actviz.summaries.small_tensors`). The step's rows go to the host
   in one copy (:mod:`actviz.output.pending_step`); :func:`actviz.summaries.many_tensors.reduce_tensors`
   reduces many parameters together.
-* :func:`finish` runs on the host, on the writer thread: it decodes the row
+* :meth:`PendingSummary.finish` (:func:`finish` of a bare reduction) runs on the host, on the writer thread: it decodes the row
   (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
@@ -34,9 +36,8 @@ from .header import HEADER, Reduction, wide_dtype
 from .small_tensors import SmallTensors
 
 __all__ = [
-    "HEADER_SIZE", "Reduction", "finish", "flat_view", "reduce_in_one_pass", "reduce_tensor",
-    "sample_stride",
-    "summarize",
+    "HEADER_SIZE", "PendingSummary", "Reduction", "finish", "flat_view", "reduce_in_one_pass", "reduce_tensor",
+    "sample_stride", "start_summary", "summarize",
 ]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
@@ -85,50 +86,170 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     return permuted.view(-1) if permuted.is_contiguous() else tensor.reshape(-1)
 
 
-def reduce_tensor(
-    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
-    small: SmallTensors | None = None, outliers: bool = False, units: tuple[float, ...] = (),
-    channels: tuple[int, ...] = (),
-) -> Reduction:
-    """Reduce one tensor on its device (see :func:`reduce_values`); :func:`finish` completes it.
+class PendingSummary:
+    """One tensor's summary in flight, from its hook to the writer thread: what :func:`start_summary` gives.
+
+    It holds either the :class:`~actviz.summaries.header.Reduction` made in the hook (:attr:`made`), or a
+    :attr:`row` of the step's small tensors (:class:`~actviz.summaries.small_tensors.SmallTensors`), whose
+    reduction exists once the batch is reduced: no object but this one per tensor on the training thread.
+    :meth:`finish` completes it on the host.
+
+    Attributes:
+        made: The reduction made in the hook, or a row's once asked for (:meth:`reduction`); ``None`` before.
+        row: Its row in the step's small tensors, or ``None``.
+        copy: For a row asked for with ``keep_copy``, the whole copy it was made of, for the hook's picture; the
+            hook sets it to ``None`` once taken, so that the handle does not keep it alive.
+
+    Example:
+        >>> small = SmallTensors(cpu_shortcut=False)
+        >>> whole, large = start_summary(torch.tensor([1.0, 2.0]), 8, small), start_summary(torch.arange(20.0), 8, small)
+        >>> whole.row, large.row
+        (0, None)
+        >>> small.reduce()
+        >>> whole.finish(small, {}, bins=2).sum, large.finish(small, {}, bins=2).max
+        (3.0, 19.0)
+    """
+
+    # No __init__: made in a hook by ``PendingSummary()`` and an attribute or two, with no Python call (a logging
+    # step's host cost is its Python calls, one handle per tensor); the class gives what is not set.
+    made: Reduction | None = None
+    row: int | None = None
+    copy: torch.Tensor | None = None
+    #: Set by the hook that keeps it (:class:`~actviz.output.pending_step.TaggedReductions`): its layer's or
+    #: parameter's name, whether the loss scale multiplies it, and whether ranks merge it.
+    tag: str = ""
+    scaled: bool = False
+    mergeable: bool = False
+
+    def reduction(self, small: SmallTensors | None) -> Reduction:
+        """Its :class:`~actviz.summaries.header.Reduction`: the one made in the hook, or its row's in ``small``
+        (complete once the batch is reduced, or received on the host), kept from then on."""
+        if self.made is None:
+            assert self.row is not None
+            self.made = small.reduction(self.row)
+        return self.made
+
+    def finish(self, small: SmallTensors | None, host: dict[int, torch.Tensor], bins: int = DEFAULT_BINS) -> Summary:
+        """The host half, on the writer thread: numbers and bucket counts, from the step's tensors copied to ``host``
+        (by ``id`` of the device tensor) and its small tensors received there.
+
+        Bucket ``i`` covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the
+        last also holds ``max``. Counts come from the sample's finite values, scaled to the
+        finite total when the sample is not the whole tensor.
+        """
+        reduction = self.reduction(small)  # type: ignore[arg-type]
+        reduction.receive(host)
+        nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
+        numel = reduction.numel
+        finite_count = numel - nonfinite
+        sample = reduction.sample_values() if reduction.numel else torch.empty(0)
+        sample = sample.to(torch.float64).numpy()
+        if nonfinite:
+            sample = sample[np.isfinite(sample)]
+        if finite_count == 0:  # the row's +inf/-inf placeholders
+            low = high = math.nan
+        counts = np.zeros(bins)
+        if reduction.counts is not None:  # merged across ranks between common edges
+            counts = np.asarray(reduction.counts[reduction.index], dtype=float)
+        elif finite_count and sample.size:
+            if high > low:
+                index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
+                counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
+            else:
+                counts[0] = sample.size
+            if reduction.stride > 1:
+                counts *= finite_count / sample.size
+        return Summary(
+            numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
+        )
+
+
+def start_summary(
+    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, small: SmallTensors | None = None,
+    count_zeros: bool = True, outliers: bool = False, units: tuple[float, ...] = (), strengths: bool = False,
+    keep_copy: bool = False,
+) -> PendingSummary:
+    """The device half of one tensor's summary, on the route chosen here and nowhere else.
+
+    The routes, in order: a plain floating tensor its sample covers whole is copied once as a row of the step's
+    ``small`` tensors (reduced with the others when the step ends, :mod:`actviz.summaries.small_tensors`), as is
+    a DTensor's or a subclass's local values; an empty tensor needs no op; ``ACTVIZ_FUSED=1`` compiles the header
+    (:mod:`actviz.summaries.fused`); a float CPU tensor takes the CPU shortcut (:mod:`actviz.summaries.cpu_shortcut`)
+    unless ``ACTVIZ_CPU_SHORTCUTS=0``; any other is read once by the one-pass op (:func:`reduce_in_one_pass`).
+    Many tensors at once (parameters) take :func:`actviz.summaries.many_tensors.reduce_tensors`, which batches
+    the same routes.
 
     Args:
         tensor: Any real tensor. It is not modified, and nothing keeps it alive.
         sample_size: Most elements in the sample the buckets are counted on; ``None`` for all.
+        small: The step's small tensors; without, every tensor is reduced now.
         count_zeros: Whether the CPU shortcut counts exact zeros (the device path always does).
-        small: The step's small tensors: a floating tensor its sample covers whole is copied
-            there and reduced with the others when the step ends (:mod:`actviz.summaries.small_tensors`).
         outliers, units: Where the one-pass op summarizes it, add the outlier numbers, or a unit fraction
             (:func:`~actviz.summaries.one_pass.unit_fraction`), to its row
             (:meth:`~actviz.summaries.header.Reduction.extra_fields`).
-        channels: Where the one-pass op summarizes it, its :func:`~actviz.summaries.one_pass.channel_layout`: the
-            reduction's ``strengths`` are then each channel's mean ``|x|`` over sample 0, for its picture.
+        strengths: Where the one-pass op summarizes a 4-D tensor (not a DTensor) by its
+            :func:`~actviz.summaries.one_pass.channel_layout`, the reduction's ``strengths`` are each channel's mean
+            ``|x|`` over sample 0, for its picture.
+        keep_copy: A row keeps its whole copy for the hook's picture (:attr:`PendingSummary.copy`).
 
     Raises:
         TypeError: A complex tensor.
     """
-    if small is not None and (copy := small.whole_copy(tensor, sample_size)) is not None:
-        return small.add(copy, copied=True)  # its sample is the whole tensor: batched with the step's other small ones
+    if small is not None:  # the fast path of most layer outputs and their gradients: a few attribute reads, one copy
+        numel = tensor.numel()
+        if (type(tensor) is torch.Tensor and numel and (sample_size is None or numel <= sample_size)
+                and small.takes(tensor)):
+            copy = (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
+            summary = PendingSummary()
+            summary.row = small.add_copy(copy)
+            if keep_copy:
+                summary.copy = copy
+            return summary
     if tensor.is_complex():
         raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
     values = flat_view(local_shard(tensor))
     numel = values.numel()
+    summary = PendingSummary()
+    if small is not None and 0 < numel and (sample_size is None or numel <= sample_size) and small.takes(values):
+        summary.row = small.add_row(values)  # a DTensor's or a subclass's values: a row too
+        return summary
     if numel == 0:
-        return Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
-    if small is not None and (sample_size is None or numel <= sample_size) and small.takes(values):
-        return small.add(values)  # its sample is the whole tensor: batched with the step's other small ones
+        summary.made = Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
+        return summary
     stride = sample_stride(numel, sample_size)
     # Compiled only where ACTVIZ_FUSED=1 asks (fused.use_fused says why; a watcher's step batches small tensors first).
     if numel < _INT32_COUNTS_MAX and fused.use_fused():
         header = fused.run(header_sums, values)
         if header is not None:
             sample = values[::stride].clone()
-            return Reduction(numel, stride, header, 0, sample, 0, sample.numel())
+            summary.made = Reduction(numel, stride, header, 0, sample, 0, sample.numel())
+            return summary
     if values.device.type == "cpu" and cpu_shortcuts():
-        found = reduce_on_cpu(values, stride, count_zeros)
-        if found is not None:
-            return found
-    return reduce_in_one_pass(values, stride, outliers, units, channels)
+        summary.made = reduce_on_cpu(values, stride, count_zeros)
+        if summary.made is not None:
+            return summary
+    layout = one_pass.channel_layout(tensor) if strengths and not distributed_types.is_dtensor(tensor) else None
+    summary.made = reduce_in_one_pass(values, stride, outliers, units, layout or ())
+    return summary
+
+
+def reduce_tensor(
+    tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, count_zeros: bool = True,
+    small: SmallTensors | None = None, outliers: bool = False, units: tuple[float, ...] = (), strengths: bool = False,
+) -> Reduction:
+    """:func:`start_summary`'s :class:`~actviz.summaries.header.Reduction` at once; :func:`finish` completes it.
+
+    With ``small``, a row's reduction is completed when the batch is reduced (``small.reduce()``, or on the host).
+    The arguments are :func:`start_summary`'s.
+
+    Raises:
+        TypeError: A complex tensor.
+    """
+    summary = start_summary(tensor, sample_size, small, count_zeros, outliers, units, strengths)
+    if summary.made is not None:
+        return summary.made
+    assert small is not None and summary.row is not None
+    return small.completed(summary.row)
 
 
 def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False,
@@ -146,35 +267,10 @@ def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False
 
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
-    """The host half of a summary: numbers and bucket counts, once the reduction is on the host.
-
-    Bucket ``i`` covers ``[min + i*w, min + (i+1)*w)`` with ``w = (max - min) / bins``; the
-    last also holds ``max``. Counts come from the sample's finite values, scaled to the
-    finite total when the sample is not the whole tensor.
-    """
-    nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
-    numel = reduction.numel
-    finite_count = numel - nonfinite
-    sample = reduction.sample_values() if reduction.numel else torch.empty(0)
-    sample = sample.to(torch.float64).numpy()
-    if nonfinite:
-        sample = sample[np.isfinite(sample)]
-    if finite_count == 0:  # the row's +inf/-inf placeholders
-        low = high = math.nan
-    counts = np.zeros(bins)
-    if reduction.counts is not None:  # merged across ranks between common edges
-        counts = np.asarray(reduction.counts[reduction.index], dtype=float)
-    elif finite_count and sample.size:
-        if high > low:
-            index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
-            counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
-        else:
-            counts[0] = sample.size
-        if reduction.stride > 1:
-            counts *= finite_count / sample.size
-    return Summary(
-        numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
-    )
+    """The host half of a summary whose reduction is on the host already: :meth:`PendingSummary.finish`."""
+    summary = PendingSummary()
+    summary.made = reduction
+    return summary.finish(None, {}, bins)
 
 
 def summarize(

@@ -1,7 +1,7 @@
 """Small tensors of one step: one copy each in its hook, one packed copy at the step's end, reduced on the host.
 
 A tensor no larger than its histogram sample is kept whole as its sample anyway. On the
-accelerator path its hook makes one copy of it (:meth:`SmallTensors.add`, one op) instead of
+accelerator path its hook makes one copy of it (:meth:`SmallTensors.add_copy`, one op) instead of
 reducing it there (five or more ops, and Python, per tensor: a micro ResNet-50 has over 200
 such tensors per logging step). When the step ends, :meth:`SmallTensors.pack` puts every copy of
 a device end to end in one flat tensor (one ``cat``, whatever their number): their samples,
@@ -114,18 +114,6 @@ class SmallTensors:
         self._row_batch: list[_Batch] = []  # per row: its batch and its index there (ints: nothing to collect)
         self._row_index: list[int] = []
 
-    def whole_copy(self, tensor: torch.Tensor, sample_size: int | None) -> torch.Tensor | None:
-        """A contiguous copy, off autograd's tape, of a plain floating tensor (no DTensor, nested or subclass)
-        that its sample covers whole and that :meth:`takes`, for :meth:`add_copy`; ``None`` if ``tensor`` is not one.
-
-        The fast path of a layer output or its gradient: a few attribute reads, then one copy.
-        """
-        numel = tensor.numel()  # one call, takes(), for what the parameters' plan asks too: the two never differ
-        if (type(tensor) is not torch.Tensor or numel == 0 or (sample_size is not None and numel > sample_size)
-                or not self.takes(tensor)):
-            return None
-        return (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
-
     def takes(self, values: torch.Tensor) -> bool:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
         return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
@@ -137,7 +125,7 @@ class SmallTensors:
 
     def add_copy(self, copy: torch.Tensor) -> int:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
-        changes (:meth:`whole_copy`). Its row, completed when reduced."""
+        changes (:func:`~actviz.summaries.one_tensor.start_summary`'s copy). Its row, completed when reduced."""
         numel = copy.numel()
         batch = self._batches.get(copy.device)
         if batch is None or batch.stop + numel > CHUNK:  # the first of its device, or the open batch is full
@@ -150,11 +138,14 @@ class SmallTensors:
         return len(self._row_index) - 1
 
     def add(self, values: torch.Tensor, copied: bool = False) -> Reduction:
-        """:meth:`add_row` (:meth:`add_copy` if ``copied``, from :meth:`whole_copy`), and its :class:`Reduction` at once,
-        completed when reduced."""
-        row = self.add_copy(values) if copied else self.add_row(values)
+        """:meth:`add_row` (:meth:`add_copy` if ``copied``), and its :class:`Reduction` at once (:meth:`completed`)."""
+        return self.completed(self.add_copy(values) if copied else self.add_row(values))
+
+    def completed(self, row: int) -> Reduction:
+        """A :class:`Reduction` of ``row`` made now, completed when its batch is reduced (:meth:`reduce`, :meth:`receive`)."""
         batch, index = self._row_batch[row], self._row_index[row]
-        reduction = Reduction(batch.sizes[index], 1, None, index, None, batch.stop - batch.sizes[index], batch.stop)
+        start = batch.stop - batch.sizes[index] if index == len(batch.sizes) - 1 else sum(batch.sizes[:index])
+        reduction = Reduction(batch.sizes[index], 1, None, index, None, start, start + batch.sizes[index])
         batch.reductions.append(reduction)
         return reduction
 

@@ -26,7 +26,7 @@ from torch import nn
 from .attention import AttentionMode, attention_logits, attention_modules
 from ..pictures.gradcam import gradcam_overlay
 from ..common.owned_hooks import HookHandles
-from ..pictures.rendering import draw_grid
+from ..pictures.rendering import Picture, draw_grid
 from ..tags import ATTENTION_MAPS
 
 ROLLOUT = "(rollout)"
@@ -147,14 +147,11 @@ def draw_rollout(image: torch.Tensor, head_means: torch.Tensor) -> torch.Tensor:
     return gradcam_overlay(image, found)
 
 
-Picture = tuple[str, Any, tuple[torch.Tensor, ...], bool]
-
-
 def attention_pictures(maps: list[tuple[str, torch.Tensor]], image: torch.Tensor | None) -> list[Picture]:
     """The probe's pictures (what :func:`record_attention` left), as :class:`~actviz.capture.probe.ProbeForward` hands them on."""
-    pictures: list[Picture] = [(ATTENTION_MAPS.format(layer=name), draw_heads, (weights,), True)
+    pictures: list[Picture] = [Picture(ATTENTION_MAPS.format(layer=name), draw_heads, (weights,), True)
                                for name, weights in maps if name != ROLLOUT]
     head_means = dict(maps).get(ROLLOUT)
     if image is not None and head_means is not None and rollout(head_means[:1]) is not None:
-        pictures.append(("attention_rollout", draw_rollout, (image, head_means), True))
+        pictures.append(Picture("attention_rollout", draw_rollout, (image, head_means), True))
     return pictures
