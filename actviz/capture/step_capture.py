@@ -268,8 +268,7 @@ class StepCapture:
                         draw: bool) -> None:
         """One tensor of a layer's output: its summary, its picture and the hook on its gradient.
 
-        Most outputs are copied once, whole: the copy is the summary's row in the step's small tensors
-        and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
+        Most outputs are copied once, whole: the copy is the summary's, summarized on the host, and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
         """
         options = self.options
         summary = picture = statistics = None
@@ -279,12 +278,11 @@ class StepCapture:
             # A grid of a few of many channels picks them by the strengths the summary's read gives (the one-pass op's).
             many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels
             summary = start_summary(tensor, options.histogram_sample_size, self._pending.small, outliers=outliers,
-                                    units=units, strengths=many, keep_copy=draw)
+                                    units=units, strengths=many)
         if draw:
             copy = summary.copy if summary is not None else None
-            if copy is not None:  # copied whole: the copy is the picture's source too, not kept by the handle
-                summary.copy = None  # type: ignore[union-attr]
-                picture = copied_picture(copy, summary.row, options.max_channels, batch_dim)  # type: ignore[union-attr]
+            if copy is not None:  # copied whole: the copy is the picture's source too
+                picture = copied_picture(copy, options.max_channels, batch_dim)
             else:
                 strengths = summary.made.strengths if summary is not None and summary.made is not None else None
                 picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths)

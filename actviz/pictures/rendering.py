@@ -50,8 +50,7 @@ class Picture(NamedTuple):
             (``probe/input``, ``gradcam/features.10``).
         draw: Turns the sources, once on the host, into a ``uint8`` image (or a
             :class:`~actviz.common.pixels.PaletteImage`).
-        sources: What it is drawn from: tensors on their device, or an ``int``, a row of the step's small tensors,
-            drawn from that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`).
+        sources: What it is drawn from: tensors on their device (a summary's whole copy may be one).
         full_tag: ``tag`` is the whole tag.
 
     Example:
@@ -62,7 +61,7 @@ class Picture(NamedTuple):
 
     tag: str
     draw: Callable[..., Any]
-    sources: tuple[torch.Tensor | int, ...]
+    sources: tuple[torch.Tensor, ...]
     full_tag: bool = False
 
 
@@ -209,8 +208,9 @@ def draw_grid(
     return grid[:1].contiguous()
 
 
-def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
-    """:func:`draw_grid` of the first sample of an ``(N, *shape)`` tensor, from a flat copy of it (on the host).
+def draw_first_grid(shape: tuple[int, ...], copy: torch.Tensor) -> torch.Tensor:
+    """:func:`draw_grid` of the first sample of an ``(N, *shape)`` tensor, from a contiguous copy of it, of any shape
+    (on the host).
 
     How a watcher draws a small output from its summary's copy, with no picture source of its own.
 
@@ -219,7 +219,7 @@ def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(draw_first_grid((3, 5, 5), fmap.reshape(-1)), draw_grid(fmap[0]))
         True
     """
-    return draw_grid(flat[: math.prod(shape)].view(shape))
+    return draw_grid(copy.reshape(-1)[: math.prod(shape)].view(shape))
 
 
 def picture_source(
