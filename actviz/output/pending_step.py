@@ -278,8 +278,7 @@ class PendingStep:
         """
         merged = [(kind, summary) for kind in self._kinds for summary in kind if summary.mergeable]
         for _, summary in merged:
-            if summary.copy is not None:
-                summary.reduction(self.small)  # a whole copy joins the small tensors, reduced on the device
+            summary.join(self.small)  # a whole copy becomes a row of the small tensors, reduced on the device
         self.small.reduce()
         return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small)) for kind, summary in merged]
 

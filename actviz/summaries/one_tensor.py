@@ -121,17 +121,18 @@ class PendingSummary:
         #: parameter's name, whether the loss scale multiplies it, and whether ranks merge it.
         self.tag, self.scaled, self.mergeable = "", False, False
 
+    def join(self, small: SmallTensors) -> None:
+        """A whole copy becomes a row of ``small``: its header is then made on the device with the batch's
+        (``small.reduce()``), as ``merge_ranks`` needs, and :meth:`reduction` gives it."""
+        if self.made is None and self.copy is not None:
+            self.row, self.copy = small.add_copy(self.copy), None
+
     def reduction(self, small: SmallTensors | None) -> Reduction:
         """Its :class:`~actviz.summaries.header.Reduction`: the one made in the hook, or its row's in ``small``
-        (complete once the batch is reduced, or received on the host), kept from then on. A whole copy joins
-        ``small`` as a row now: its header is then made on the device (``small.reduce()``), as ``merge_ranks`` needs."""
+        (complete once the batch is reduced, or received on the host), kept from then on."""
         if self.made is None:
-            if self.copy is not None:
-                assert small is not None
-                self.made, self.copy = small.add(self.copy, copied=True), None
-            else:
-                assert self.row is not None and small is not None
-                self.made = small.reduction(self.row)
+            assert self.row is not None and small is not None, "a whole copy joins small first (join)"
+            self.made = small.reduction(self.row)
         return self.made
 
     def finish(self, small: SmallTensors | None, host: dict[int, torch.Tensor], bins: int = DEFAULT_BINS) -> Summary:
@@ -273,7 +274,11 @@ def reduce_tensor(
         TypeError: A complex tensor.
     """
     summary = start_summary(tensor, sample_size, small, count_zeros, outliers, units, strengths)
-    return summary.reduction(small)
+    if summary.made is not None:
+        return summary.made
+    assert small is not None
+    summary.join(small)
+    return small.completed(summary.row)  # type: ignore[arg-type]
 
 
 def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False,
