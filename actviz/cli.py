@@ -55,7 +55,7 @@ examples:
 
 output:
   TensorBoard: one run per model and image in LOGDIR/<model>/<image name>, at step 0,
-    with the tags feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/...,
+    with the tags feature_maps/<layer>, activations/<layer>, activation_stats/<statistic>@<layer>,
     input, image (text: file, model, weights) and, with pretrained weights, predictions
     (top-5 text table).
   HTML: DIR/index.html with the input, top-5, a statistics table and every grid;
