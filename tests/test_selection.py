@@ -175,7 +175,7 @@ def test_a_model_with_layers_in_a_plain_list_is_told_so_and_the_fix_works(tmp_pa
         fixed(x).sum().backward()
     run = read_run(tmp_path)
     expected = fixed.layers[0](x)
-    assert run.scalar("activation_stats/layers.0/mean", 0) == pytest.approx(expected.double().mean().item(), rel=1e-5)
+    assert run.scalar("activation_stats/mean@layers.0", 0) == pytest.approx(expected.double().mean().item(), rel=1e-5)
     assert viz.parameter_names == ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]
 
 

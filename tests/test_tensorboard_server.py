@@ -214,8 +214,8 @@ EXPECTED_TAGS = {
     "histograms": {f"~{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
     | {f"~{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
     # nonfinite and zero_fraction are written once they are not zero: never, on this healthy run before its ReLUs
-    "scalars": {f"~activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std")}
-    | {f"~gradient_stats/{layer}/norm" for layer in LAYERS},
+    "scalars": {f"~activation_stats/{stat}@{layer}" for layer in LAYERS for stat in ("mean", "std")}
+    | {f"~gradient_stats/norm@{layer}" for layer in LAYERS},
 }
 
 
@@ -269,7 +269,7 @@ def test_histograms_have_every_step(tensorboard: TensorBoard) -> None:
 
 
 def test_scalars_have_every_step(tensorboard: TensorBoard) -> None:
-    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="~activation_stats/conv1/std")
+    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="~activation_stats/std@conv1")
     assert [step for _, step, _ in points] == list(range(STEPS))
     assert all(value > 0.0 for _, _, value in points)
 
@@ -278,14 +278,14 @@ def test_custom_scalars_dashboard_serves_the_layout(tensorboard: TensorBoard) ->
     """The Custom Scalars tab puts every layer's value of one statistic on one chart."""
     layout = tensorboard.json("/data/plugin/custom_scalars/layout")
     charts = {chart["title"]: chart["multiline"]["tag"] for category in layout["category"] for chart in category["chart"]}
-    assert charts["gradient norm"] == [r"^~gradient_stats/.*/norm$"]
+    assert charts["gradient norm"] == [r"^~gradient_stats/norm@.*$"]
     served = tensorboard.tags("scalars")
     assert {tag for tag in served if re.match(charts["gradient norm"][0], tag)} == {
-        f"~gradient_stats/{layer}/norm" for layer in LAYERS
+        f"~gradient_stats/norm@{layer}" for layer in LAYERS
     }
     data = tensorboard.json("/data/plugin/custom_scalars/scalars", run=RUN, tag=charts["activation std"][0])
     assert data["regex_valid"]
-    assert set(data["tag_to_events"]) == {f"~activation_stats/{layer}/std" for layer in LAYERS}
+    assert set(data["tag_to_events"]) == {f"~activation_stats/std@{layer}" for layer in LAYERS}
     assert all(len(events) == STEPS for events in data["tag_to_events"].values())  # a line per layer, every step
 
 

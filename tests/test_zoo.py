@@ -155,7 +155,7 @@ def check_model(build, loss, tmp_path) -> None:
     for name in graded:
         assert run.histogram_steps(f"gradients/{name}") == LOGGED, name
         expected = recorder.grads[(0, name)]
-        assert run.scalar(f"gradient_stats/{name}/norm", 0) == pytest.approx(expected.norm().item(), rel=1e-3,
+        assert run.scalar(f"gradient_stats/norm@{name}", 0) == pytest.approx(expected.norm().item(), rel=1e-3,
                                                                                 abs=1e-9), name
     for param_name, param in model.named_parameters():
         if param_name in viz.parameter_names:
