@@ -296,3 +296,18 @@ def test_one_gradient_norm_everywhere_is_not_drawn():
     flow.add(StepResults(0, activations=same, gradients=same, images={"a": torch.zeros(1, 2, 2)}))
     assert flow.values("gradient_norm").tolist() == [[5.0], [5.0]]
     assert "flow/gradient_norm" not in flow.last_pictures and "flow/activation_std" in flow.last_pictures
+
+
+def test_a_noise_level_zero_fraction_is_the_darkest_cell_on_a_scale_from_a_floor_to_one():
+    # a layer with one zero in a million elements beside layers without zeros: noise, not the brightest cell
+    values = np.array([[0.0, 0.0], [1e-6, 1e-6], [0.0, 0.0]])
+    picture = draw_flow("zero_fraction", ["a", "b", "c"], [0, 10], values).permute(1, 2, 0).numpy()
+    layout = flow_layout(["a", "b", "c"], 2)
+    assert colour_bar_range(values, "zero_fraction") == (-3, 0)  # 1e-3 to 1, not 1e-7 to 1e-6
+    assert tuple(picture[layout.cell_centre(1, 0)]) == tuple(PALETTE[0])
+    # half the elements zero (a ReLU's output) is two thirds up the same scale, whatever the other rows hold
+    values[0] = 0.5
+    picture = draw_flow("zero_fraction", ["a", "b", "c"], [0, 10], values).permute(1, 2, 0).numpy()
+    assert tuple(picture[layout.cell_centre(0, 0)]) == tuple(PALETTE[round(255 * (3 + math.log10(0.5)) / 3)])
+    # a statistic without a floor spans every decade logged: a vanished gradient is news
+    assert colour_bar_range(np.array([1e-9, 1e-2]), "gradient_norm") == (-9, -2)

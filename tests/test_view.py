@@ -177,6 +177,25 @@ def test_flow_pictures_are_off_by_default_and_one_option_away(tmp_path: Path, re
     assert "flow/gradient_norm" in read_run(tmp_path / "on").image_tags
 
 
+def test_the_tabs_zero_fraction_scale_starts_at_its_floor_and_ends_at_one(tmp_path: Path) -> None:
+    """A layer with one zero in a million elements is noise: the tab's colour scale of the zero fraction is
+    1e-3 to 1 (flow.colour_floor), so that cell is the darkest, not the brightest."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from actviz.view.run_data import RunData
+
+    with SummaryWriter(tmp_path / "run") as writer:
+        for step in range(3):
+            writer.add_scalar("~activation_stats/zero_fraction@noisy", 1e-6, step)
+            writer.add_scalar("~activation_stats/zero_fraction@relu", 0.5, step)
+            writer.add_scalar("~activation_stats/std@relu", 1e-6, step)
+    data = RunData(local_provider(tmp_path))
+    zeros = data.heatmap("run", "activation_stats/zero_fraction")
+    assert (zeros["low"], zeros["high"]) == (1e-3, 1.0)
+    std = data.heatmap("run", "activation_stats/std")  # no floor: its own values
+    assert std["low"] == pytest.approx(1e-6) and std["high"] == pytest.approx(1e-6)
+
+
 def test_export_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", str(tmp_path), "--html", str(tmp_path / "view.html")]) == 2
     assert "no actviz run" in capsys.readouterr().err and not (tmp_path / "view.html").exists()
