@@ -420,7 +420,7 @@ def test_the_notebook_renders_the_view_inline(browser: Any, tmp_path: Path) -> N
     assert int(canvas.get_attribute("data-rows")) == len(layers)
     for row in range(len(layers)):
         tip = hovered(view, canvas, row, 0)
-        (value,) = [event.value for event in events.Scalars(f"~gradient_stats/{tip['layer']}/norm")
+        (value,) = [event.value for event in events.Scalars(f"~gradient_stats/norm@{tip['layer']}")
                     if event.step == int(tip["step"])]
         assert float(tip["value"]) == pytest.approx(value, rel=1e-6)
     page.close()
