@@ -119,7 +119,7 @@ def parameter_tag_names(model: nn.Module) -> dict[str, str]:
         '0.attention.bias'
     """
     modules = layer_tag_names(model)
-    return {name: f"{modules[owner]}.{own}" if owner else own
+    return {name: f"{modules.get(owner, owner)}.{own}" if owner else own
             for name, _ in model.named_parameters() for owner, _, own in [name.rpartition(".")]}
 
 

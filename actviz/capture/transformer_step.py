@@ -76,11 +76,11 @@ class _ModelInfo:
 
     def __init__(self, model: nn.Module) -> None:
         tag_names = layer_tag_names(model)  # every module by its tag name
-        self.attention = [(tag_names[name], module) for name, module in attention_modules(model)]
+        self.attention = [(tag_names.get(name, name), module) for name, module in attention_modules(model)]
         # Without the model itself: a topk in its own forward is no router's (Hugging Face's load-balancing
         # loss takes one over every layer's logits), and a value that holds its key would keep the model alive.
-        self.moe = [(tag_names[name], module) for name, module in moe_modules(model) if name]
-        self.everything = [(tag_names[name], module) for name, module in model.named_modules() if name]  # moe=True
+        self.moe = [(tag_names.get(name, name), module) for name, module in moe_modules(model) if name]
+        self.everything = [(tag_names.get(name, name), module) for name, module in model.named_modules() if name]  # moe=True
         self.alerts = TransformerAlerts()
         self.dead_experts = DeadExperts()
         self.warned: set[str] = set()  # kinds of failure warned about

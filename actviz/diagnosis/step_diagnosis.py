@@ -156,7 +156,7 @@ class MatrixNames:
             return False
         parameters = list(model.named_parameters())
         tag_names = parameter_tag_names(model)
-        names = frozenset(tag_names[key] for key, param in parameters if not is_lazy(param) and param.dim() >= 2)
+        names = frozenset(tag_names.get(key, key) for key, param in parameters if not is_lazy(param) and param.dim() >= 2)
         if not any(is_lazy(param) for _, param in parameters):
             self._names = names
         return name in names
