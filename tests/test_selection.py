@@ -261,7 +261,7 @@ def test_long_module_names_get_short_unique_tag_names_that_keep_what_tells_them_
     assert names[""] == ROOT_NAME
 
 
-@pytest.mark.parametrize("make", [lambda: torchvision.models.resnet18(), lambda: torchvision.models.alexnet(),
+@pytest.mark.parametrize("make", [lambda: torchvision.models.resnet18(), lambda: torchvision.models.mobilenet_v3_small(),
                                   lambda: nn.Sequential(*[nn.Sequential(nn.Linear(2, 2)) for _ in range(12)])])
 def test_short_names_are_kept_and_every_tag_name_is_unique(make):
     from actviz.selection import SHORT_NAME, layer_tag_names
