@@ -3,7 +3,7 @@
 Each picture is a grid: one row per watched layer in forward order (top: the first to
 run), one column per logging step of the latest :data:`WINDOW` (left: the oldest), each
 cell coloured by the log10 of the value on a viridis scale (dark: small) with a labelled
-colour bar of whole decades on the right, from a floor (:func:`colour_floor`: a zero fraction's bar is 1e-3 to 1,
+colour bar of whole decades on the right, from a floor (:mod:`~actviz.diagnosis.colour_scale`: a zero fraction's bar is 1e-3 to 1,
 so a layer with one zero in a million is dark, not the brightest cell). NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
 ``flow/activation_std``, ``flow/zero_fraction`` and, with ``statistics=[..., "update_ratio"]``,
@@ -33,6 +33,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..common.results import StepResults
 from ..tags import FLOW, UPDATE_RATIO
+from .colour_scale import BAR_FLOORS, colour_bar_range, colour_floor
 
 __all__ = ["BAR_FLOORS", "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "REDRAW_STEPS", "WINDOW",
            "FlowHistory", "FlowLayout", "colour_bar_range", "colour_floor", "draw_flow", "flow_layout",
@@ -44,11 +45,6 @@ FLOW_STATISTICS = {
     "activation_std": ("activations", "std"),
     "zero_fraction": ("activations", "zero_fraction"),
 }
-#: The lowest decade a colour scale of these statistics shows (by the last part of their name): a zero fraction
-#: under 1e-3 (one element in a thousand) or an update ratio under 1e-6 is noise and takes the darkest colour,
-#: not the brightest when nothing is larger. A zero fraction's scale ends at 1 (``FRACTIONS``).
-BAR_FLOORS = {"zero_fraction": -3, "update_ratio": -6}
-FRACTIONS = frozenset({"zero_fraction"})
 #: Logging steps a flow picture shows: the latest 64, five pixels a column in the grid. A picture then costs
 #: the same bytes at every image step however long the run, and 64 columns still show a trend and a spike.
 WINDOW = 64
@@ -244,38 +240,6 @@ def flow_layout(names: list[str], columns: int) -> FlowLayout:
         _fonts.layouts.clear()
     _fonts.layouts[key] = found
     return found
-
-
-def colour_floor(statistic: str) -> float:
-    """The smallest value a colour scale of ``statistic`` (``zero_fraction``, ``activation_stats/zero_fraction``)
-    tells from zero: :data:`BAR_FLOORS`, or 0 (a gradient norm of 1e-9 beside 1e-2 is news: it vanished).
-
-    Example:
-        >>> colour_floor("activation_stats/zero_fraction"), colour_floor("gradient_norm")
-        (0.001, 0.0)
-    """
-    decade = BAR_FLOORS.get(statistic.rsplit("/", 1)[-1])
-    return 0.0 if decade is None else 10.0 ** decade
-
-
-def colour_bar_range(values: np.ndarray, statistic: str = "") -> tuple[int, int]:
-    """Whole decades ``(low, high)`` spanning the finite positive ``values`` of ``statistic`` above its
-    :func:`colour_floor` (``(-1, 0)`` if none); a fraction's ends at 1.
-
-    Example:
-        >>> colour_bar_range(np.array([0.003, 0.5, np.nan, 0.0]))
-        (-3, 0)
-        >>> colour_bar_range(np.array([0.0, 1e-6]), "zero_fraction")  # noise: below the scale, the darkest colour
-        (-3, 0)
-    """
-    fraction = statistic.rsplit("/", 1)[-1] in FRACTIONS
-    positive = values[np.isfinite(values) & (values > 0)]
-    if positive.size == 0:
-        return (-1, 0) if not fraction else (BAR_FLOORS["zero_fraction"], 0)
-    largest = float(positive.max())
-    low = math.floor(math.log10(max(float(positive.min()), colour_floor(statistic))))
-    high = 0 if fraction else math.ceil(math.log10(largest))
-    return low, max(high, low + 1)
 
 
 def has_something_to_show(values: np.ndarray) -> bool:

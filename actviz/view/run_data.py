@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..diagnosis.alerts import parse_alert_lines
-from ..diagnosis.flow import FRACTIONS, colour_floor
+from ..diagnosis.colour_scale import FRACTIONS, colour_floor
 from ..common._tensorboard_internals import scalar_arrays
 from ..run_diff import STATISTICS, NoRunToCompare
 from ..tags import ACTIVATIONS, ALERTS, FEATURE_MAPS, GRADIENTS, LAYERS, TENSORBOARD_PREFIX
