@@ -193,20 +193,29 @@ def batch_dim_of(module: nn.Module) -> int:
     return 1 if value is False else 0
 
 
-def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]]) -> str:
-    """A markdown table of watched layers: name, type, output shape (``-`` if it did not run), parameters.
+def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]],
+                module_names: dict[str, str] | None = None) -> str:
+    """A markdown table of watched layers: tag name, type, output shape (``-`` if it did not run), parameters, and,
+    where a tag name is shortened (:func:`actviz.selection.layer_tag_names`), each module's ``named_modules()`` name.
 
     Example:
         >>> print(layer_table([("fc", nn.Linear(3, 2))], {"fc": (8, 2)}))
         | layer | type | output shape | parameters |
         |---|---|---|---|
         | fc | Linear | 8 × 2 | 8 |
+        >>> print(layer_table([("0.query", nn.Linear(3, 2))], {}, {"0.query": "encoder.layer.0.query"}))
+        | layer | type | output shape | parameters | module |
+        |---|---|---|---|---|
+        | 0.query | Linear | - | 8 | encoder.layer.0.query |
     """
-    lines = ["| layer | type | output shape | parameters |", "|---|---|---|---|"]
+    full = {name: module_names[name] for name, _ in layers if module_names and module_names.get(name, name) != name}
+    lines = ["| layer | type | output shape | parameters |" + (" module |" if full else ""),
+             "|---|---|---|---|" + ("---|" if full else "")]
     for name, module in layers:
         shape = " × ".join(str(size) for size in shapes[name]) if name in shapes else "-"
         count = sum(param.numel() for param in module.parameters())
-        lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |")
+        lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |" +
+                     (f" {full.get(name, name)} |" if full else ""))
     return "\n".join(lines)
 
 

@@ -53,7 +53,8 @@ from ..summaries.merge_ranks import merge_across_ranks
 from ..summaries.one_tensor import PendingSummary, start_summary
 from ..tags import LAYERS
 from .probe import unwrap_for_probe
-from ..selection import ROOT_NAME
+from ..selection import ROOT_NAME, layer_display_name
+from .compiled_model import unwrap_compiled
 from ..statistics.gradient_noise import GradientNoise
 from ..statistics.layer_statistic import LayerStatistic, summary_request, take_values, warn_statistic_failed
 from .transformer_step import TransformerStep
@@ -156,6 +157,8 @@ class StepCapture:
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
+        self._module_names = {id(module): layer_display_name(name) for name, module in  # the layers text's last column
+                              unwrap_compiled(model).named_modules()} if describe_layers else None
         self._drawn = DrawnTensors()
         self._layer_statistics: dict[int, tuple[LayerStatistic, ...]] = {}  # id(module) -> its statistics (want_stats)
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
@@ -347,7 +350,8 @@ class StepCapture:
         if self._noise is not None:
             self._noise.hand_over(backward_seen=bool(self.gradients.seen))
         if self._shapes is not None:
-            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
+            names = {name: self._module_names.get(id(module), name) for name, module in self._layers.items()}
+            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes, names))
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge:

@@ -243,8 +243,8 @@ def picture_source(
         >>> tuple(source.shape), tuple(draw(source).shape)
         ((64, 5, 5), (1, 298, 298))
         >>> draw, source = picture_source(torch.randn(1, 64, 5000), max_channels=64)
-        >>> tuple(source.shape), tuple(draw(source).shape)  # area-averaged to 7 x 512, with min and max
-        ((3586,), (3, 7, 512))
+        >>> tuple(source.shape), tuple(draw(source).shape)  # area-averaged to 64 x 512, with min and max
+        ((32770,), (3, 64, 512))
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
@@ -260,8 +260,9 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
 
     Values are normalised over the whole matrix and coloured with viridis (dark blue
     low, yellow high). Rows stay rows. The picture is enlarged by a whole factor
-    until its shorter side is at least 64 px, or area-averaged to at most 512 px (normalised by the
-    whole matrix's min and max).
+    until its shorter side is at least 64 px, or its longer side is area-averaged to 512 px (normalised by
+    the whole matrix's min and max) and its shorter side kept at 64 px or more: a 20 x 18,328 matrix (a
+    language model's 20 tokens over its vocabulary) is 80 x 512, each row a band 4 px high.
 
     Args:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.
