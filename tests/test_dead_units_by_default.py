@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import CountOps
+from conftest import CountOps, Run
 from torch import nn
 
 import actviz
@@ -126,3 +126,22 @@ def test_a_conv1d_relu_output_keeps_its_channels_in_dimension_1():
             model(x).square().mean().backward()
             viz.flush()
     assert viz.latest.layer_values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(0.9)
+
+
+def test_an_unwatched_relu_writes_its_zero_fraction_and_a_watched_one_keeps_its_exact_one(tmp_path, monkeypatch):
+    # The default layers leave the ReLU out: its zero fraction, read back from the event file, is the exact one for
+    # an output of 4 × 8 × 48 × 48 values, and within half a point from a strided sample of 4 × 8 × 192 × 192.
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the accelerator's code path, on the CPU
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 4))
+    for side, layers, tolerance in ((48, None, 1e-6), (192, None, 0.005), (48, "all", 1e-6)):
+        inputs = torch.randn(4, 3, side, side) + 0.3
+        run = tmp_path / f"{side}-{layers}"
+        with actviz.watch(model, run, every=1, image_every=False, layers=layers) as viz:
+            model(inputs).sum().backward()
+        exact = (model[2](model[1](model[0](inputs))) == 0).double().mean().item()
+        assert 0.3 < exact < 0.7
+        assert Run(run).scalar("activation_stats/zero_fraction@2", 0) == pytest.approx(exact, abs=tolerance)
+        assert ("2" in viz.layer_names) == (layers == "all")
+        assert ("relu_zeros" in viz.latest.layer_values) == (layers is None)  # a watched one: its summary's alone

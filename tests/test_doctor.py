@@ -78,7 +78,8 @@ def test_json_and_a_folder_of_runs(tmp_path, capsys):
     runs = {Path(run["path"]).name: run for run in report["runs"]}
     assert runs["healthy"]["alerts"] == []
     assert [(a["step"], a["rule"], a["layer"]) for a in runs["sick"]["alerts"]] == [(2, "vanishing_gradients", "0")]
-    assert [layer["layer"] for layer in runs["sick"]["layers"]] == ["0", "3", "4", "7"]
+    # the watched layers, in order, then the ReLUs they leave out, which write their zero fraction alone
+    assert [layer["layer"] for layer in runs["sick"]["layers"]] == ["0", "3", "4", "7", "2", "5"]
 
 
 def test_a_nan_run_counts_the_nonfinite_elements(tmp_path, capsys):

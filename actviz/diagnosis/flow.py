@@ -384,5 +384,8 @@ class FlowHistory:
         kind, attribute = FLOW_STATISTICS[name]
         found = {layer: math.nan if summary.nonfinite else float(getattr(summary, attribute))
                  for layer, summary in getattr(results, kind).items()}
+        if name == "zero_fraction":  # the ReLUs that are not watched, from their own count
+            found.update({layer: values["zero_fraction"]
+                          for layer, values in results.layer_values.get("relu_zeros", {}).items()})
         order = list(results.activations) + [layer for layer in found if layer not in results.activations]
         return {layer: found[layer] for layer in order if layer in found}

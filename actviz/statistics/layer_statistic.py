@@ -85,6 +85,8 @@ class LayerStatistic:
         unwatched_layers: Whether it also runs on the model's modules it applies to that are not watched:
             there it runs alone (:meth:`device` on their first call of a logging step), with no summary,
             picture or gradient of theirs.
+        watched_layers: Whether it runs on watched layers; ``False`` for one that gives unwatched modules what the
+            watched ones' summaries give already.
         summary_fields: Numbers of the layer's one-pass summary it is made from
             (:data:`~actviz.summaries.one_pass.OUTLIER_FIELDS`, or
             :data:`~actviz.summaries.one_pass.UNIT_FIELDS` as :meth:`summary_units` asks), or ``()``. Where
@@ -103,6 +105,7 @@ class LayerStatistic:
     cost: str = ""
     summary_fields: tuple[str, ...] = ()
     unwatched_layers: bool = False
+    watched_layers: bool = True
     reads_summary: bool = False
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:

@@ -30,13 +30,14 @@ from .layer_statistic import LayerStatistic
 from .logits import Logits
 from .moments import Moments
 from .outliers import Outliers
+from .relu_zeros import ReluZeros
 from .unit_counts import DeadChannels, Saturation
 
 __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (
-    Moments(), GradientNorms(), DeadChannels(), Saturation(), Outliers(), Logits(), GradientKurtosis(),
+    Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), Outliers(), Logits(), GradientKurtosis(),
     WeightGradKurtosis(),
 )
 
@@ -197,7 +198,8 @@ class Chosen:
         by_module: dict[int, tuple[LayerStatistic, ...]] = {}
         of_gradients: dict[int, tuple[LayerStatistic, ...]] = {}
         for _, module in layers:
-            applying = tuple(statistic for statistic in per_layer if statistic.applies_to(module))
+            applying = tuple(statistic for statistic in per_layer
+                             if statistic.watched_layers and statistic.applies_to(module))
             if applying:
                 by_module[id(module)] = applying
             applying = tuple(statistic for statistic in of_gradient if statistic.applies_to(module))
