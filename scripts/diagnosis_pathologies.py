@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diagnosis_programs import Classifier, LanguageModel, MnistNet, Program, mnist_cnn
+from diagnosis_programs import DCGAN, Classifier, LanguageModel, MnistNet, Program, mnist_cnn
 
 __all__ = ["SICK"]
 
@@ -252,6 +252,32 @@ class TanhSaturation(Sick):
         return f"{self.saturated:.0%} of layer 1's outputs beyond 0.97" if self.saturated > 0.5 else None
 
 
+class SaturatedGenerator(Sick):
+    """DCGAN whose generator's last convolution is scaled x100 from step 40 (an init or a weight blown up): its
+    final ``nn.Tanh``, which the default layers do not watch, outputs almost only -1 and +1."""
+
+    onset, cause, rules = 40, "generator's Tanh input x100 from step 40", frozenset({"saturation"})
+    layers = frozenset({"7"})
+
+    def __init__(self) -> None:
+        super().__init__(DCGAN())
+        self.saturated = 0.0
+        self.model[7].register_forward_hook(
+            lambda m, i, out: setattr(self, "saturated", float((out.abs() > 0.97).float().mean())))
+
+    @property
+    def watched(self) -> dict[str, nn.Module]:
+        return self.inner.watched
+
+    def inject(self, step: int) -> None:
+        if step == self.onset:
+            with torch.no_grad():
+                self.model[6].weight.mul_(100.0)
+
+    def happened(self) -> str | None:
+        return f"{self.saturated:.0%} of the generator's outputs beyond 0.97" if self.saturated > 0.5 else None
+
+
 class ForgottenGroup(Sick):
     """The mnist CNN whose optimizer was given the classifier's parameters only: the convolutions get gradients
     and never move."""
@@ -317,6 +343,6 @@ class AttentionLogitGrowth(Sick):
 SICK = {
     "lr_x1000": LearningRateX1000, "demo_cnn_lr10": DemoCNNLearningRate10, "deep_sigmoid": DeepSigmoid,
     "dying_relu": DyingReLU, "bad_batch": BadBatch, "fp16_overflow": Float16Overflow,
-    "tanh_saturation": TanhSaturation, "forgotten_group": ForgottenGroup, "nan_in_data": NaNInData,
+    "tanh_saturation": TanhSaturation, "saturated_generator": SaturatedGenerator, "forgotten_group": ForgottenGroup, "nan_in_data": NaNInData,
     "attention_logit_growth": AttentionLogitGrowth,
 }
