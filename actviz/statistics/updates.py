@@ -126,9 +126,11 @@ class AdamEpsilon(UpdateStatistic):
         if not isinstance(betas, (tuple, list)) or len(betas) < 2:
             return None
         beta2 = float(betas[1])
-        if isinstance(step, torch.Tensor) and step.device.type != "cpu":  # capturable, fused: no read on the host
-            limit = (1 - torch.pow(beta2, step.to(torch.float32))) * (float(eps) ** 2)
-            return torch.mean(second.lt(limit.to(second.device)), dtype=torch.float32)
+        if isinstance(step, torch.Tensor):  # never read on the host: on the device (capturable, fused) or a 0-dim
+            limit = (1 - torch.pow(beta2, step.to(torch.float64))) * (float(eps) ** 2)  # CPU tensor, a scalar to lt
+            if step.device.type != "cpu":
+                limit = limit.to(second.device)
+            return torch.mean(second.lt(limit.reshape(())), dtype=torch.float32)
         limit_number = (1 - beta2 ** float(step)) * float(eps) ** 2
         return torch.mean(second.lt(limit_number), dtype=torch.float32)
 
