@@ -5,7 +5,9 @@ On the host, over the first optimizer steps that touch the model's parameters (n
 * ``weight_decay_on_norm``, at the first step of each optimizer: a group with weight decay above 0 holds norm
   weights and biases (any module whose class name has ``Norm``), biases or embeddings (``nn.Embedding``,
   ``nn.EmbeddingBag``), which decay pulls towards zero for no gain in generalisation (the reason nanoGPT's
-  ``configure_optimizers`` and the Hugging Face Trainer keep them in a group without decay);
+  ``configure_optimizers`` and the Hugging Face Trainer keep norms and biases in a group without decay). The
+  warning names them all; the alert is raised where norm parameters are decayed (biases and embeddings alone:
+  the warning only, as nanoGPT decays its embeddings on purpose);
 * ``no_gradient``: a parameter an optimizer holds that never gets a gradient: ``requires_grad`` is ``False``
   at the first step (a layer frozen by mistake), or its ``.grad`` is ``None`` after each of the first
   :data:`AUDITED_STEPS` steps of its optimizer (a layer left out of the forward);
@@ -211,7 +213,10 @@ class OptimizerAudit:
             message = (f"{type(optimizer).__name__} applies weight decay {', '.join(f'{d:g}' for d in sorted(decays))} "
                        f"to {counts} parameter(s) of {self._model_name}: {_listed(decayed)}; decay pulls them towards "
                        f"zero for no gain: {DECAY_FIX}")
-            found.append(self._finding("weight_decay_on_norm", decayed, message))
+            # an alert where it shrinks a norm's gain and shift; biases and embeddings alone (nanoGPT decays its
+            # embeddings on purpose) are the warning's only
+            found.append(self._finding("weight_decay_on_norm", kind_names["norm"] or decayed, message,
+                                       alert=bool(kind_names["norm"])))
         if frozen:
             message = (f"{type(optimizer).__name__} holds {len(frozen)} parameter(s) of {self._model_name} that never get "
                        f"a gradient (requires_grad is False): {_listed(frozen)}; a layer frozen by mistake? Call "
@@ -257,13 +262,13 @@ class OptimizerAudit:
             found.append(self._finding("zero_learning_rate", names, message))
         self._hand_on(found)
 
-    def _finding(self, rule: str, names: list[str], message: str) -> Alert:
+    def _finding(self, rule: str, names: list[str], message: str, alert: bool = True) -> tuple[Alert, bool]:
         step = self._current_step()
-        return Alert(0 if step is None else step, rule, names[0], "optimizer", float(len(names)), 0.0, message)
+        return Alert(0 if step is None else step, rule, names[0], "optimizer", float(len(names)), 0.0, message), alert
 
-    def _hand_on(self, found: list[Alert]) -> None:
-        fresh = [alert for alert in found
-                 if warn_once(self._said, (alert.rule, alert.layer), f"actviz: {alert.message}", stacklevel=4)]
+    def _hand_on(self, found: list[tuple[Alert, bool]]) -> None:
+        fresh = [alert for alert, raised in found
+                 if warn_once(self._said, (alert.rule, alert.layer), f"actviz: {alert.message}", stacklevel=4) and raised]
         if fresh:
             self._report(fresh)
 
