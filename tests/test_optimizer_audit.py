@@ -87,6 +87,16 @@ def test_decay_groups_as_nanogpt_makes_them_and_adam_without_decay_raise_nothing
     assert train(model, torch.optim.Adam(model.parameters(), foreach=True)) == ([], [])
 
 
+def test_nanogpts_own_groups_decay_the_embedding_which_is_said_once_and_raises_no_alert():
+    torch.manual_seed(0)
+    model = TinyTransformerBlock()
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    found, messages = train(model, torch.optim.AdamW(groups))
+    assert found == []
+    assert len(messages) == 1 and "1 embedding parameter(s) of TinyTransformerBlock: embed.weight;" in messages[0]
+
+
 def test_a_layer_frozen_by_mistake_is_named():
     torch.manual_seed(0)
     model = MnistShaped()
