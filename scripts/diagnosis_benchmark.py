@@ -1,6 +1,6 @@
 """How well actviz's health alerts tell a healthy run from a sick one, on real loop shapes.
 
-    python scripts/diagnosis_benchmark.py           # 11 healthy and 10 sick programs, about 3 minutes on 2 cores
+    python scripts/diagnosis_benchmark.py           # 11 healthy and 13 sick programs, about 3 minutes on 2 cores
     python scripts/diagnosis_benchmark.py --quick   # 4 healthy and 6 sick programs
     python scripts/diagnosis_benchmark.py --only vit,dying_relu --verbose
 

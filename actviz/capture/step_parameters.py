@@ -185,7 +185,7 @@ class StepParameters:
         self._grad_values: LayerValues | None = None
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
         self._rates: dict[str, dict[str, float]] = {}  # learning_rates() of the optimizer that took the gradients
-        self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None  # that optimizer: the update statistics'
+        self._optimizer: torch.optim.Optimizer | None = None  # that optimizer, until the update is done: its state
         self._had_gradient: list[torch.Tensor | None] = []  # per trainable parameter: grad != 0, for "update_lost"
 
     @property
@@ -264,7 +264,7 @@ class StepParameters:
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
         if self.waits_for_update and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
-            self._optimizer = None if optimizer is None else weakref.ref(optimizer)
+            self._optimizer = optimizer if self.statistics[2] else None  # held until hand_over, one step at most
             if any(getattr(statistic, "needs_gradient_mask", False) for statistic in self.statistics[2]):
                 self._had_gradient = [None if param.grad is None else local_shard(param.grad).ne(0)
                                       for _, param in self.trainable]
@@ -336,7 +336,7 @@ class StepParameters:
                             updates: list[torch.Tensor], masks: list[torch.Tensor | None]) -> None:
         """The update statistics' device halves (:mod:`actviz.statistics.updates`) of each parameter's update, with
         its optimizer's state and group where the optimizer that took the gradients holds it."""
-        optimizer = None if self._optimizer is None else self._optimizer()
+        optimizer, self._optimizer = self._optimizer, None
         groups: dict[int, Any] = {}
         state: Any = {}
         if optimizer is not None:
