@@ -26,7 +26,7 @@ Example:
     >>> UpdateRMS().host(UpdateRMS().device(update, applied, None).tolist(), 4, torch.float32)
     {'rms': 2.5}
     >>> UpdateLost().host(UpdateLost().device(update, applied, None).tolist(), 4, torch.float32)
-    {'lost_fraction': 0.6666666865348816}
+    {'lost_fraction': 0.6666666666666666}
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class UpdateRMS(UpdateStatistic):
     def device(self, tensor: torch.Tensor, module: Any, options: Any) -> torch.Tensor | None:
         if not tensor.is_floating_point() or tensor.numel() == 0:
             return None
-        return torch.linalg.vector_norm(tensor, dtype=torch.float32)
+        return torch.linalg.vector_norm(tensor, dtype=torch.float32).reshape(1)
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return {"rms": numbers[0] / math.sqrt(numel)}
@@ -130,9 +130,9 @@ class AdamEpsilon(UpdateStatistic):
             limit = (1 - torch.pow(beta2, step.to(torch.float64))) * (float(eps) ** 2)  # CPU tensor, a scalar to lt
             if step.device.type != "cpu":
                 limit = limit.to(second.device)
-            return torch.mean(second.lt(limit.reshape(())), dtype=torch.float32)
+            return torch.mean(second.lt(limit.reshape(())), dtype=torch.float32).reshape(1)
         limit_number = (1 - beta2 ** float(step)) * float(eps) ** 2
-        return torch.mean(second.lt(limit_number), dtype=torch.float32)
+        return torch.mean(second.lt(limit_number), dtype=torch.float32).reshape(1)
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return {"epsilon_fraction": numbers[0]}
