@@ -112,7 +112,7 @@ class AdamEpsilon(UpdateStatistic):
     """
 
     name, names = "adam_epsilon", ("epsilon_fraction",)
-    cost = "2 kernels per parameter (one pass over exp_avg_sq); no sync"
+    cost = "2 kernels per parameter (one pass over exp_avg_sq); no sync (a CPU step count is read through numpy)"
 
     def device(self, tensor: torch.Tensor, module: Any, options: Any) -> torch.Tensor | None:
         state, group = getattr(module, "state", None), getattr(module, "group", None)
@@ -126,12 +126,12 @@ class AdamEpsilon(UpdateStatistic):
         if not isinstance(betas, (tuple, list)) or len(betas) < 2:
             return None
         beta2 = float(betas[1])
-        if isinstance(step, torch.Tensor):  # never read on the host: on the device (capturable, fused) or a 0-dim
-            limit = (1 - torch.pow(beta2, step.to(torch.float64))) * (float(eps) ** 2)  # CPU tensor, a scalar to lt
-            if step.device.type != "cpu":
-                limit = limit.to(second.device)
-            return torch.mean(second.lt(limit.reshape(())), dtype=torch.float32).reshape(1)
-        limit_number = (1 - beta2 ** float(step)) * float(eps) ** 2
+        if isinstance(step, torch.Tensor) and step.device.type != "cpu":  # capturable, fused: no read on the host
+            limit = (1 - torch.pow(beta2, step.to(torch.float64))) * (float(eps) ** 2)
+            return torch.mean(second.lt(limit.to(second.device).reshape(())), dtype=torch.float32).reshape(1)
+        # a CPU step count (Adam's default) read through numpy: no aten op, no device involved
+        count = float(step.detach().numpy().reshape(-1)[0]) if isinstance(step, torch.Tensor) else float(step)
+        limit_number = (1 - beta2 ** count) * float(eps) ** 2
         return torch.mean(second.lt(limit_number), dtype=torch.float32).reshape(1)
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
