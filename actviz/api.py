@@ -203,7 +203,9 @@ def watch(
             NaN/Inf), ``"dead_channels"``, ``"saturation"``, ``"outliers"``, ``"logits"``, ``"attention"``,
             ``"moe"`` (docs/moe.md), ``"update_ratio"`` (‖w_after - w_before‖ / ‖w_before‖ across the update
             after each stats step; it holds a copy of the watched parameters for one step),
-            ``"gradient_noise"`` (docs/gradient-noise.md), and ``"transformer"`` for ``"attention"``,
+            ``"update_rms"``, ``"update_lost"``, ``"adam_epsilon"`` (of the update each stats step's optimizer
+            step applies: its RMS, the fraction rounding dropped, the fraction where Adam's ε exceeds √v̂;
+            docs/diagnosis.md), ``"gradient_noise"`` (docs/gradient-noise.md), and ``"transformer"`` for ``"attention"``,
             ``"outliers"`` and ``"logits"``. The default set runs the transformer ones on models with an
             attention module and ``"moe"`` on models with a MoE, router, gate or expert module; named, they
             run on any model.
@@ -211,7 +213,8 @@ def watch(
             drawn on image steps with Grad-CAM over it (:class:`actviz.extras.Probe`), and
             ``actviz.Spikes()``, the gradient-spike recorder (:class:`actviz.extras.Spikes`).
         alerts: Health alerts per layer (non-finite values, vanishing and exploding gradients, dead
-            units, saturation, update ratio; see docs/diagnosis.md): ``True``, ``False``, or a dict
+            units, saturation, update ratio, and the optimizer audit's findings; see docs/diagnosis.md):
+            ``True``, ``False``, or a dict
             that overrides thresholds of :data:`actviz.diagnosis.alerts.DEFAULT_THRESHOLDS` (fractions in
             (0, 1], step counts whole numbers; :func:`~actviz.diagnosis.alerts.check_alerts`). Each alert is a
             ``RuntimeWarning``, a line of the ``alerts`` text and an entry of :attr:`Watcher.alerts`.

@@ -79,6 +79,7 @@ ATTENTION_MAPS = "attention_maps/{layer}"
 ATTENTION = "attention/{statistic}@{layer}"
 MOE = "moe/{statistic}@{layer}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
+UPDATE_STAT = "update_stats/{statistic}@{param}"  # a statistic of target "parameter_update"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
@@ -126,6 +127,10 @@ ROWS = (
         "parameter's gradient"),
     Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `Options(grad_scaler=)`", readme=True),
     Row("Scalars", (UPDATE_RATIO,), "with `\"update_ratio\"`: ‖w_after − w_before‖ / ‖w_before‖"),
+    Row("Scalars", _stats(UPDATE_STAT, "rms", "lost_fraction", "epsilon_fraction"), "with `\"update_rms\"`, "
+        "`\"update_lost\"`, `\"adam_epsilon\"`: the RMS of the update the optimizer step applied, the fraction of "
+        "elements with a gradient whose update rounding dropped, the fraction where Adam's ε exceeds √v̂ "
+        "([diagnosis](diagnosis.md#the-optimizer))"),
     Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms of the steps "
         "before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),

@@ -65,6 +65,7 @@ class Watcher:
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
         self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, _last_started_step_of(self))
+        self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), _last_started_step_of(self))
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
@@ -211,7 +212,8 @@ class Watcher:
             return
         errors: list[Exception] = []
         try:  # each part idempotent: a second close() finishes what an interrupted one left
-            for part in (self._remove_root_hook, self._spikes and self._spikes.close, self._end_open_steps,
+            for part in (self._remove_root_hook, self._spikes and self._spikes.close, self._audit and self._audit.close,
+                         self._end_open_steps,
                          lambda: self._silences.check(closing=True)):
                 if part:
                     _collect(errors, part)

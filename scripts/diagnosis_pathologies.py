@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from diagnosis_programs import Classifier, LanguageModel, MnistNet, Program, mnist_cnn
+from diagnosis_programs import DCGAN, Classifier, LanguageModel, MnistNet, Program, mnist_cnn
 
 __all__ = ["SICK"]
 
@@ -252,11 +252,37 @@ class TanhSaturation(Sick):
         return f"{self.saturated:.0%} of layer 1's outputs beyond 0.97" if self.saturated > 0.5 else None
 
 
+class SaturatedGenerator(Sick):
+    """DCGAN whose generator's last convolution is scaled x100 from step 40 (an init or a weight blown up): its
+    final ``nn.Tanh``, which the default layers do not watch, outputs almost only -1 and +1."""
+
+    onset, cause, rules = 40, "generator's Tanh input x100 from step 40", frozenset({"saturation"})
+    layers = frozenset({"7"})
+
+    def __init__(self) -> None:
+        super().__init__(DCGAN())
+        self.saturated = 0.0
+        self.model[7].register_forward_hook(
+            lambda m, i, out: setattr(self, "saturated", float((out.abs() > 0.97).float().mean())))
+
+    @property
+    def watched(self) -> dict[str, nn.Module]:
+        return self.inner.watched
+
+    def inject(self, step: int) -> None:
+        if step == self.onset:
+            with torch.no_grad():
+                self.model[6].weight.mul_(100.0)
+
+    def happened(self) -> str | None:
+        return f"{self.saturated:.0%} of the generator's outputs beyond 0.97" if self.saturated > 0.5 else None
+
+
 class ForgottenGroup(Sick):
     """The mnist CNN whose optimizer was given the classifier's parameters only: the convolutions get gradients
     and never move."""
 
-    onset, cause, rules = 0, "conv parameters left out of the optimizer", frozenset({"frozen_parameter"})
+    onset, cause, rules = 0, "conv parameters left out of the optimizer", frozenset({"frozen_parameter", "not_in_optimizer"})
     layers = frozenset({"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "conv1", "conv2"})
 
     def __init__(self) -> None:
@@ -271,6 +297,39 @@ class ForgottenGroup(Sick):
         if torch.equal(conv.weight, self.before) and conv.weight.grad is not None and conv.weight.grad.any():
             return "conv1.weight has a gradient and never moved"
         return None
+
+
+class FrozenByMistake(Sick):
+    """The mnist CNN with ``conv2.requires_grad_(False)`` left in (a fine-tuning line copied over), its optimizer
+    holding every parameter: conv2 never learns."""
+
+    onset, cause, rules = 0, "conv2.requires_grad_(False) left in", frozenset({"no_gradient"})
+    layers = frozenset({"conv2.weight", "conv2.bias"})
+
+    def __init__(self) -> None:
+        inner = mnist_cnn()
+        inner.model.conv2.requires_grad_(False)
+        super().__init__(inner)
+
+    def happened(self) -> str | None:
+        conv2 = self.model.conv2
+        held = any(param is conv2.weight for group in self.inner.optimizer.param_groups for param in group["params"])
+        return "conv2.weight is in the optimizer and gets no gradient" if held and conv2.weight.grad is None else None
+
+
+class DecayedLayerNorm(Sick):
+    """The nanoGPT-shaped GPT with AdamW's weight decay 0.1 on every parameter, its LayerNorms' and biases too."""
+
+    onset, cause, rules = 0, "weight decay 0.1 on the LayerNorm weights", frozenset({"weight_decay_on_norm"})
+
+    def __init__(self) -> None:
+        super().__init__(LanguageModel(decay_everything=True))
+        self.layers = frozenset(name for name, _ in self.model.named_parameters() if "ln" in name)
+
+    def happened(self) -> str | None:
+        decayed = [group for group in self.inner.optimizer.param_groups if group["weight_decay"] > 0
+                   and any(param is self.model.ln_f.weight for param in group["params"])]
+        return "ln_f.weight is in a group with weight decay 0.1" if decayed else None
 
 
 class NaNInData(Sick):
@@ -317,6 +376,7 @@ class AttentionLogitGrowth(Sick):
 SICK = {
     "lr_x1000": LearningRateX1000, "demo_cnn_lr10": DemoCNNLearningRate10, "deep_sigmoid": DeepSigmoid,
     "dying_relu": DyingReLU, "bad_batch": BadBatch, "fp16_overflow": Float16Overflow,
-    "tanh_saturation": TanhSaturation, "forgotten_group": ForgottenGroup, "nan_in_data": NaNInData,
-    "attention_logit_growth": AttentionLogitGrowth,
+    "tanh_saturation": TanhSaturation, "saturated_generator": SaturatedGenerator, "forgotten_group": ForgottenGroup,
+    "nan_in_data": NaNInData, "attention_logit_growth": AttentionLogitGrowth, "frozen_by_mistake": FrozenByMistake,
+    "decayed_layernorm": DecayedLayerNorm,
 }

@@ -342,14 +342,22 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y.transpose(1, 2).reshape(batch, length, width))
 
 
-class LanguageModel(Program):
-    """A GPT trained on a Markov corpus with AdamW (nanoGPT's recipe: betas 0.9/0.99, weight decay 0.1, clip 1)."""
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """nanoGPT's ``configure_optimizers``: weight decay on the parameters of 2 or more dimensions alone."""
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
 
-    def __init__(self, lr: float = 1e-3, clip: float | None = 1.0) -> None:
+
+class LanguageModel(Program):
+    """A GPT trained on a Markov corpus with AdamW (nanoGPT's recipe: betas 0.9/0.99, weight decay 0.1 on the
+    matrices and embeddings alone, clip 1); ``decay_everything`` decays the norms and biases too."""
+
+    def __init__(self, lr: float = 1e-3, clip: float | None = 1.0, decay_everything: bool = False) -> None:
         torch.manual_seed(0)
         self.model = GPT()
         self.corpus = markov_corpus(64, 8000)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+        params = self.model.parameters() if decay_everything else decay_groups(self.model, 0.1)
+        self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
         self.clip = clip
 
     def step(self, step: int) -> float:
@@ -479,7 +487,7 @@ def vit() -> Classifier:
     torch.manual_seed(0)
     model = ViT()
     images = F.avg_pool2d(torch.randn(1024, 3, 32, 32), 2) * 2
-    return Classifier(model, images, 10, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    return Classifier(model, images, 10, torch.optim.AdamW(decay_groups(model, 0.01), lr=1e-3))  # no decay on norms
 
 
 def word_lm_lstm() -> WordLM:

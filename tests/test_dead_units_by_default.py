@@ -128,6 +128,38 @@ def test_a_conv1d_relu_output_keeps_its_channels_in_dimension_1():
     assert viz.latest.layer_values["dead_channels"]["1"]["dead_channel_fraction"] == pytest.approx(0.9)
 
 
+def generator(scale: float) -> nn.Sequential:
+    """A DCGAN-shaped generator in miniature: its final Tanh's input is multiplied by ``scale``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.ConvTranspose2d(8, 4, 4, 1, 0, bias=False), nn.BatchNorm2d(4), nn.ReLU(True),
+                          nn.ConvTranspose2d(4, 1, 4, 2, 1, bias=False), nn.Tanh())
+    with torch.no_grad():
+        model[3].weight.mul_(scale)
+    return model
+
+
+@pytest.mark.usefixtures("both_paths")
+@pytest.mark.parametrize("scale", [1.0, 100.0], ids=["healthy", "saturated"])
+def test_the_default_options_judge_the_saturation_of_a_tanh_they_do_not_watch(scale):
+    model = generator(scale)
+    noise = torch.randn(16, 8, 1, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False) as viz:
+            model(noise).square().mean().backward()
+            viz.flush()
+    with torch.no_grad():
+        by_hand = float((model(noise).double().abs() > 0.97).double().mean())
+    assert "4" not in viz.latest.activations  # the Tanh is not watched
+    assert viz.latest.layer_values["saturation"]["4"]["saturated_fraction"] == pytest.approx(by_hand, abs=1e-6)
+    fired = [(alert.rule, alert.layer) for alert in viz.alerts if alert.rule == "saturation"]
+    if scale == 1.0:
+        assert by_hand < 0.05 and fired == []
+    else:
+        assert by_hand > 0.5 and fired == [("saturation", "4")]
+        assert any("saturation at step 0 in '4'" in str(w.message) for w in caught)
+
+
 def test_an_unwatched_relu_writes_its_zero_fraction_and_a_watched_one_keeps_its_exact_one(tmp_path, monkeypatch):
     # The default layers leave the ReLU out: its zero fraction, read back from the event file, is the exact one for
     # an output of 4 × 8 × 48 × 48 values, and within half a point from a strided sample of 4 × 8 × 192 × 192.

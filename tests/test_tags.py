@@ -103,11 +103,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 scaler.update()
         assert {"gradient_spike", "nonfinite"} <= {alert.rule for alert in viz.alerts}
         transformer = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
-        with actviz.watch(transformer, folder / "transformer", every=1, statistics=["default", "gradient_noise"],
+        with actviz.watch(transformer, folder / "transformer", every=1, statistics=[
+                "default", "gradient_noise", "update_rms", "update_lost", "adam_epsilon"],
             extras=[actviz.Probe(torch.randn(1, 6, 16))]):
             with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
                 output = transformer(torch.randn(2, 6, 16))
             output.float().sum().backward()
+            torch.optim.Adam(transformer.parameters()).step()  # the update statistics: update_stats/*
         router = TopTwo()
         with actviz.watch(router, folder / "moe", every=1, statistics=["default", "moe"]):
             router(torch.randn(8, 16)).sum().backward()

@@ -202,7 +202,8 @@ class StepCapture:
             if chosen.of_gradients:  # statistics of the outputs' gradients, by layer name
                 self.gradients.statistics = {name: (module, chosen.of_gradients[id(module)])
                                              for name, module in self._layer_pairs if id(module) in chosen.of_gradients}
-            self._parameters.statistics = (chosen.of_parameters, chosen.of_parameter_gradients)
+            self._parameters.statistics = (chosen.of_parameters, chosen.of_parameter_gradients,
+                                           chosen.of_parameter_updates)
             if chosen.unwatched:  # modules a statistic runs on alone (the ReLUs the default layers leave out)
                 hooked = [*self._layer_pairs, *chosen.unwatched]
                 self._statistics_only = {name for name, _ in chosen.unwatched}

@@ -12,8 +12,8 @@ happened, and it decides when the step is over. The stages, and the events that 
 ``WAITING_FOR_OPTIMIZER`` a backward pass reached the outputs. :meth:`~StepEnd.optimizer_step`: the
                           gradients it applies are taken, and the step is over (or ``WAITING_FOR_UPDATE``);
                           :meth:`~StepEnd.next_forward`: over in a loop that steps no optimizer
-``WAITING_FOR_UPDATE``    with ``update_ratio``, the optimizer took the gradients: over at the next
-                          forward, once the update is done
+``WAITING_FOR_UPDATE``    with ``update_ratio`` or an update statistic, the optimizer took the gradients: over at the
+                          next forward, once the update is done
 ``DONE``                  :meth:`~StepEnd.close` ran (also at ``flush()``): hooks off, results delivered
 ========================= ===============================================================================
 
@@ -146,7 +146,7 @@ class StepEnd:
     def _optimizer_took(self, optimizer: torch.optim.Optimizer) -> None:
         self._parameters.take_gradients(optimizer)
         self.stage = Stage.WAITING_FOR_UPDATE
-        if not self._parameters.update_ratio:  # else wait until the update is done: the next forward
+        if not self._parameters.waits_for_update:  # else wait until the update is done: the next forward
             self.close()
 
     def next_forward(self) -> None:

@@ -34,11 +34,40 @@ from ..summaries.one_tensor import PendingSummary, local_shard, start_summary
 from ..statistics.layer_statistic import take_values
 from ..statistics.gradient_noise import NoiseRun
 from ..statistics.registry import Chosen
+from ..statistics.updates import AppliedUpdate
 from ..tags import UPDATE_RATIO
 
-__all__ = ["LoopHistory", "StepParameters"]
+__all__ = ["OPTIMIZER_VALUES", "LoopHistory", "StepParameters", "learning_rates"]
+
+#: ``results.layer_values[OPTIMIZER_VALUES][param]``: the learning rate of the optimizer group that applied the
+#: step's gradients to ``param``, and the ``torch.finfo(dtype).eps`` of its float format (what ``frozen_parameter`` reads).
+OPTIMIZER_VALUES = "optimizer"
 
 _GRAD = operator.attrgetter("grad")  # a parameter's .grad, read in C in map()
+
+
+def learning_rates(optimizer: torch.optim.Optimizer, named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, dict[str, float]]:
+    """``{name: {"learning_rate": lr, "float_eps": eps}}`` of each of ``named`` that ``optimizer`` holds, its
+    group's ``lr`` a number (a tensor on the CPU too; one on an accelerator is left out: reading it would wait for it).
+
+    Example:
+        >>> layer = nn.Linear(2, 1).to(torch.bfloat16)
+        >>> learning_rates(torch.optim.SGD([layer.weight], lr=0.1), list(layer.named_parameters()))
+        {'weight': {'learning_rate': 0.1, 'float_eps': 0.0078125}}
+    """
+    ids = {id(param): (name, param) for name, param in named}
+    found = {}
+    for group in getattr(optimizer, "param_groups", ()):
+        rate = group.get("lr") if isinstance(group, dict) else None
+        if isinstance(rate, torch.Tensor) and rate.device.type == "cpu" and rate.numel() == 1:
+            rate = float(rate)
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+            continue
+        for param in group.get("params", ()):
+            entry = ids.get(id(param))
+            if entry is not None and entry[1].is_floating_point():
+                found[entry[0]] = {"learning_rate": float(rate), "float_eps": torch.finfo(entry[1].dtype).eps}
+    return found
 
 
 def _same_layout(now: torch.Tensor, then: torch.Tensor) -> bool:
@@ -152,9 +181,18 @@ class StepParameters:
         self.taken_at_step = False  # reduced as an optimizer applied them
         # the statistics of targets "parameter" and "parameter_gradient" (set by the step), and the last device
         # halves of the latter, replaced as the gradients are until the step ends
-        self.statistics: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
+        self.statistics: tuple[tuple[Any, ...], ...] = ((), (), ())  # targets parameter, its gradient, its update
         self._grad_values: LayerValues | None = None
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
+        self._rates: dict[str, dict[str, float]] = {}  # learning_rates() of the optimizer that took the gradients
+        self._optimizer: torch.optim.Optimizer | None = None  # that optimizer, until the update is done: its state
+        self._had_gradient: list[torch.Tensor | None] = []  # per trainable parameter: grad != 0, for "update_lost"
+
+    @property
+    def waits_for_update(self) -> bool:
+        """Whether the step ends once the update is done (the next forward), not when the optimizer takes the
+        gradients: ``update_ratio`` and the update statistics compare the parameters across it."""
+        return self.update_ratio or bool(self.statistics[2])
 
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
@@ -218,9 +256,18 @@ class StepParameters:
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
         self.taken_at_step = self.taken_at_step or optimizer is not None
+        if optimizer is not None:
+            try:
+                self._rates = learning_rates(optimizer, self.trainable)
+            except Exception:  # noqa: BLE001 - an odd optimizer: frozen_parameter names both causes
+                self._rates = {}
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
-        if self.update_ratio and self.trainable:  # the values the update will change, one op
+        if self.waits_for_update and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
+            self._optimizer = optimizer if self.statistics[2] else None  # held until hand_over, one step at most
+            if any(getattr(statistic, "needs_gradient_mask", False) for statistic in self.statistics[2]):
+                self._had_gradient = [None if param.grad is None else local_shard(param.grad).ne(0)
+                                      for _, param in self.trainable]
         if with_grads:
             grads = [param.grad for _, param in with_grads]
             self._grads = self._reduce(with_grads, grads)
@@ -234,9 +281,13 @@ class StepParameters:
 
     def hand_over(self) -> None:
         """Put the last gradients taken, and the update ratios since, into the step's results."""
+        if self._rates:
+            rates, self._rates = self._rates, {}
+            self._pending.add_host_work(lambda results, _: results.layer_values.setdefault(OPTIMIZER_VALUES, {})
+                                        .update(rates))
         if self._before is not None:
             before, self._before = self._before, None
-            self._add_update_ratios(before)
+            self._add_updates(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
         if self._grad_values is not None:
@@ -249,30 +300,53 @@ class StepParameters:
         for (name, _), tensor in zip(named, tensors):
             take_values(statistics, name, None, tensor, reductions.get(name), into, self._options)
 
-    def _add_update_ratios(self, before: list[torch.Tensor]) -> None:
-        """``update_ratio/{param}`` of the parameters still shaped as ``before`` (a few ops for all of them).
+    def _add_updates(self, before: list[torch.Tensor]) -> None:
+        """``update_ratio/{param}`` and the update statistics of the parameters still shaped as ``before`` (a few
+        ops for all of them, then each statistic's own).
 
         A parameter resized, or moved, since :meth:`take_gradients` is skipped and warned about once; if the
         ops fail all the same, the step's ratios are skipped with one warning, never an error: the step goes on.
         """
         pairs, after = self.trainable, [local_shard(param) for _, param in self.trainable]
+        masks, self._had_gradient = self._had_gradient or [None] * len(pairs), []
         same = list(map(_same_layout, after, before))
         if not all(same):  # the same lists while nothing is resized: no new tuples
             resized = [name for (name, _), kept in zip(pairs, same) if not kept]
             self._warn_once(resized, f"actviz: no update ratio for {', '.join(resized)}: the parameter changed shape or "
                                      "device across the optimizer step (resized in place); the step is logged without it")
-            pairs, after, before = ([item for item, kept in zip(items, same) if kept] for items in (pairs, after, before))
+            pairs, after, before, masks = ([item for item, kept in zip(items, same) if kept]
+                                           for items in (pairs, after, before, masks))
         if not pairs:
             return
         try:
-            change = torch._foreach_norm(torch._foreach_sub(after, before))
-            ratios = torch._foreach_div(change, torch._foreach_norm(before))  # NaN for an all-zero parameter
+            updates = torch._foreach_sub(after, before)
+            if self.update_ratio:
+                ratios = torch._foreach_div(torch._foreach_norm(updates), torch._foreach_norm(before))  # NaN for all-zero
         except Exception as error:  # noqa: BLE001 - a parameter changed some other way: the step goes on
             self._warn_once([UPDATE_RATIO], f"actviz: no update ratios for this step, and any later one that fails the "
                                             f"same way: {type(error).__name__}: {error}")
             return
-        for (name, _), ratio in zip(pairs, ratios):
-            self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
+        if self.update_ratio:
+            for (name, _), ratio in zip(pairs, ratios):
+                self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
+        if self.statistics[2]:
+            self._take_update_values(pairs, after, updates, masks)
+
+    def _take_update_values(self, pairs: list[tuple[str, nn.Parameter]], after: list[torch.Tensor],
+                            updates: list[torch.Tensor], masks: list[torch.Tensor | None]) -> None:
+        """The update statistics' device halves (:mod:`actviz.statistics.updates`) of each parameter's update, with
+        its optimizer's state and group where the optimizer that took the gradients holds it."""
+        optimizer, self._optimizer = self._optimizer, None
+        groups: dict[int, Any] = {}
+        state: Any = {}
+        if optimizer is not None:
+            state = getattr(optimizer, "state", {})
+            for group in getattr(optimizer, "param_groups", ()):
+                for param in group.get("params", ()) if isinstance(group, dict) else ():
+                    groups[id(param)] = group
+        for (name, param), now, update, mask in zip(pairs, after, updates, masks):
+            applied = AppliedUpdate(now, mask, state.get(param) if id(param) in groups else None, groups.get(id(param)))
+            take_values(self.statistics[2], name, applied, update, None, self._pending.layer_values, self._options)
 
     def _warn_once(self, names: list[str], message: str) -> None:
         """Warn with ``message`` unless every one of ``names`` was warned about already.

@@ -264,11 +264,13 @@ class HealthMonitor:
         self.report(results, fresh)
         return fresh
 
-    def report(self, results: StepResults | None, alerts: list[Alert]) -> None:
-        """Keep, warn about, write into ``results.texts["alerts"]`` and hand on ``alerts``."""
+    def report(self, results: StepResults | None, alerts: list[Alert], warn: bool = True) -> None:
+        """Keep, warn about (unless said already: ``warn=False``), write into ``results.texts["alerts"]`` and hand
+        on ``alerts``."""
         for alert in alerts:
             self.alerts.append(alert)
-            warn_safely(f"actviz: {alert.message}", RuntimeWarning, stacklevel=2)
+            if warn:
+                warn_safely(f"actviz: {alert.message}", RuntimeWarning, stacklevel=2)
             if self.on_alert is not None:
                 try:
                     self.on_alert(alert)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch.nn.parameter import is_lazy
 
 from .alerts import Alert, HealthMonitor, check_alerts
 from .flow import FlowHistory
+from .optimizer_audit import OptimizerAudit
 from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
@@ -63,6 +65,13 @@ class Diagnosis:
         self._reporter = monitor or HealthMonitor(check_alerts(True) or {}, on_alert=on_alert)
         self._written_until = -1  # the last step the sink got: spike records write no step again, nor one before it
         self._failed: set[str] = set()
+        self._audit_alerts: deque[Alert] = deque()  # the optimizer audit's (training thread), said already
+
+    def optimizer_audit(self, model: nn.Module, current_step: Callable[[], int | None]) -> OptimizerAudit | None:
+        """Start the optimizer audit of ``model`` (:mod:`actviz.diagnosis.optimizer_audit`) where alerts are on."""
+        if self.monitor is None:
+            return None
+        return OptimizerAudit(model, self._audit_alerts.extend, current_step)
 
     def spike_recorder(
         self, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]],
@@ -83,6 +92,9 @@ class Diagnosis:
         if self.spikes is not None:
             self._guarded("spikes", self._write_spikes, results)
         self._written_until = max(self._written_until, results.step)  # the writer writes this step next
+        if self._audit_alerts and self.monitor is not None:
+            audited = [self._audit_alerts.popleft() for _ in range(len(self._audit_alerts))]  # thread-safe pops
+            self._guarded("alerts", self.monitor.report, results, audited, False)
         if self.monitor is not None:
             outliers = results.layer_values.get("outliers")
             if outliers:  # after the attention rules' findings, which the step brought

@@ -183,9 +183,13 @@ class LayerTrends:
 
     def _frozen(self, results: StepResults) -> list[Alert]:
         """Frozen parameter: a parameter whose gradient's RMS is at least 1e-4 x its own and whose values (sum, sum
-        of squares, min, max) are the same over ``frozen_steps`` + 1 (3) logging steps in a row: it is not in the
-        optimizer (a parameter group forgotten) or its learning rate is 0. A smaller gradient may move it by less
-        than float32 resolves; the healthy programs of the benchmark have none."""
+        of squares, min, max) are the same over ``frozen_steps`` + 1 (3) logging steps in a row, while other
+        parameters change or an optimizer holds it at a learning rate above 0. Two causes, told apart by what the
+        optimizer that applied the step's gradients says (``results.layer_values["optimizer"]``, read on the host
+        at its step): it is not in the optimizer or its learning rate is 0; or it is, and its updates are below
+        half a float step of its values, so rounding drops them (a batch norm's weights of 1.0 under SGD at lr
+        1e-4 in float32; any weight of a model cast to bfloat16 at a small learning rate). A smaller gradient may
+        move it by less than float32 resolves; the healthy programs of the benchmark have none."""
         found = []
         same: dict[str, bool] = {}
         for name, weights in results.weights.items():
@@ -193,19 +197,41 @@ class LayerTrends:
             same[name] = fingerprint == self._fingerprints.get(name)
             self._fingerprints[name] = fingerprint
         others_moved = sum(not unchanged for unchanged in same.values())
+        held = results.layer_values.get("optimizer", {})
         for name, weights in results.weights.items():
             grad = results.weight_grads.get(name)
             # float32 cannot hold a change below 6e-8 of a value: an SGD step at lr 1e-3 needs a gradient RMS
             # of 1e-4 x the parameter's to move it visibly
             moving_grad = (grad is not None and not grad.nonfinite and grad.sum_squares > 0
                            and _rms(grad) >= 1e-4 * _rms(weights))
-            frozen = same[name] and moving_grad and others_moved > 0
+            rate = held.get(name, {}).get("learning_rate", 0.0)
+            frozen = same[name] and moving_grad and (others_moved > 0 or rate > 0)
             if self._streak("frozen", name, frozen) >= self.thresholds["frozen_steps"]:
-                found.append(Alert(results.step, "frozen_parameter", name, "gradient_norm", grad.norm, 0.0,
-                                   f"frozen parameter at step {results.step}: {name!r} has a gradient (norm "
-                                   f"{grad.norm:.3g}) and has not changed over {self.thresholds['frozen_steps'] + 1:g} "
-                                   "logging steps: it is not in the optimizer, or its learning rate is 0"))
+                steps = self.thresholds["frozen_steps"] + 1
+                start = (f"frozen parameter at step {results.step}: {name!r} has a gradient (norm {grad.norm:.3g}) "
+                         f"and has not changed over {steps:g} logging steps: ")
+                cause = (_rounding(name, rate, weights, grad, held[name], results) if rate > 0 else
+                         "it is not in the optimizer, or its learning rate is 0: add it to the optimizer (a "
+                         "parameter group forgotten?) or give its group a learning rate")
+                found.append(Alert(results.step, "frozen_parameter", name, "gradient_norm", grad.norm, 0.0, start + cause))
         return found
+
+
+def _rounding(name: str, rate: float, weights: Summary, grad: Summary, held: dict[str, float],
+              results: StepResults) -> str:
+    """The ``frozen_parameter`` cause of a parameter in the optimizer at learning rate ``rate``: its updates round
+    away. Says half a float step at its RMS value against the learning rate x its gradient's RMS (SGD's step), the
+    lost-update fraction where ``statistics=[..., "update_lost"]`` measured it, and the fixes."""
+    value = _rms(weights)
+    eps = held.get("float_eps", 2.0 ** -23)
+    half_step = 2.0 ** math.floor(math.log2(value)) * eps / 2 if value > 0 else math.nan
+    bits = {2.0 ** -7: "bfloat16", 2.0 ** -10: "float16", 2.0 ** -23: "float32", 2.0 ** -52: "float64"}.get(eps, "its float")
+    lost = results.layer_values.get("update_lost", {}).get(name, {}).get("lost_fraction")
+    measured = f"; {lost:.1%} of its updates were lost at this step" if lost is not None and math.isfinite(lost) else ""
+    return (f"it is in the optimizer at learning rate {rate:g}, but its updates are below half a {bits} step of its "
+            f"values (half a step at its RMS {value:.3g} is {half_step:.3g}; learning rate x gradient RMS is "
+            f"{rate * _rms(grad):.3g}){measured}, so rounding drops them: keep float32 master weights (autocast "
+            "instead of casting the model to a 16-bit type), use a larger learning rate, or a smaller weight")
 
 
 def health_monitor(

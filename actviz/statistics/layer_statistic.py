@@ -55,17 +55,18 @@ from torch import nn
 from ..common.results import Summary
 from ..common.safe_warnings import warn_once
 from ..summaries.one_pass import OUTLIER_FIELDS, UNIT_FIELDS
-from ..tags import ACTIVATION_STAT, GRADIENT_STAT, WEIGHT_GRAD_STAT, WEIGHT_STAT
+from ..tags import ACTIVATION_STAT, GRADIENT_STAT, UPDATE_STAT, WEIGHT_GRAD_STAT, WEIGHT_STAT
 
 __all__ = ["TARGETS", "TARGET_TAGS", "LayerStatistic", "summary_request", "take_values", "warn_statistic_failed"]
 
 #: What a statistic is taken of: each tensor of a watched layer's output, the gradient with respect to it, each
-#: watched parameter, its gradient as the optimizer applies it, or the model's output.
-TARGETS = ("output", "output_gradient", "parameter", "parameter_gradient", "model_output")
+#: watched parameter, its gradient as the optimizer applies it, the model's output, or the update an optimizer
+#: step applies to a watched parameter (:mod:`actviz.statistics.updates`).
+TARGETS = ("output", "output_gradient", "parameter", "parameter_gradient", "model_output", "parameter_update")
 
 #: The scalar tag pattern of each target's values (``{layer}`` is the parameter's name for the parameter targets).
 TARGET_TAGS = {"output": ACTIVATION_STAT, "output_gradient": GRADIENT_STAT, "parameter": WEIGHT_STAT,
-               "parameter_gradient": WEIGHT_GRAD_STAT, "model_output": ACTIVATION_STAT}
+               "parameter_gradient": WEIGHT_GRAD_STAT, "model_output": ACTIVATION_STAT, "parameter_update": UPDATE_STAT}
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ class LayerStatistic:
     name: str = ""
     names: tuple[str, ...] = ()
     written: tuple[str, ...] | None = None
-    target: Literal["output", "output_gradient", "parameter", "parameter_gradient", "model_output"] = "output"
+    target: Literal["output", "output_gradient", "parameter", "parameter_gradient", "model_output",
+                    "parameter_update"] = "output"
     cost: str = ""
     summary_fields: tuple[str, ...] = ()
     unwatched_layers: bool = False

@@ -32,13 +32,14 @@ from .moments import Moments
 from .outliers import Outliers
 from .relu_zeros import ReluZeros
 from .unit_counts import DeadChannels, Saturation
+from .updates import AdamEpsilon, UpdateLost, UpdateRMS
 
 __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (
     Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), Outliers(), Logits(), GradientKurtosis(),
-    WeightGradKurtosis(),
+    WeightGradKurtosis(), UpdateRMS(), UpdateLost(), AdamEpsilon(),
 )
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
@@ -168,14 +169,15 @@ class Chosen:
     """
 
     __slots__ = ("by_module", "on_output", "unwatched", "of_summaries", "of_gradients", "of_parameters",
-                 "of_parameter_gradients", "warned")
+                 "of_parameter_gradients", "of_parameter_updates", "warned")
 
     def __init__(self, by_module: dict[int, tuple[LayerStatistic, ...]], on_output: tuple[LayerStatistic, ...],
                  unwatched: tuple[tuple[str, nn.Module], ...] = (),
                  of_summaries: dict[str, tuple[LayerStatistic, ...]] | None = None,
                  of_gradients: dict[int, tuple[LayerStatistic, ...]] | None = None,
                  of_parameters: tuple[LayerStatistic, ...] = (),
-                 of_parameter_gradients: tuple[LayerStatistic, ...] = ()) -> None:
+                 of_parameter_gradients: tuple[LayerStatistic, ...] = (),
+                 of_parameter_updates: tuple[LayerStatistic, ...] = ()) -> None:
         self.by_module = by_module  # id(module) -> the statistics of its outputs; only modules with some
         self.on_output = on_output  # target "model_output": taken of the model's output
         self.unwatched = unwatched  # (name, module) pairs run for their statistics alone
@@ -183,6 +185,7 @@ class Chosen:
         self.of_gradients = of_gradients or {}  # id(module) -> the statistics of its outputs' gradients
         self.of_parameters = of_parameters  # target "parameter": of every watched parameter
         self.of_parameter_gradients = of_parameter_gradients  # target "parameter_gradient"
+        self.of_parameter_updates = of_parameter_updates  # target "parameter_update" (actviz.statistics.updates)
         self.warned: set[str] = set()  # statistics that failed, warned about once
 
     @classmethod
@@ -219,7 +222,8 @@ class Chosen:
         on_output = tuple(statistic for statistic in in_hooks if statistic.target == "model_output")
         return cls(by_module, on_output, tuple(unwatched), of_summaries, of_gradients,
                    tuple(statistic for statistic in in_hooks if statistic.target == "parameter"),
-                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter_gradient"))
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter_gradient"),
+                   tuple(statistic for statistic in in_hooks if statistic.target == "parameter_update"))
 
 
 def choose(model: nn.Module, options: Any) -> tuple[LayerStatistic, ...]:

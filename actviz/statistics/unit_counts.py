@@ -7,7 +7,8 @@
   of a ``(batch, positions, features)`` sequence (a transformer's MLP, an RNN's), except after a 1-D
   convolution-family sibling (``Conv1d``, ``BatchNorm1d``... then ReLU: ``(batch, channels, length)``);
 * :class:`Saturation`, on Tanh and Sigmoid outputs: the fraction within :data:`SATURATION_MARGIN` of a
-  bound.
+  bound; on every Tanh and Sigmoid module of the model, watched or not (one not watched counts its first
+  call of a logging step, reading its output once: ``abs``, ``gt``, ``mean``).
 
 Where the one-pass op summarizes the output (:mod:`actviz.summaries.one_pass`), the same read counts them
 (``summary_units``, ``from_summary``: no extra kernel); an output small enough to be batched with the step's
@@ -152,6 +153,7 @@ class Saturation(LayerStatistic):
     cost = ("none beyond the summary's one read where the one-pass op summarizes the output; 3 kernels per Tanh "
             "output, 4 per Sigmoid output otherwise; no sync")
     summary_fields = UNIT_FIELDS
+    unwatched_layers = True  # a generator's final Tanh, a gate's Sigmoid: modules the default layers leave out
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return bool(getattr(options, "unit_counts", True))  # with the alerts
