@@ -10,6 +10,7 @@ writer thread). Data flows one way: model → hook → capture → deliver → s
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
+from .output.run_notes import RunNotes
 from .options import CaptureOptions
 from .common.results import StepResults
 from .output.sink import Sink
@@ -41,6 +43,8 @@ from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
 __all__ = ["Watcher"]
+
+logger = logging.getLogger(__name__)
 
 
 class Watcher:
@@ -80,6 +84,7 @@ class Watcher:
         self._skipped: set[str] = set()
         self._lazy = any(is_lazy(param) for _, param in self._parameters)  # nn.LazyLinear before its first forward
         self._closed = False
+        self.notes: RunNotes | None = None  # the start and end lines, set by actviz.watch on the logging rank
         self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
@@ -220,11 +225,21 @@ class Watcher:
         if self._writer is not None:
             self._writer.close()
         self._finalizer.detach()
+        self._say_end()
         if errors and self.strict:
             raise errors[0]
         for error in errors:
             self._notices.once_text(f"close {type(error).__name__}", f"actviz could not end a step at close(): "
                                     f"{type(error).__name__}: {error}; the rest is written")
+
+    def _say_end(self) -> None:
+        """The end line (:mod:`actviz.output.run_notes`): steps logged, alerts, dropped steps, how to look."""
+        if self.notes is not None:
+            try:
+                dropped = self.dropped_steps
+                self.notes.end(self._silences.logging_steps - dropped, self._silences.steps, len(self.alerts), dropped)
+            except Exception:
+                logger.debug("the end line failed", exc_info=True)
 
     def _end_open_steps(self) -> None:
         """End each open step, one failing not keeping the others from being written, then hand them over."""
