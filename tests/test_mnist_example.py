@@ -6,8 +6,8 @@ MNIST's shape, as no data set can be downloaded here, in batches of 2 so that 20
 
 from __future__ import annotations
 
+import importlib.util
 import logging
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +18,9 @@ import torch
 import actviz
 from actviz.output.open_watchers import _close_open_watchers
 
-sys.path.insert(0, str(Path(__file__).parent / "examples"))
-import mnist_main  # noqa: E402
+_SPEC = importlib.util.spec_from_file_location("mnist_main", Path(__file__).parent / "examples" / "mnist_main.py")
+mnist_main = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(mnist_main)
 
 STEPS = 200
 

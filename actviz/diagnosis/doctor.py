@@ -64,7 +64,7 @@ reading the table:
 exit codes: 0 no alert, 1 at least one alert, 2 no actviz run in RUN_DIR,
   3 a damaged event file (bad checksum, cut short, undecodable record): it is named with
   the step it is read to, and everything before the damage and in other files is reported.
-Names are printed with control characters escaped (\x1b, \x0a, ...).
+Names are printed with control characters escaped (\\x1b, \\x0a, ...).
 See docs/diagnosis.md for every rule, its threshold and what to do about it.
 """
 
@@ -297,14 +297,39 @@ def _number(value: float | None) -> str:
     return "nan" if math.isnan(value) else f"{value:.3g}"
 
 
+#: Decades of change that fill a sparkline's height: a series that changes less is drawn that much flatter.
+TREND_DECADES = 1.0
+
+
 def _trend(values: list[float]) -> str:
-    finite = [value for value in values if math.isfinite(value) and value > 0]
-    if len(finite) < 2:
+    """A sparkline of ``values`` (gradient norms, on a log scale) and last / first.
+
+    One decade of change fills the height (:data:`TREND_DECADES`), so a flat series looks flat; an exact zero
+    is drawn as ``_``, below the lowest bar, and a series that fell to zero ends in ``to 0``.
+
+    Example:
+        >>> _trend([1.0, 1.0001, 1.0]), _trend([0.01, 0.34, 0.0, 0.0]), _trend([1.0, 10.0, 100.0])
+        ('▄▄▄ x1', '▁█__ to 0', '▁▅█ x1e+02')
+    """
+    kept = [value for value in values if math.isfinite(value) and value >= 0]
+    if len(kept) < 2:
         return "-"
-    logs = [math.log10(value) for value in finite]
+    logs = [math.log10(value) for value in kept if value > 0]
+    if not logs:
+        return "_" * len(kept) + " x0"
     low, high = min(logs), max(logs)
-    spark = "".join(_SPARKS[0 if high == low else round((v - low) / (high - low) * 7)] for v in logs)
-    return f"{spark} x{finite[-1] / finite[0]:.2g}"
+    if high - low >= TREND_DECADES:  # lowest to highest bar
+        def level(log: float) -> int:
+            return round((log - low) / (high - low) * 7)
+    else:  # less: drawn around the middle bar, one decade to the height
+        def level(log: float) -> int:
+            return min(7, max(0, round(3 + (log - (low + high) / 2) / TREND_DECADES * 7)))
+    spark = "".join("_" if value == 0 else _SPARKS[level(math.log10(value))] for value in kept)
+    if kept[-1] == 0:
+        return f"{spark} to 0"
+    if kept[0] == 0:
+        return f"{spark} from 0"
+    return f"{spark} x{kept[-1] / kept[0]:.2g}"
 
 
 def format_run(health: RunHealth) -> str:
@@ -319,8 +344,10 @@ def format_run(health: RunHealth) -> str:
     lines.append("")
     if health.alerts:
         lines.append(f"{len(health.alerts)} alert(s):")
-        lines += [f"  step {a['step']:>6}  {_shown(a['rule']):<20} {_shown(a['layer'] or '-'):<16} {_shown(a['message'])}"
-                  for a in health.alerts]
+        cells = [(str(a["step"]), _shown(a["rule"]), _shown(a["layer"] or "-"), _shown(a["message"])) for a in health.alerts]
+        step_width, rule_width, layer_width = (max(len(row[column]) for row in cells) for column in range(3))
+        lines += [f"  step {step.rjust(max(step_width, 6))}  {rule.ljust(rule_width)}  {layer.ljust(layer_width)}  "
+                  f"{message}" for step, rule, layer, message in cells]
     else:
         lines.append("no alerts")
     return "\n".join(lines)
