@@ -95,9 +95,14 @@ class Schedule:
         Example:
             >>> Schedule.parse(50).describe(), Schedule.parse([3, 1]).describe(), Schedule.parse(False).describe()
             ('every 50 steps', 'steps 1, 3', 'never')
+            >>> Schedule.parse(range(0, 10**15, 7)).describe()
+            'steps 0, 7, 14, 21, 28, ...'
         """
         if self.period is not None:
             return f"every {self.period} steps"
+        if isinstance(self.steps, range):  # of any length: not sorted
+            shown = self.steps if self.steps.step > 0 else self.steps[::-1]
+            return "steps " + ", ".join(str(step) for step in shown[:5]) + (", ..." if len(shown) > 5 else "")
         if self.steps is not None:
             first = sorted(self.steps)[:5]
             return "steps " + ", ".join(str(step) for step in first) + (", ..." if len(self.steps) > 5 else "")

@@ -357,7 +357,7 @@ def test_json_answers_in_json_whatever_happens(tmp_path):
 
 
 def test_the_trend_counts_zeros_and_draws_a_flat_series_flat():
-    from actviz.diagnosis.doctor import _trend
+    from actviz.diagnosis.doctor_text import trend as _trend
 
     # a gradient that fell to exactly 0: the zeros are drawn, below the lowest bar, and it ends "to 0"
     assert _trend([0.01, 0.34, 0.0, 0.0, 0.0]) == "▁█___ to 0"
@@ -369,7 +369,8 @@ def test_the_trend_counts_zeros_and_draws_a_flat_series_flat():
 
 
 def test_the_alert_table_stays_aligned_for_long_rule_and_layer_names():
-    from actviz.diagnosis.doctor import RunHealth, format_run
+    from actviz.diagnosis.doctor import RunHealth
+    from actviz.diagnosis.doctor_text import format_run
 
     alerts = [{"step": 3, "rule": "nonfinite", "layer": "fc", "message": "first"},
               {"step": 120, "rule": "exploding_activations", "layer": "encoder.layer.0.attention.self.query",

@@ -25,6 +25,7 @@ from typing import Any
 from ..output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
 from ..tags import ALERTS, TENSORBOARD_PREFIX
 from .alerts import parse_alert_lines
+from .doctor_text import format_run, problem_line
 
 __all__ = [
     "DOCTOR_DESCRIPTION", "DOCTOR_EPILOG", "EXIT_ALERTS", "EXIT_DAMAGED", "EXIT_HEALTHY", "EXIT_NO_RUN",
@@ -33,7 +34,6 @@ __all__ = [
 
 #: ``actviz doctor``'s exit statuses: no alert, an alert, no actviz run in RUN_DIR, a damaged event file.
 EXIT_HEALTHY, EXIT_ALERTS, EXIT_NO_RUN, EXIT_DAMAGED = 0, 1, 2, 3
-_SPARKS = "▁▂▃▄▅▆▇█"
 
 DOCTOR_DESCRIPTION = """\
 Read a training run's TensorBoard event files and say what is wrong, without TensorBoard:
@@ -282,77 +282,6 @@ def diagnose_runs(root: str | Path, problems: list[FileProblem] | None = None) -
     return runs
 
 
-def _shown(text: object) -> str:
-    """``text`` for a terminal: control characters and undecodable bytes escaped, not sent raw."""
-    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in str(text))
-
-
-def _problem_line(problem: FileProblem) -> str:
-    return f"{_shown(problem.path)}: {_shown(problem.reason)}"
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "nan" if math.isnan(value) else f"{value:.3g}"
-
-
-#: Decades of change that fill a sparkline's height: a series that changes less is drawn that much flatter.
-TREND_DECADES = 1.0
-
-
-def _trend(values: list[float]) -> str:
-    """A sparkline of ``values`` (gradient norms, on a log scale) and last / first.
-
-    One decade of change fills the height (:data:`TREND_DECADES`), so a flat series looks flat; an exact zero
-    is drawn as ``_``, below the lowest bar, and a series that fell to zero ends in ``to 0``.
-
-    Example:
-        >>> _trend([1.0, 1.0001, 1.0]), _trend([0.01, 0.34, 0.0, 0.0]), _trend([1.0, 10.0, 100.0])
-        ('▄▄▄ x1', '▁█__ to 0', '▁▅█ x1e+02')
-    """
-    kept = [value for value in values if math.isfinite(value) and value >= 0]
-    if len(kept) < 2:
-        return "-"
-    logs = [math.log10(value) for value in kept if value > 0]
-    if not logs:
-        return "_" * len(kept) + " x0"
-    low, high = min(logs), max(logs)
-    if high - low >= TREND_DECADES:  # lowest to highest bar
-        def level(log: float) -> int:
-            return round((log - low) / (high - low) * 7)
-    else:  # less: drawn around the middle bar, one decade to the height
-        def level(log: float) -> int:
-            return min(7, max(0, round(3 + (log - (low + high) / 2) / TREND_DECADES * 7)))
-    spark = "".join("_" if value == 0 else _SPARKS[level(math.log10(value))] for value in kept)
-    if kept[-1] == 0:
-        return f"{spark} to 0"
-    if kept[0] == 0:
-        return f"{spark} from 0"
-    return f"{spark} x{kept[-1] / kept[0]:.2g}"
-
-
-def format_run(health: RunHealth) -> str:
-    """The report of one run as text: the layer table, then the alerts."""
-    rows = [("layer", "grad norm", "trend", "act std", "zero frac", "nan/inf")]
-    for layer in health.layers:
-        rows.append((_shown(layer.layer), _number(layer.gradient_norm), _trend(layer.gradient_trend),
-                     _number(layer.activation_std), _number(layer.zero_fraction), str(layer.nonfinite)))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = [f"run {_shown(health.path)} (last step {health.last_step})", ""]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines.append("")
-    if health.alerts:
-        lines.append(f"{len(health.alerts)} alert(s):")
-        cells = [(str(a["step"]), _shown(a["rule"]), _shown(a["layer"] or "-"), _shown(a["message"])) for a in health.alerts]
-        step_width, rule_width, layer_width = (max(len(row[column]) for row in cells) for column in range(3))
-        lines += [f"  step {step.rjust(max(step_width, 6))}  {rule.ljust(rule_width)}  {layer.ljust(layer_width)}  "
-                  f"{message}" for step, rule, layer, message in cells]
-    else:
-        lines.append("no alerts")
-    return "\n".join(lines)
-
-
 def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
     """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file.
 
@@ -384,7 +313,7 @@ def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
         return status, json.dumps(_no_nan(report), indent=2)
     text = "\n\n".join(format_run(run) for run in runs)
     if problems:
-        text += ("\n\n" if text else "") + "\n".join(_problem_line(problem) for problem in problems)
+        text += ("\n\n" if text else "") + "\n".join(problem_line(problem) for problem in problems)
     return status, text
 
 
@@ -392,7 +321,7 @@ def _no_run(reason: str, problems: list[FileProblem], as_json: bool, label: str 
     """Exit status 2, with ``reason`` as text or as ``{"error": ...}``."""
     if as_json:
         return EXIT_NO_RUN, json.dumps({"error": reason, "status": EXIT_NO_RUN, "problems": [asdict(p) for p in problems]})
-    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(_problem_line(p) for p in problems)])
+    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(problem_line(p) for p in problems)])
 
 
 def _no_nan(value: Any) -> Any:

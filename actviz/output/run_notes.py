@@ -27,15 +27,31 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 from ..schedule import Schedule
+from .open_watchers import steps_apart
 
-__all__ = ["FEW_STEPS", "RunNotes", "quiet_by_environment"]
+__all__ = ["FEW_STEPS", "RunNotes", "end_of_run", "quiet_by_environment", "subject_of"]
 
 logger = logging.getLogger("actviz")
 
 #: A run that logged fewer steps than this is told that it drew no real curve, and how to get one.
 FEW_STEPS = 10
+
+
+def subject_of(model: str, sink: object) -> str:
+    """What a watcher's warnings name: ``"Net → runs/x"``, the model's class name and the run folder (the sink's
+    class name where there is none), or the name alone on a rank that writes nothing.
+
+    Example:
+        >>> subject_of("Net", None)
+        'Net'
+    """
+    writer = getattr(sink, "writer", None)
+    if writer is not None:
+        return f"{model} → {writer.get_logdir()}"
+    return model if sink is None else f"{model} → {type(sink).__name__}"
 
 
 def quiet_by_environment() -> bool:
@@ -134,4 +150,19 @@ class RunNotes:
         if self.quiet or self._ended:
             return
         self._ended = True
-        say(self.end_line(logged, steps, alerts, dropped))
+        try:
+            say(self.end_line(logged, steps, alerts, dropped))
+        except Exception:
+            logger.debug("the end line failed", exc_info=True)
+
+
+def end_of_run(watcher: Any, logging_steps: int, notices: Any) -> None:
+    """At ``watcher.close()``: warn (through ``notices``) where another open watcher's step axis does not match
+    this one's (:func:`~actviz.output.open_watchers.steps_apart`), then say its end line, ``logging_steps`` of its
+    ``counted_steps`` started, less those dropped."""
+    other = steps_apart(watcher, watcher.counted_steps)
+    if other is not None:
+        notices.once("step_axes", steps=watcher.counted_steps, other=other[0], other_steps=other[1])
+    if watcher.notes is not None:
+        dropped = watcher.dropped_steps
+        watcher.notes.end(logging_steps - dropped, watcher.counted_steps, len(watcher.alerts), dropped)
