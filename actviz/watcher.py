@@ -25,7 +25,7 @@ from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahea
 from .diagnosis.step_diagnosis import Alert, Diagnosis
 from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
-from .common.safe_warnings import speak_for
+from .common.safe_warnings import done_speaking_for, speak_for
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .output.run_notes import RunNotes, end_of_run, subject_of
@@ -218,6 +218,7 @@ class Watcher:
         finally:
             self._silences.close()
             unregister(self.model, self)
+            done_speaking_for(self._subject)
         if self._writer is not None:
             self._writer.close()
         self._finalizer.detach()

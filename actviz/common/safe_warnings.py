@@ -17,7 +17,7 @@ import threading
 import warnings
 from typing import Any
 
-__all__ = ["Site", "speak_for", "user_site", "warn_once", "warn_safely"]
+__all__ = ["Site", "done_speaking_for", "speak_for", "user_site", "warn_once", "warn_safely"]
 
 logger = logging.getLogger("actviz")
 
@@ -65,6 +65,12 @@ def speak_for(subject: str | None, site: Site | None = None) -> None:
     _thread.site = site
 
 
+def done_speaking_for(subject: str | None) -> None:
+    """Forget this thread's subject if it is ``subject`` (its watcher closed)."""
+    if getattr(_thread, "subject", None) == subject:
+        speak_for(None)
+
+
 def warn_safely(message: str, category: type[Warning] = RuntimeWarning, stacklevel: int = 2,
                 subject: str | None = None) -> None:
     """``warnings.warn(message, category)`` at the user's line, naming ``subject`` (or the thread's, see
@@ -91,7 +97,8 @@ def warn_safely(message: str, category: type[Warning] = RuntimeWarning, stacklev
             warnings.warn(message, category, stacklevel=stacklevel + 1)
         else:
             filename, lineno, module_globals = site
-            warnings.warn_explicit(message, category, filename, lineno, module=module_globals.get("__name__"),
+            module = module_globals.get("__name__") or filename.removesuffix(".py")  # as warnings.warn names it
+            warnings.warn_explicit(message, category, filename, lineno, module=module,
                                    registry=module_globals.setdefault("__warningregistry__", {}))
     except Warning:
         logger.warning("%s", message)

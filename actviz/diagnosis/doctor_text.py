@@ -1,15 +1,14 @@
 """The text of ``actviz doctor``: the layer table with each gradient norm's sparkline, then the alerts.
 
+It takes :mod:`actviz.diagnosis.doctor`'s ``RunHealth`` and ``FileProblem`` without importing them (no cycle).
+
 :func:`format_run` lays out one :class:`~actviz.diagnosis.doctor.RunHealth`; :func:`trend` draws a sparkline.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .doctor import FileProblem, RunHealth
+from typing import Any
 
 __all__ = ["TREND_DECADES", "format_run", "number", "problem_line", "shown", "trend"]
 
@@ -21,7 +20,7 @@ def shown(text: object) -> str:
     return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in str(text))
 
 
-def problem_line(problem: FileProblem) -> str:
+def problem_line(problem: Any) -> str:
     return f"{shown(problem.path)}: {shown(problem.reason)}"
 
 
@@ -66,7 +65,7 @@ def trend(values: list[float]) -> str:
     return f"{spark} x{kept[-1] / kept[0]:.2g}"
 
 
-def format_run(health: RunHealth) -> str:
+def format_run(health: Any) -> str:
     """The report of one run as text: the layer table, then the alerts."""
     rows = [("layer", "grad norm", "trend", "act std", "zero frac", "nan/inf")]
     for layer in health.layers:

@@ -3,7 +3,8 @@
 At :func:`actviz.watch` one line says what is watched and where it goes; at ``close()`` (also through
 ``with`` and at interpreter exit, which closes the watchers still open) one line says how many steps were
 logged, the alerts, the dropped steps and the two commands that show the run. A run that logged fewer
-than :data:`FEW_STEPS` steps is told so, with the ``every=`` that would give it a curve.
+than :data:`FEW_STEPS` steps is told so, with the ``every=`` that would give it a curve. A watcher dropped
+without ``close()`` and garbage-collected with its model says no end line (its finalizer waits for nothing).
 
 Both go to the logger ``"actviz"`` at ``INFO``. Where no handler would show them (no ``logging`` set up)
 and stderr is a terminal, they are written to stderr too. ``actviz.Options(quiet=True)`` or the environment
