@@ -32,7 +32,7 @@ from .capture.probe import ProbeForward, check_probe, gradcam_layers, try_probe
 from .output.run_notes import RunNotes
 from .output.run_folders import check_name_lengths, warn_if_reused, warn_if_shared
 from .schedule import DEFAULT_IMAGE_PERIOD, Schedule, ScheduleSpec
-from .selection import LayerSpec, layer_display_name, select_layers
+from .selection import LayerSpec, layer_display_name, layer_tag_names, select_layers
 from .statistics import LayerStatistic, resolve_statistics
 from .watcher import Watcher
 
@@ -311,6 +311,7 @@ def watch(
     if log_dir is not None:
         _check_log_dir(log_dir)
     chosen = select_layers(unwrap_compiled(model), layers)  # plain names for torch.compile(model)
+    tag_names = layer_tag_names(unwrap_compiled(model))
     check_probe(probe, model)
     cam_layers = gradcam_layers(unwrap_compiled(model), gradcam, probe)
     if watching(model) is not None:
@@ -342,10 +343,10 @@ def watch(
     viz = Watcher(
         model, chosen, sink, stats_schedule, image_schedule, capture, options.auto_step, options.strict,
         grad_scaler=options.grad_scaler, callbacks=callbacks, diagnosis=None if sink is None else make_diagnosis(
-            sink, unwrap_compiled(model), [(layer_display_name(n), m) for n, m in chosen], alerts, callbacks.hold,
+            sink, unwrap_compiled(model), [(tag_names.get(n, layer_display_name(n)), m) for n, m in chosen], alerts, callbacks.hold,
             spikes, update_ratio, image_schedule, capture.flow_pictures),
         probe=None if probe is None else ProbeForward(
-            probe, [(layer_display_name(name), module) for name, module in chosen], capture.max_channels, cam_layers
+            probe, [(tag_names.get(name, layer_display_name(name)), module) for name, module in chosen], capture.max_channels, cam_layers
         ),
     )
     if sink is not None and sink.writer is not None:

@@ -57,9 +57,9 @@ examples:
 
 output:
   TensorBoard: one run per model and image in LOGDIR/<model>/<image name>, at step 0,
-    with the tags feature_maps/<layer>, activations/<layer>, activation_stats/<layer>/...,
-    input, image (text: file, model, weights) and, with pretrained weights, predictions
-    (top-5 text table).
+    with the tags ~feature_maps/<layer>, ~activations/<layer>, ~activation_stats/<statistic>@<layer>
+    and ~input as TensorBoard names them, and the texts image (file, model, weights) and, with
+    pretrained weights, predictions (top-5 table).
   HTML: DIR/index.html with the input, top-5, a statistics table and every grid;
     PNGs next to it in DIR/<image name>/. No JavaScript or network needed.
 

@@ -21,7 +21,7 @@ from .tags import LAYERS, TENSORBOARD_PREFIX
 __all__ = ["STATISTICS", "NoRunToCompare", "RunStatistics", "RunStream", "read_run"]
 
 #: The statistics compared, in the order a layer's are checked: name -> (tag prefix, what is read).
-#: ``stat:`` reads the scalar ``{prefix}{layer}/{stat}``, ``histo:`` a field of the histogram ``{prefix}{layer}``.
+#: ``stat:`` reads the scalar ``{prefix}{stat}@{layer}``, ``histo:`` a field of the histogram ``{prefix}{layer}``.
 STATISTICS = {
     "activation_mean": ("activation_stats/", "stat:mean"),
     "activation_std": ("activation_stats/", "stat:std"),
@@ -201,8 +201,8 @@ def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[
         if prefix == "activations/":
             outputs.setdefault(rest)
         return True
-    elif "/" in rest:
-        layer, stat = rest.rsplit("/", 1)
+    elif "@" in rest:
+        stat, layer = rest.split("@", 1)
         name = _BY_SOURCE.get((prefix, f"stat:{stat}"))
         number = value.simple_value if value.HasField("simple_value") else (
             value.tensor.float_val[0] if value.tensor.float_val else None)

@@ -8,7 +8,9 @@ keywords included.
 
 from __future__ import annotations
 
+import copy  # noqa: F401  (the example's)
 import fnmatch
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -16,7 +18,8 @@ from torch import nn
 
 from .common.suggestions import closest, did_you_mean
 
-__all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "find_layer", "layer_display_name"]
+__all__ = ["LAYER_KEYWORDS", "LayerSpec", "ROOT_NAME", "select_layers", "default_layers", "find_layer", "layer_display_name",
+           "layer_tag_names", "parameter_tag_names"]
 
 #: One entry of ``watch(layers=...)``: a module type, a keyword, a qualified name, a
 #: glob pattern on names, a module object, or a predicate ``(name, module) -> bool``.
@@ -38,9 +41,86 @@ ROOT_NAME = "(model)"
 _GLOB_CHARS = frozenset("*?[")
 
 
+#: A ``named_modules()`` name up to this long is its own tag name; a longer one is shortened by :func:`layer_tag_names`.
+SHORT_NAME = 12
+#: A shortened name longer than this has its middle words cut to their first letter (``0.a.o.dense``).
+ABBREVIATE_OVER = 16
+
+
 def layer_display_name(name: str) -> str:
-    """Return the tag name of a module given its ``named_modules()`` name."""
+    """The name of a module in messages, given its ``named_modules()`` name: the model itself is :data:`ROOT_NAME`."""
     return name if name else ROOT_NAME
+
+
+def _tails(name: str, last_words: Counter[str]) -> list[str]:
+    """``name``'s candidate tag names, shortest first; the last is ``name`` itself.
+
+    Each is a dotted tail of ``name`` after the numbers (block indices) before it: ``bert.encoder.layer.0.attention.
+    self.query`` -> ``0.query``, ``0.self.query``, ... A tail of numbers alone says nothing, and a single word that
+    other modules also end with (``dense``) needs its parent (``pooler.dense``) when no number tells it apart.
+    """
+    parts = name.split(".")
+    tails = []
+    for start in range(len(parts) - 1, -1, -1):
+        tail, numbers = parts[start:], [part for part in parts[:start] if part.isdigit()]
+        if all(part.isdigit() for part in tail) or (not numbers and len(tail) == 1 and last_words[tail[0]] > 1):
+            continue
+        tails.append(".".join(numbers + tail))
+    return list(dict.fromkeys(tails + [name]))
+
+
+def _abbreviated(tag_name: str) -> str:
+    """``tag_name`` from its first number on, its words but the last cut to their first letter:
+    ``0.attention.output.dense`` -> ``0.a.o.dense``, ``layer.0.output.dense`` -> ``0.o.dense``."""
+    parts = tag_name.split(".")
+    first_number = next((index for index, part in enumerate(parts[:-1]) if part.isdigit()), 0)
+    *middle, last = parts[first_number:]
+    return ".".join([part if part.isdigit() else part[0] for part in middle] + [last])
+
+
+def layer_tag_names(model: nn.Module) -> dict[str, str]:
+    """The tag name of each module of ``model``, by ``named_modules()`` name: the one rule every actviz tag follows.
+
+    A name of up to :data:`SHORT_NAME` characters is kept (``features.0``, ``fc``). A longer one becomes the
+    shortest dotted tail that no other module of the model could be called, after the block numbers it drops:
+    ``bert.encoder.layer.0.attention.self.query`` -> ``0.query``, ``bert.pooler.dense`` -> ``pooler.dense``.
+    Past :data:`ABBREVIATE_OVER` characters its middle words are cut to their first letter:
+    ``bert.encoder.layer.0.attention.output.dense`` -> ``0.a.o.dense``, ``bert.encoder.layer.0.output.dense`` ->
+    ``0.o.dense``. That part tells layers apart, and it
+    fits where TensorBoard's Time Series cuts a long card title. Names are unique (a clash keeps the full name);
+    the model itself is :data:`ROOT_NAME`. A run's ``layers`` text lists each tag name beside the module's name.
+
+    Example:
+        >>> block = nn.ModuleDict({"attention": nn.ModuleDict({"query": nn.Linear(2, 2), "key": nn.Linear(2, 2)}),
+        ...                        "output": nn.Linear(2, 2)})
+        >>> model = nn.ModuleDict({"encoder": nn.ModuleList([block, copy.deepcopy(block)]), "head": nn.Linear(2, 2)})
+        >>> names = layer_tag_names(model)
+        >>> names["encoder.0.attention.query"], names["encoder.1.output"], names["head"], names[""]
+        ('0.query', '1.output', 'head', '(model)')
+    """
+    names = [name for name, _ in model.named_modules()]
+    last_words = Counter(name.rsplit(".", 1)[-1] for name in names if name)
+    tails = {name: _tails(name, last_words) for name in names if len(name) > SHORT_NAME}
+    claims = Counter(tail for name in names for tail in (tails.get(name) or [name]))
+    chosen = {name: next((tail for tail in tails[name] if claims[tail] == 1), name) if name in tails
+              else layer_display_name(name) for name in names}
+    short = {name: _abbreviated(tag) if len(tag) > ABBREVIATE_OVER else tag for name, tag in chosen.items()}
+    taken = Counter(short.values())
+    return {name: short[name] if taken[short[name]] == 1 else chosen[name] for name in names}
+
+
+def parameter_tag_names(model: nn.Module) -> dict[str, str]:
+    """The tag name of each parameter of ``model``, by ``named_parameters()`` name: its module's tag name
+    (:func:`layer_tag_names`), a dot, and its own name.
+
+    Example:
+        >>> model = nn.ModuleDict({"encoder": nn.ModuleList([nn.ModuleDict({"attention": nn.Linear(2, 2)})])})
+        >>> parameter_tag_names(model)["encoder.0.attention.bias"]
+        '0.attention.bias'
+    """
+    modules = layer_tag_names(model)
+    return {name: f"{modules.get(owner, owner)}.{own}" if owner else own
+            for name, _ in model.named_parameters() for owner, _, own in [name.rpartition(".")]}
 
 
 def find_layer(model: nn.Module, name: str, where: str = "") -> nn.Module:

@@ -1,8 +1,11 @@
 """The tag vocabulary: every tag actviz writes, and :func:`step_items`, a step's results as tagged items.
 
-A tag pattern names its variable parts in braces: ``{layer}`` is a qualified name from
-``model.named_modules()`` (``features.0``), ``{param}`` one from ``model.named_parameters()``
-(``features.0.weight``), ``{statistic}`` one of the flow pictures. Modules that add tags to a
+A tag pattern names its variable parts in braces: ``{layer}`` is a module's tag name
+(:func:`actviz.selection.layer_tag_names`: ``features.0`` as ``model.named_modules()`` names it, a long name
+shortened to the part that tells layers apart, ``bert.encoder.layer.0.attention.self.query`` -> ``0.query``),
+``{param}`` a parameter's (``features.0.weight``, ``0.query.weight``), ``{statistic}`` a statistic's name.
+A per-layer statistic's tag ends ``{statistic}@{layer}``, in the last part of the tag: TensorBoard's Time Series
+cuts a long card title before its last ``/`` and keeps that part whole. Modules that add tags to a
 step (:mod:`actviz.capture.transformer_step`, :mod:`actviz.capture.probe`, :mod:`actviz.diagnosis.flow`, ...) build them
 from the pattern constants below; :data:`ROWS` documents them, and the tables of README.md
 (``readme=True`` rows) and docs/how-it-works.md are :func:`markdown_table` of it (a test checks).
@@ -21,13 +24,15 @@ your own (``watch(sink=...)``, see :class:`actviz.output.sink.Sink`) can use it 
 Example:
     >>> from actviz.common.results import StepResults, Summary
     >>> results = StepResults(3, gradients={"fc": Summary(2, 0, 0, -4.0, 3.0, -1.0, 25.0, [1.0, 1.0])},
-    ...                       scalars={"gradient_stats/fc/norm": 5.0})  # the statistic gradient_norms' value
+    ...                       scalars={"gradient_stats/norm@fc": 5.0})  # the statistic gradient_norms' value
     >>> [(kind, tag) for kind, tag, value in step_items(results)]
-    [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/fc/norm')]
-    >>> pattern_of("gradient_stats/fc/norm"), pattern_of("~gradient_stats/fc/norm"), pattern_of("my/own/tag")
-    ('gradient_stats/{layer}/norm', 'gradient_stats/{layer}/norm', None)
-    >>> tensorboard_tag("scalar", "gradient_stats/fc/norm"), tensorboard_tag("text", "alerts")
-    ('~gradient_stats/fc/norm', 'alerts')
+    [('histogram', 'gradients/fc'), ('scalar', 'gradient_stats/norm@fc')]
+    >>> pattern_of("gradient_stats/norm@fc"), pattern_of("~gradient_stats/norm@fc"), pattern_of("my/own/tag")
+    ('gradient_stats/norm@{layer}', 'gradient_stats/norm@{layer}', None)
+    >>> tensorboard_tag("scalar", "gradient_stats/norm@fc"), tensorboard_tag("text", "alerts")
+    ('~gradient_stats/norm@fc', 'alerts')
+    >>> layer_statistic_of("~activation_stats/zero_fraction@0.query"), layer_statistic_of("alerts")
+    (('activation_stats', 'zero_fraction', '0.query'), None)
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ from typing import Any
 from .common.results import StepResults
 
 __all__ = [
-    "KINDS", "PATTERNS", "ROWS", "TENSORBOARD_PREFIX", "Item", "Row", "markdown_table", "pattern_of", "step_items",
-    "tensorboard_tag",
+    "KINDS", "PATTERNS", "ROWS", "TENSORBOARD_PREFIX", "Item", "Row", "layer_statistic_of", "markdown_table",
+    "pattern_of", "step_items", "tensorboard_tag",
 ]
 
 #: What a tagged value is, in the order TensorBoard's tabs show them.
@@ -60,10 +65,10 @@ ACTIVATIONS = "activations/{layer}"
 GRADIENTS = "gradients/{layer}"
 WEIGHTS = "weights/{param}"
 WEIGHT_GRADS = "weight_grads/{param}"
-ACTIVATION_STAT = "activation_stats/{layer}/{statistic}"  # the statistic is one of the rows' names
-GRADIENT_STAT = "gradient_stats/{layer}/{statistic}"
-WEIGHT_STAT = "weight_stats/{param}/{statistic}"  # a statistic of target "parameter"; no built-in has one
-WEIGHT_GRAD_STAT = "weight_grad_stats/{param}/{statistic}"
+ACTIVATION_STAT = "activation_stats/{statistic}@{layer}"  # the statistic is one of the rows' names
+GRADIENT_STAT = "gradient_stats/{statistic}@{layer}"
+WEIGHT_STAT = "weight_stats/{statistic}@{param}"  # a statistic of target "parameter"; no built-in has one
+WEIGHT_GRAD_STAT = "weight_grad_stats/{statistic}@{param}"
 GRAD_SCALE = "amp/grad_scale"
 LOSS = "loss/backward_root"  # the value of the tensor a stats step's backward pass starts from
 LAYERS = "layers"
@@ -72,8 +77,8 @@ FLOW = "flow/{statistic}"
 PROBE_INPUT = "probe/input"
 GRADCAM = "gradcam/{layer}"
 ATTENTION_MAPS = "attention_maps/{layer}"
-ATTENTION = "attention/{layer}/{statistic}"
-MOE = "moe/{layer}/{statistic}"  # {layer}: a router (actviz.transformers.moe)
+ATTENTION = "attention/{statistic}@{layer}"
+MOE = "moe/{statistic}@{layer}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
@@ -136,7 +141,8 @@ ROWS = (
         "router health of a mixture of experts, with `\"moe\"` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
         "outliers of the layer's output, with `\"outliers\"`"),
-    Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),
+    Row("Text", (LAYERS,), "once: each watched layer's tag name, type, output shape and parameter count, and its "
+        "module's full name where the tag name is shorter", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
 )
 
@@ -155,6 +161,14 @@ def pattern_of(tag: str) -> str | None:
     not an actviz tag."""
     tag = tag.removeprefix(TENSORBOARD_PREFIX)
     return next((pattern for matcher, pattern in _MATCHERS if matcher.match(tag)), None)
+
+
+def layer_statistic_of(tag: str) -> tuple[str, str, str] | None:
+    """``(group, statistic, layer)`` of a per-layer statistic's tag (``group/statistic@layer``, TensorBoard's name
+    or not), else ``None``."""
+    group, _, rest = tag.removeprefix(TENSORBOARD_PREFIX).partition("/")
+    statistic, at, layer = rest.partition("@")
+    return (group, statistic, layer) if at and statistic and layer and "/" not in statistic else None
 
 
 def tensorboard_tag(kind: str, tag: str) -> str:
@@ -190,12 +204,13 @@ def step_items(results: StepResults, shown: set[str] | None = None) -> Iterator[
         yield "image", tag, image
 
 
-_LAYER_STATS = (ACTIVATION_STAT.split("{")[0], GRADIENT_STAT.split("{")[0])  # the tags ONCE_NOT_ZERO is about
+_LAYER_STATS = (ACTIVATION_STAT.split("/")[0], GRADIENT_STAT.split("/")[0])  # the tags ONCE_NOT_ZERO is about
 
 
 def _scalars(shown: set[str] | None, scalars: dict[str, float]) -> Iterator[Item]:
     for tag, value in scalars.items():
-        if shown is not None and tag.rsplit("/", 1)[-1] in ONCE_NOT_ZERO and tag.startswith(_LAYER_STATS):
+        parts = layer_statistic_of(tag) if shown is not None else None
+        if parts is not None and parts[1] in ONCE_NOT_ZERO and parts[0] in _LAYER_STATS:
             if value != 0:
                 shown.add(tag)  # a chart that goes back to 0 shows it
             if tag not in shown:
@@ -206,22 +221,22 @@ def _scalars(shown: set[str] | None, scalars: dict[str, float]) -> Iterator[Item
 def markdown_table(rows: tuple[Row, ...] = ROWS) -> str:
     """The Markdown table of ``rows``: tab (once per group), tags as TensorBoard shows them, meaning.
 
-    A tag that shares all but its last part with the row's first is written as ``/last``.
+    A tag that differs from the row's first in its statistic alone is written as ``statistic@``.
 
     Example:
-        >>> print(markdown_table((Row("Scalars", ("a/{layer}/mean", "a/{layer}/std"), "moments"),)))
+        >>> print(markdown_table((Row("Scalars", ("a/mean@{layer}", "a/std@{layer}"), "moments"),)))
         | TensorBoard tab | tag | what it is |
         |---|---|---|
-        | Scalars | `~a/{layer}/mean`, `/std` | moments |
+        | Scalars | `~a/mean@{layer}`, `std@` | moments |
     """
     lines = ["| TensorBoard tab | tag | what it is |", "|---|---|---|"]
     tab = None
     for row in rows:
         shown = [tensorboard_tag(_TAB_KINDS[row.tab], tag) for tag in row.tags]
-        first = shown[0].rsplit("/", 1)[0]
+        first = layer_statistic_of(shown[0])
         tags = [f"`{shown[0]}`"] + [
-            f"`/{tag.rsplit('/', 1)[1]}`" if tag.rsplit("/", 1)[0] == first and "/" in tag else f"`{tag}`"
-            for tag in shown[1:]
+            f"`{parts[1]}@`" if first and parts and (parts[0], parts[2]) == (first[0], first[2]) else f"`{tag}`"
+            for tag, parts in ((tag, layer_statistic_of(tag)) for tag in shown[1:])
         ]
         shown_tab = f" {row.tab} " if row.tab != tab else " "
         lines.append(f"|{shown_tab}| {', '.join(tags)} | {row.meaning} |")

@@ -100,12 +100,13 @@ class Watcher:
 
     @property
     def layer_names(self) -> list[str]:
-        """Tag names of the watched layers, in model order."""
+        """Tag names of the watched layers, in model order (:func:`actviz.selection.layer_tag_names`: a
+        ``named_modules()`` name, or a long one's short form, ``0.query`` for ``bert.encoder.layer.0.attention.self.query``)."""
         return [name for name, _ in self._layers]
 
     @property
     def parameter_names(self) -> list[str]:
-        """Names of the watched parameters, as ``named_parameters()`` gives them."""
+        """Tag names of the watched parameters: their layer's tag name and their own (``0.query.weight``)."""
         return [name for name, _ in self._parameters]
 
     @property

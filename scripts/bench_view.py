@@ -1,7 +1,7 @@
 """How fast the actviz tab answers on a long, wide run: each view's time on a live TensorBoard.
 
 Writes two synthetic runs of ``--steps`` steps (default 20,000) and ``--layers`` layers (default 200) as actviz
-writes them (``~gradient_stats/{layer}/norm``, ``~activation_stats/{layer}/std`` and ``/zero_fraction`` every
+writes them (``~gradient_stats/norm@{layer}``, ``~activation_stats/std@{layer}`` and ``/zero_fraction`` every
 step, output and gradient histograms every 100 steps, a ``layers`` table and a few ``alerts``); ``b`` parts from
 ``a`` at three quarters of the run. Then starts ``tensorboard --logdir`` with the plugin, waits until it has
 read both runs, and times each of the tab's routes (``/runs``, ``/heatmap``, ``/alerts``, ``/cell``,
@@ -54,9 +54,9 @@ def write_run(folder: Path, steps: int, layers: int, part_at: int | None, seed: 
         if part_at is not None and step >= part_at:
             walk[layers // 2] += 0.05
         norms, stds, zeros = scale * np.exp(walk), 0.5 + 0.1 * np.tanh(walk), 0.4 + 0.05 * np.sin(walk + step / 500)
-        values = [Summary.Value(tag=f"~gradient_stats/{name}/norm", simple_value=norm) for name, norm in zip(names, norms)]
-        values += [Summary.Value(tag=f"~activation_stats/{name}/std", simple_value=std) for name, std in zip(names, stds)]
-        values += [Summary.Value(tag=f"~activation_stats/{name}/zero_fraction", simple_value=zero)
+        values = [Summary.Value(tag=f"~gradient_stats/norm@{name}", simple_value=norm) for name, norm in zip(names, norms)]
+        values += [Summary.Value(tag=f"~activation_stats/std@{name}", simple_value=std) for name, std in zip(names, stds)]
+        values += [Summary.Value(tag=f"~activation_stats/zero_fraction@{name}", simple_value=zero)
                    for name, zero in zip(names, zeros)]
         event = Event(step=step, wall_time=time.time(), summary=Summary(value=values))
         if step % 100 == 0:

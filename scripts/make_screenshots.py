@@ -52,7 +52,7 @@ SHOTS = [
     # gradients flowing back into each watched layer, over steps
     ("histograms", r"^~gradients/(0|4|8|13)$", "vz-histogram-timeseries:visible", 2500, "histograms_dashboard.png"),
     # per-layer gradient norms, one chart per layer
-    ("scalars", r"^~gradient_stats/(0|4|8|13)/norm$", "tf-scalar-card:visible", 2500, "scalars_chart.png"),
+    ("scalars", r"^~gradient_stats/norm@(0|4|8|13)$", "tf-scalar-card:visible", 2500, "scalars_chart.png"),
 ]
 TIMEOUT_MS = 60_000
 

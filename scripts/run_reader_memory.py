@@ -1,7 +1,7 @@
 """The memory ``actviz doctor`` and ``actviz diff`` take to read a long run: peak RSS over the RSS after imports.
 
 Writes a synthetic run of ``--steps`` logged steps × ``--layers`` layers with the tags actviz writes per layer
-(``~activation_stats/{layer}/mean``, ``std``, ``zero_fraction``, ``nonfinite``, ``~gradient_stats/{layer}/norm``,
+(``~activation_stats/mean@{layer}``, ``std``, ``zero_fraction``, ``nonfinite``, ``~gradient_stats/norm@{layer}``,
 ``nonfinite``, and the ``~activations/{layer}`` and ``~gradients/{layer}`` histograms with 30 buckets), once per
 step in one event, and a copy of it; then runs ``doctor`` on one and ``diff`` on the pair, each in a fresh
 process, and prints each one's peak resident memory above the process's resident memory after its imports
@@ -46,9 +46,9 @@ def write_run(folder: Path, steps: int, layers: int) -> None:
             for layer in range(layers):
                 for name, value in (("mean", 0.1), ("std", 1.0 + step * 1e-3), ("zero_fraction", 0.5),
                                     ("nonfinite", 0.0)):
-                    values.append(Summary.Value(tag=f"~activation_stats/l{layer}/{name}", simple_value=value))
+                    values.append(Summary.Value(tag=f"~activation_stats/{name}@l{layer}", simple_value=value))
                 for name, value in (("norm", 0.5 / (1 + step)), ("nonfinite", 0.0)):
-                    values.append(Summary.Value(tag=f"~gradient_stats/l{layer}/{name}", simple_value=value))
+                    values.append(Summary.Value(tag=f"~gradient_stats/{name}@l{layer}", simple_value=value))
                 for kind in ("activations", "gradients"):
                     histogram = HistogramProto(min=-1, max=1, num=1000, sum=float(layer), sum_squares=2.0 + step,
                                                bucket_limit=[i / 15 - 1 for i in range(30)], bucket=[33.0] * 30)

@@ -23,9 +23,9 @@ import actviz
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = [
-    ("images", r"^~(probe/input|attention_rollout|attention_maps/encoder.layers.encoder_layer_(0|3).self_attention)$",
+    ("images", r"^~(probe/input|attention_rollout|attention_maps/encoder_layer_(0|3).self_attention)$",
      "tf-image-loader:visible img", 2000, "transformer_attention_maps.png"),
-    ("scalars", r"^~attention/encoder.layers.encoder_layer_(0|3).self_attention/(max_logit|entropy_min)$",
+    ("scalars", r"^~attention/(max_logit|entropy_min)@encoder_layer_(0|3).self_attention$",
      "tf-scalar-card:visible", 3000, "transformer_attention_scalars.png"),
 ]
 

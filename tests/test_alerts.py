@@ -73,7 +73,7 @@ def test_a_layer_scaled_by_1e_6_gives_the_vanishing_alert_for_that_layer_alone(t
     # the value is the gradient's RMS, by hand from the logged norm; the threshold is 1e-4 x the median RMS
     run = read_run(tmp_path)
     numel = 16 * 32
-    rms = {layer: run.scalar(f"gradient_stats/{layer}/norm", alert.step) / math.sqrt(numel if layer != "5" else 64)
+    rms = {layer: run.scalar(f"gradient_stats/norm@{layer}", alert.step) / math.sqrt(numel if layer != "5" else 64)
            for layer in ("0", "3", "5")}
     assert alert.value == pytest.approx(rms["0"], rel=1e-5)
     assert alert.threshold == pytest.approx(1e-4 * sorted(rms.values())[1], rel=1e-5)

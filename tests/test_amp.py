@@ -64,7 +64,7 @@ def test_gradients_are_logged_unscaled_against_a_twin_without_scaling(tmp_path, 
             logged = run.histogram(f"gradients/{name}", step)
             assert logged.sum_squares == pytest.approx((expected**2).sum().item(), rel=1e-4)
             assert logged.max == pytest.approx(expected.max().item(), rel=1e-4)
-            assert run.scalar(f"gradient_stats/{name}/norm", step) == pytest.approx(expected.norm().item(), rel=1e-4)
+            assert run.scalar(f"gradient_stats/norm@{name}", step) == pytest.approx(expected.norm().item(), rel=1e-4)
     for name, grad in twin_param_grads.items():  # the last step's gradients, unscaled by scaler.step
         logged = run.histogram(f"weight_grads/{name}", 2)
         assert logged.sum_squares == pytest.approx((grad.double() ** 2).sum().item(), rel=1e-4)
@@ -97,8 +97,8 @@ def test_an_overflow_step_stays_readable(tmp_path, read_run):
         true_activations = int((~torch.isfinite(outputs[name])).sum())
         true_gradients = int((~torch.isfinite(grads[0][name])).sum())
         assert true_activations > 0 and true_gradients > 0
-        assert run.scalar(f"activation_stats/{name}/nonfinite", 0) == true_activations  # > 0: written
-        assert run.scalar(f"gradient_stats/{name}/nonfinite", 0) == true_gradients
+        assert run.scalar(f"activation_stats/nonfinite@{name}", 0) == true_activations  # > 0: written
+        assert run.scalar(f"gradient_stats/nonfinite@{name}", 0) == true_gradients
     for name, count in nonfinite.items():
         numel = model.get_parameter(name).numel()
         if count < numel:  # the finite values' histogram, with the non-finite ones left out

@@ -13,6 +13,7 @@ from conftest import CountOps, hooks_left
 from torch import nn
 
 import actviz
+from actviz.selection import layer_tag_names
 from actviz.transformers.attention import AttentionMode
 from actviz.transformers.attention_stats import attention_logits, attention_stats, head_numbers
 
@@ -211,13 +212,14 @@ MODELS = {
     "bert": (tiny_bert, ["bert.encoder.layer.0.attention.self", "bert.encoder.layer.1.attention.self"]),
     "vit": (tiny_vit, ["encoder.layers.encoder_layer_0.self_attention", "encoder.layers.encoder_layer_1.self_attention"]),
     "encoder": (tiny_encoder, ["0.layers.0.self_attn", "0.layers.1.self_attn"]),
-}
+}  # named_modules() names: the tags hold their tag names (actviz.selection.layer_tag_names)
 
 
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_every_tag_on_four_transformers(kind, read_run):
-    make, attention_layers = MODELS[kind]
+    make, modules = MODELS[kind]
     model, log_dir = make(), tempfile.mkdtemp()
+    attention_layers = [layer_tag_names(model)[name] for name in modules]
     with actviz.watch(model, log_dir, every=2, options=actviz.Options(strict=True)) as viz:
         for _ in range(3):
             run_model(kind, model).backward()
@@ -225,17 +227,17 @@ def test_every_tag_on_four_transformers(kind, read_run):
     run = read_run(log_dir)
     for layer in attention_layers:
         for name in ATTENTION_SCALARS:
-            assert [e.step for e in run.scalar_events(f"attention/{layer}/{name}")] == [0, 2], (layer, name)
-        assert run.histogram_steps(f"attention/{layer}/head_max_logit") == [0, 2]
-        assert 0 < run.scalar(f"attention/{layer}/entropy_min", 0) <= run.scalar(f"attention/{layer}/entropy_mean", 0)
-    assert not [t for t in run.scalar_tags if t.startswith("attention/") and t.split("/")[1] not in attention_layers]
+            assert [e.step for e in run.scalar_events(f"attention/{name}@{layer}")] == [0, 2], (layer, name)
+        assert run.histogram_steps(f"attention/head_max_logit@{layer}") == [0, 2]
+        assert 0 < run.scalar(f"attention/entropy_min@{layer}", 0) <= run.scalar(f"attention/entropy_mean@{layer}", 0)
+    assert not [t for t in run.scalar_tags if t.startswith("attention/") and t.split("@")[1] not in attention_layers]
     for tag in ("logits/max", "logits/logsumexp", "logits/entropy"):
         assert tag in run.scalar_tags
-    summarized = [layer for layer in layers if f"activation_stats/{layer}/mean" in run.scalar_tags]
+    summarized = [layer for layer in layers if f"activation_stats/mean@{layer}" in run.scalar_tags]
     assert len(summarized) >= len(layers) - 2  # MultiheadAttention's out_proj is never called as a module
     for layer in summarized:  # every watched layer that ran
         for name in ("max_abs", "kurtosis", "outlier_fraction"):
-            assert f"activation_stats/{layer}/{name}" in run.scalar_tags, (layer, name)
+            assert f"activation_stats/{name}@{layer}" in run.scalar_tags, (layer, name)
 
 
 def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
@@ -254,17 +256,17 @@ def test_collapse_gives_entropy_near_zero_and_the_max_logit_alert(read_run):
     run = read_run(log_dir)
     # an Alert like the health rules': in viz.alerts and on_alert, once for the layer although both steps hit it
     logit_alerts = [alert for alert in kept if alert.rule == "attention_max_logit"]
-    assert [(a.step, a.layer, a.statistic) for a in logit_alerts] == [(0, "0.layers.0.self_attn", "max_logit")]
-    assert logit_alerts[0].value == pytest.approx(run.scalar("attention/0.layers.0.self_attn/max_logit", 0))
+    assert [(a.step, a.layer, a.statistic) for a in logit_alerts] == [(0, "0.0.self_attn", "max_logit")]
+    assert logit_alerts[0].value == pytest.approx(run.scalar("attention/max_logit@0.0.self_attn", 0))
     assert logit_alerts[0].threshold == 100.0
     assert handed == kept
     assert sum("max logit" in str(w.message) for w in caught) == 1
-    assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100
-    assert run.scalar("attention/0.layers.0.self_attn/entropy_min", 0) < 0.05  # log 9 = 2.2 when uniform
-    assert run.scalar("attention/0.layers.1.self_attn/entropy_min", 0) > 0.5
+    assert run.scalar("attention/max_logit@0.0.self_attn", 0) > 100
+    assert run.scalar("attention/entropy_min@0.0.self_attn", 0) < 0.05  # log 9 = 2.2 when uniform
+    assert run.scalar("attention/entropy_min@0.1.self_attn", 0) > 0.5
     messages = [str(w.message) for w in caught]
-    assert any("max logit" in m and "'0.layers.0.self_attn'" in m for m in messages), messages
-    assert "0.layers.0.self_attn" in run.events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
+    assert any("max logit" in m and "'0.0.self_attn'" in m for m in messages), messages
+    assert "0.0.self_attn" in run.events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()
 
 
 def test_entropy_collapse_over_logging_steps_alerts():
@@ -289,7 +291,7 @@ def test_alerts_false_turns_the_transformer_alerts_off_too(read_run):
         with actviz.watch(model, log_dir, every=1, alerts=False) as viz:
             run_model("encoder", model).backward()
     run = read_run(log_dir)
-    assert run.scalar("attention/0.layers.0.self_attn/max_logit", 0) > 100  # the numbers are still logged
+    assert run.scalar("attention/max_logit@0.0.self_attn", 0) > 100  # the numbers are still logged
     assert viz.alerts == [] and not [w for w in caught if "max logit" in str(w.message)]
     assert "alerts" not in run.events.Tags()["tensors"]
 
@@ -344,7 +346,7 @@ def test_compiled_gpt2_keeps_one_graph_and_never_recompiles(how):
             if step == 1:
                 first = len(graphs)
         viz.flush()
-        assert viz.latest is not None and "attention/transformer.h.0.attn/max_logit" in viz.latest.scalars
+        assert viz.latest is not None and "attention/max_logit@0.attn" in viz.latest.scalars
     assert first >= 1 and len(graphs) == first  # compiled on the first step that did not log, never again
 
 
@@ -409,8 +411,8 @@ def test_a_failing_statistic_warns_once_and_the_rest_of_the_step_is_written(read
     messages = [str(w.message) for w in caught if "statistic 'outliers' failed" in str(w.message)]
     assert len(messages) == 1 and "broken on purpose" in messages[0]
     run = read_run(log_dir)
-    assert [e.step for e in run.scalar_events("attention/0.layers.0.self_attn/max_logit")] == [0, 1]
-    assert "activation_stats/1/mean" in run.scalar_tags and "activation_stats/1/max_abs" not in run.scalar_tags
+    assert [e.step for e in run.scalar_events("attention/max_logit@0.0.self_attn")] == [0, 1]
+    assert "activation_stats/mean@1" in run.scalar_tags and "activation_stats/max_abs@1" not in run.scalar_tags
 
 
 class HandWritten(nn.Module):
@@ -434,7 +436,7 @@ def test_hand_written_attention_needs_transformer_stats_true(read_run):
         with actviz.watch(model, log_dir, every=1, statistics=statistics, options=actviz.Options(strict=True)):
             model(x).sum().backward()
         run = read_run(log_dir)
-        assert {tag.split("/")[1] for tag in run.scalar_tags if tag.startswith("attention/")} == expected
+        assert {tag.split("@")[1] for tag in run.scalar_tags if tag.startswith("attention/")} == expected
     # named after a watched module with children that encloses the call
     model, log_dir = nn.Sequential(HandWritten()), tempfile.mkdtemp()
     with actviz.watch(model, log_dir, every=1, layers=["0", "0.qkv"], statistics=["default", "transformer"],
@@ -444,10 +446,10 @@ def test_hand_written_attention_needs_transformer_stats_true(read_run):
     logits, probabilities = brute_force(q, k, is_causal=True)
     expected = expected_stats(logits, probabilities, list(range(1, 10)))
     run = read_run(log_dir)
-    assert run.scalar("attention/0/max_logit", 0) == pytest.approx(expected[0].max().item(), rel=1e-5)
-    assert run.scalar("attention/0/entropy_min", 0) == pytest.approx(expected[2].min().item(), rel=1e-5)
-    assert run.scalar("attention/0/entropy_mean", 0) == pytest.approx(expected[2].mean().item(), rel=1e-5)
-    assert run.scalar("attention/0/sink_fraction", 0) == pytest.approx((expected[3] > 0.3).double().mean().item())
-    histogram = run.histogram("attention/0/head_max_logit", 0)  # one value per head
+    assert run.scalar("attention/max_logit@0", 0) == pytest.approx(expected[0].max().item(), rel=1e-5)
+    assert run.scalar("attention/entropy_min@0", 0) == pytest.approx(expected[2].min().item(), rel=1e-5)
+    assert run.scalar("attention/entropy_mean@0", 0) == pytest.approx(expected[2].mean().item(), rel=1e-5)
+    assert run.scalar("attention/sink_fraction@0", 0) == pytest.approx((expected[3] > 0.3).double().mean().item())
+    histogram = run.histogram("attention/head_max_logit@0", 0)  # one value per head
     assert (histogram.num, histogram.min, histogram.max) == (2, pytest.approx(expected[0].min().item(), rel=1e-6),
                                                              pytest.approx(expected[0].max().item(), rel=1e-6))

@@ -62,13 +62,13 @@ class Block(nn.Module):
 
 
 def _attention_layers(model: nn.Module, **options) -> set[str]:
-    """The ``{layer}`` of every ``attention/{layer}/max_logit`` tag of one logging step of ``model``."""
+    """The ``{layer}`` of every ``attention/max_logit@{layer}`` tag of one logging step of ``model``."""
     torch.manual_seed(0)
     with actviz.watch(model, tempfile.mkdtemp(), every=1, **options, statistics=["default", "transformer"]) as viz:
         model(torch.randn(2, 6, WIDTH)).square().mean().backward()
         viz.flush()
         scalars = viz.latest.scalars
-    return {tag.split("/")[1] for tag in scalars if tag.startswith("attention/") and tag.endswith("/max_logit")}
+    return {tag.split("@")[1] for tag in scalars if tag.startswith("attention/max_logit@")}
 
 
 # -- naming ------------------------------------------------------------------------------------------

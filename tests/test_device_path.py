@@ -193,12 +193,12 @@ def test_logging_step_budget_on_a_small_resnet():
 
 
 def test_a_heat_map_source_is_bounded_on_the_device():
-    logits = torch.randn(1, 300, 20_000)  # vocabulary-sized: the picture is 8 x 512
+    logits = torch.randn(1, 300, 20_000)  # vocabulary-sized: the picture is 64 x 512, its shorter side legible
     with CountOps() as count:
         draw, source = picture_source(logits, max_channels=64)
     assert count.syncs == [] and len(count.kernels) <= 4, count.kernels
-    assert source.numel() == 8 * 512 + 2  # the pooled picture, and the whole's min and max
-    assert draw(source).shape == (3, 8, 512)
+    assert source.numel() == 64 * 512 + 2  # the pooled picture, and the whole's min and max
+    assert draw(source).shape == (3, 64, 512)
     hidden = torch.randn(2, 1024, 768)  # 1,024 tokens: the picture is 512 x 384, area-averaged
     draw, source = picture_source(hidden, max_channels=64)
     assert source.numel() == 512 * 384 + 2

@@ -201,7 +201,7 @@ def test_merged_ranks_give_the_whole_batch_and_the_whole_parameters(wrapper, tmp
     for step in range(3):
         _, both_outputs, twin = _twin_step(step)
         _assert_histogram(run.histogram(f"activations/{prefix}0", step), both_outputs)
-        assert run.scalar(f"activation_stats/{prefix}0/mean", step) == pytest.approx(both_outputs.mean().item())
+        assert run.scalar(f"activation_stats/mean@{prefix}0", step) == pytest.approx(both_outputs.mean().item())
         # parameters: whole (FSDP2 shards merged) or not counted twice (DDP replicas)
         _assert_histogram(run.histogram(f"weights/{prefix}0.weight", step), twin[0].weight)
         _assert_histogram(run.histogram(f"weight_grads/{prefix}2.weight", step), twin[2].weight.grad)

@@ -149,6 +149,21 @@ def test_python_blocks_run_as_written(page: Path, tmp_path: Path, monkeypatch: p
     check = CHECKS.get(str(page.relative_to(ROOT)))
     if check is not None:
         check(namespace, printed, tmp_path)
+    assert_ignored_in_the_clone(page, tmp_path)
+
+
+def assert_ignored_in_the_clone(page: Path, folder: Path) -> None:
+    """What the page's blocks wrote in ``folder`` would be ignored by git in a clone, where a reader runs them:
+    ``git status`` stays clean."""
+    import subprocess
+
+    written = sorted(path.name + ("/" if path.is_dir() else "") for path in folder.iterdir() if path.name != "tests")
+    if not written or not (ROOT / ".git").exists():
+        return
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", "--stdin"], input="\n".join(written),
+                             capture_output=True, text=True, timeout=30).stdout.split()
+    left = [name for name in written if name not in ignored]
+    assert not left, f"{page.relative_to(ROOT)}'s blocks leave {left} in a clone: add them to .gitignore or write elsewhere"
 
 
 #: Pages other branches write; linked already. The test fails once one exists and is still listed here.
@@ -188,3 +203,17 @@ def test_a_wrong_expectation_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     (tmp_path / "run").mkdir()
     with pytest.raises(AssertionError, match=r"page.md:6 printed '2'; the page says '3'"):
         run_page(page, tmp_path / "run", monkeypatch)
+
+
+def test_no_page_advises_samples_per_plugin_images_0() -> None:
+    """TensorBoard 2.21 serves no image with ``--samples_per_plugin images=0``, as
+    tests/test_tensorboard_server.py::test_samples_per_plugin_zero_hides_every_image checks against a live server:
+    a page may name it only to warn against it."""
+    advice = []
+    for page in PAGES:
+        text = " ".join(page.read_text().split())
+        for found in re.finditer(r"images=0\b", text):
+            sentence = text[text.rfind(". ", 0, found.start()) + 2:text.find(". ", found.end()) + 1]
+            if not re.search(r"\b(not|no images?|none)\b", sentence, re.I):
+                advice.append(f"{page.relative_to(ROOT)}: {sentence}")
+    assert not advice, f"images=0 serves no image (TensorBoard 2.21); advise images=100: {advice}"

@@ -54,8 +54,8 @@ def test_a_healthy_run_exits_0_with_every_layer_in_the_table(tmp_path, capsys, r
     assert list(rows) == ["0", "2", "3", "6"]  # the layers table's order
     run = read_run(tmp_path)
     for layer, row in rows.items():  # last gradient norm and activation std, as logged at step 5
-        assert float(row[1]) == pytest.approx(run.scalar(f"gradient_stats/{layer}/norm", 5), rel=1e-2)
-        assert float(row[4]) == pytest.approx(run.scalar(f"activation_stats/{layer}/std", 5), rel=1e-2)
+        assert float(row[1]) == pytest.approx(run.scalar(f"gradient_stats/norm@{layer}", 5), rel=1e-2)
+        assert float(row[4]) == pytest.approx(run.scalar(f"activation_stats/std@{layer}", 5), rel=1e-2)
         assert row[-1] == "0"  # NaN/Inf
     assert "no alerts" in out
 
@@ -111,11 +111,11 @@ def test_a_run_written_before_the_tilde_is_read_too(tmp_path, capsys):
 
     with SummaryWriter(tmp_path / "old") as writer:
         for step, norm in enumerate([0.5, 0.25]):
-            writer.add_scalar("gradient_stats/fc/norm", norm, step)
-            writer.add_scalar("activation_stats/fc/std", 2.0, step)
+            writer.add_scalar("gradient_stats/norm@fc", norm, step)
+            writer.add_scalar("activation_stats/std@fc", 2.0, step)
     with SummaryWriter(tmp_path / "new") as writer:
-        writer.add_scalar("~gradient_stats/fc/norm", 0.125, 0)
-        writer.add_scalar("~activation_stats/fc/std", 4.0, 0)
+        writer.add_scalar("~gradient_stats/norm@fc", 0.125, 0)
+        writer.add_scalar("~activation_stats/std@fc", 4.0, 0)
     assert main(["doctor", "--json", str(tmp_path)]) == 0
     runs = {Path(run["path"]).name: run for run in json.loads(capsys.readouterr().out)["runs"]}
     (old,), (new,) = runs["old"]["layers"], runs["new"]["layers"]
@@ -221,8 +221,8 @@ def _write_run(folder: Path, *records: bytes, name: str = "events.out.tfevents.1
 
 
 def _good_steps(steps: int = 3) -> list[bytes]:
-    return [_record(_event(step, _scalar("~activation_stats/fc/std", 1.0 + step),
-                           _scalar("~gradient_stats/fc/norm", 0.5))) for step in range(steps)]
+    return [_record(_event(step, _scalar("~activation_stats/std@fc", 1.0 + step),
+                           _scalar("~gradient_stats/norm@fc", 0.5))) for step in range(steps)]
 
 
 def _doctor(folder: Path, *options: str) -> subprocess.CompletedProcess:
@@ -293,7 +293,7 @@ def test_a_layers_text_with_no_string_a_folder_named_like_an_event_file_and_a_ta
     empty_layers.tensor.ClearField("string_val")
     _write_run(tmp_path / "run", _record(_event(0, empty_layers)), *_good_steps(2))
     (tmp_path / "run" / "events.out.tfevents.9.folder").mkdir()
-    bad_tag = _event(0, _scalar("~activation_stats/QQ/std", 1.0)).replace(b"QQ", b"\xff\xfe")
+    bad_tag = _event(0, _scalar("~activation_stats/std@QQ", 1.0)).replace(b"QQ", b"\xff\xfe")
     _write_run(tmp_path / "tag", *_good_steps(2), _record(bad_tag), *_good_steps(3)[2:])
     done = _doctor(tmp_path, "--json")
     assert done.returncode == 3, done.stderr
@@ -310,7 +310,7 @@ def test_a_folder_name_that_is_not_utf8_and_control_characters_are_escaped_on_th
     layer = "evil\x1b[31m`\nname\\x"
     alert = Alert(4, "dead_units", layer, "zero_fraction", 1.0, 0.99, f"dead units in {layer!r}\n\nnext")
     folder = tmp_path / os.fsdecode(b"run\xff\x1b]0;title\x07")
-    _write_run(folder, *_good_steps(2), _record(_event(4, _scalar(f"~activation_stats/{layer}/std", 2.0),
+    _write_run(folder, *_good_steps(2), _record(_event(4, _scalar(f"~activation_stats/std@{layer}", 2.0),
                                                         _text("alerts", alert.line()))))
     done = _doctor(tmp_path)
     assert done.returncode == 1, done.stderr

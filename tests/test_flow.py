@@ -84,7 +84,7 @@ def test_gradient_norm_rows_are_forward_order_and_colours_read_back_as_the_logge
     image = events.image("flow/gradient_norm", 10)
     layout = flow_layout(FORWARD_ORDER, 11)  # every logging step so far: 0..10
     assert image.shape[:2] == (layout.height, layout.width)
-    logged = np.array([[events.scalar(f"gradient_stats/{layer}/norm", step) for step in range(11)]
+    logged = np.array([[events.scalar(f"gradient_stats/norm@{layer}", step) for step in range(11)]
                        for layer in FORWARD_ORDER])
     low, high = colour_bar_range(logged)
     decoded = decode(image, layout, low, high)
@@ -101,7 +101,7 @@ def test_colour_bar_has_a_tick_at_every_decade_of_the_logged_range(tmp_path, rea
     events = read_run(tmp_path)
     image = events.image("flow/gradient_norm", 5)
     layout = flow_layout(FORWARD_ORDER, 6)
-    logged = np.array([[events.scalar(f"gradient_stats/{layer}/norm", step) for step in range(6)]
+    logged = np.array([[events.scalar(f"gradient_stats/norm@{layer}", step) for step in range(6)]
                        for layer in FORWARD_ORDER])
     low, high = colour_bar_range(logged)
     assert low == math.floor(math.log10(logged.min())) and high == math.ceil(math.log10(logged.max()))
@@ -135,7 +135,7 @@ def test_flow_tags_by_default_and_update_ratio_when_asked(tmp_path, read_run):
     relu = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     run(tmp_path / "relu", relu, layers="all")  # a ReLU zeroes about half its inputs: now there is something to show
     events = read_run(tmp_path / "relu")
-    assert "flow/zero_fraction" in events.image_tags and 0.2 < events.scalar("activation_stats/1/zero_fraction", 10) < 0.8
+    assert "flow/zero_fraction" in events.image_tags and 0.2 < events.scalar("activation_stats/zero_fraction@1", 10) < 0.8
     run(tmp_path / "ratio", Net(), statistics=["default", "update_ratio"])
     events = read_run(tmp_path / "ratio")
     assert "flow/update_ratio" in events.image_tags
@@ -296,3 +296,18 @@ def test_one_gradient_norm_everywhere_is_not_drawn():
     flow.add(StepResults(0, activations=same, gradients=same, images={"a": torch.zeros(1, 2, 2)}))
     assert flow.values("gradient_norm").tolist() == [[5.0], [5.0]]
     assert "flow/gradient_norm" not in flow.last_pictures and "flow/activation_std" in flow.last_pictures
+
+
+def test_a_noise_level_zero_fraction_is_the_darkest_cell_on_a_scale_from_a_floor_to_one():
+    # a layer with one zero in a million elements beside layers without zeros: noise, not the brightest cell
+    values = np.array([[0.0, 0.0], [1e-6, 1e-6], [0.0, 0.0]])
+    picture = draw_flow("zero_fraction", ["a", "b", "c"], [0, 10], values).permute(1, 2, 0).numpy()
+    layout = flow_layout(["a", "b", "c"], 2)
+    assert colour_bar_range(values, "zero_fraction") == (-3, 0)  # 1e-3 to 1, not 1e-7 to 1e-6
+    assert tuple(picture[layout.cell_centre(1, 0)]) == tuple(PALETTE[0])
+    # half the elements zero (a ReLU's output) is two thirds up the same scale, whatever the other rows hold
+    values[0] = 0.5
+    picture = draw_flow("zero_fraction", ["a", "b", "c"], [0, 10], values).permute(1, 2, 0).numpy()
+    assert tuple(picture[layout.cell_centre(0, 0)]) == tuple(PALETTE[round(255 * (3 + math.log10(0.5)) / 3)])
+    # a statistic without a floor spans every decade logged: a vanished gradient is news
+    assert colour_bar_range(np.array([1e-9, 1e-2]), "gradient_norm") == (-9, -2)

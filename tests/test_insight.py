@@ -261,7 +261,7 @@ def test_the_custom_scalars_layout_covers_the_real_tags(tmp_path, read_run):
         matched = {tag for tag in scalars for pattern in patterns if re.match(pattern, tag)}
         assert matched, title
     norms = {tag for tag in scalars if re.match(charts["gradient norm"][0], tag)}
-    assert norms == {f"~gradient_stats/{layer}/norm" for layer in ("0", "1", "2", "4", "6")}
+    assert norms == {f"~gradient_stats/norm@{layer}" for layer in ("0", "1", "2", "4", "6")}
 
 
 # -- update ratios --------------------------------------------------------------------------------

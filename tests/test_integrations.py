@@ -296,7 +296,9 @@ def hf_train(hf, model, tmp_path, callbacks, **kwargs):
     return trainer
 
 
-BERT_LAYERS = ["bert.embeddings.word_embeddings", "bert.encoder.layer.0.attention.self.query", "classifier"]
+#: BERT's modules by their tag names (actviz.selection.layer_tag_names): bert.embeddings.word_embeddings,
+#: bert.encoder.layer.0.attention.self.query, classifier.
+BERT_LAYERS = ["word_embeddings", "0.query", "classifier"]
 
 
 def assert_bert_logged_at(run: Run, steps: list[int]) -> None:
@@ -304,7 +306,7 @@ def assert_bert_logged_at(run: Run, steps: list[int]) -> None:
         assert histogram_steps(run, f"activations/{layer}") == steps, layer
         assert histogram_steps(run, f"gradients/{layer}") == steps, layer
         assert histogram_steps(run, f"weight_grads/{layer}.weight") == steps, layer
-    assert image_steps(run, "feature_maps/bert.encoder.layer.1.output.dense") == steps  # (N, T, D): a heat map
+    assert image_steps(run, "feature_maps/1.o.dense") == steps  # bert.encoder.layer.1.output.dense, (N, T, D): a heat map
 
 
 def test_huggingface_logs_at_global_steps(tmp_path):

@@ -314,7 +314,7 @@ def test_scalar_arrays_send_the_grpc_providers_request_and_give_its_points_as_ar
     from tensorboard.data import grpc_provider, provider
     from tensorboard.data.proto import data_provider_pb2
 
-    tags = ["~gradient_stats/fc/norm", "~activation_stats/fc/std"]
+    tags = ["~gradient_stats/norm@fc", "~activation_stats/std@fc"]
     response = data_provider_pb2.ReadScalarsResponse()
     run = response.runs.add(run_name="a")
     for number, tag in enumerate(tags):

@@ -78,7 +78,7 @@ def test_transformer_stats_false_logs_none_of_them(read_run):
         model(torch.randn(2, 3, 8)).sum().backward()
     run = read_run(log_dir)
     assert not [tag for tag in run.scalar_tags if tag.startswith(("logits/", "attention/")) or "max_abs" in tag]
-    assert "activation_stats/head/mean" in run.scalar_tags
+    assert "activation_stats/mean@head" in run.scalar_tags
 
 
 def test_vocabulary_sized_logits_are_reduced_rows_at_a_time_with_the_same_numbers(monkeypatch):

@@ -13,6 +13,7 @@ from conftest import NO_HOOKS, CountOps, hooks_left
 from torch import nn
 
 import actviz
+from actviz.selection import layer_tag_names
 from actviz.cli import main
 from actviz.diagnosis.moe_alerts import DEAD_EXPERT_STEPS, DeadExperts
 from actviz.transformers.attention import AttentionMode
@@ -106,9 +107,9 @@ def test_a_router_that_leaves_one_expert_out_logs_the_batchs_own_numbers(tmp_pat
     train(model, tmp_path, [x])
     run = read_run(tmp_path)
     for statistic in STATISTICS:
-        assert run.scalar(f"moe/1.router/{statistic}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6)
-    assert run.scalar("moe/1.router/load_max_over_mean", 0) == pytest.approx(max(want["load"]) / 32.0, rel=1e-7)
-    load = run.histogram("moe/1.router/expert_load", 0)
+        assert run.scalar(f"moe/{statistic}@1.router", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6)
+    assert run.scalar("moe/load_max_over_mean@1.router", 0) == pytest.approx(max(want["load"]) / 32.0, rel=1e-7)
+    load = run.histogram("moe/expert_load@1.router", 0)
     assert (load.num, load.sum, load.min, load.max) == (EXPERTS, 4 * 32 * TOP_K, 0, max(want["load"]))
     assert hooks_left(model) == NO_HOOKS
 
@@ -162,16 +163,18 @@ def test_hugging_face_moe_models_get_every_tag_for_every_router(tmp_path, read_r
             for _ in range(DEAD_EXPERT_STEPS):
                 model(input_ids=ids, labels=ids).loss.backward()
     run = read_run(tmp_path)
-    routers = [f"model.layers.{layer}.mlp.gate" for layer in range(2)]
+    names = layer_tag_names(model)  # model.layers.0.mlp.gate -> 0.gate: the tag name (one rule for every tag)
+    routers = [names[f"model.layers.{layer}.mlp.gate"] for layer in range(2)]
+    assert routers == ["0.gate", "1.gate"]
     assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {
-        f"moe/{router}/{statistic}" for router in routers for statistic in STATISTICS}
-    assert {tag for tag in run.histogram_tags if tag.startswith("moe/")} == {f"moe/{r}/expert_load" for r in routers}
+        f"moe/{statistic}@{router}" for router in routers for statistic in STATISTICS}
+    assert {tag for tag in run.histogram_tags if tag.startswith("moe/")} == {f"moe/expert_load@{r}" for r in routers}
     for router in routers:
-        assert 1 <= run.scalar(f"moe/{router}/load_max_over_mean", 2) <= 2  # 4 experts, top 2
-        assert run.scalar(f"moe/{router}/dead_experts", 2) == 0
-        assert 0 < run.scalar(f"moe/{router}/router_entropy", 2) <= math.log(4) + 1e-6
-        assert 0 <= run.scalar(f"moe/{router}/topk_margin", 2) <= 1
-        assert run.histogram(f"moe/{router}/expert_load", 2).sum == 64 * 2
+        assert 1 <= run.scalar(f"moe/load_max_over_mean@{router}", 2) <= 2  # 4 experts, top 2
+        assert run.scalar(f"moe/dead_experts@{router}", 2) == 0
+        assert 0 < run.scalar(f"moe/router_entropy@{router}", 2) <= math.log(4) + 1e-6
+        assert 0 <= run.scalar(f"moe/topk_margin@{router}", 2) <= 1
+        assert run.histogram(f"moe/expert_load@{router}", 2).sum == 64 * 2
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []  # healthy: no alarm
 
 
@@ -200,7 +203,7 @@ def test_deepseek_v3s_group_limited_router_logs_its_choice_over_every_expert(tmp
         warnings.simplefilter("ignore")
         with actviz.watch(model, tmp_path, every=1, layers="lm_head"):
             model(input_ids=ids, labels=ids).loss.backward()
-    load = read_run(tmp_path).histogram("moe/model.layers.0.mlp.gate/expert_load", 0)
+    load = read_run(tmp_path).histogram("moe/expert_load@0.gate", 0)
     assert (load.num, load.sum) == (8, 64 * 2)  # its topk over 8 experts, not the one over 2 groups before it
 
 
@@ -224,7 +227,7 @@ def test_moe_false_and_a_model_without_moe_log_no_router(tmp_path, read_run):
     torch.manual_seed(0)
     train(Block(), tmp_path / "on", [x], statistics=["default", "moe"])
     assert {tag for tag in read_run(tmp_path / "on").scalar_tags if tag.startswith("moe/")} == {
-        f"moe/scores/{statistic}" for statistic in STATISTICS}
+        f"moe/{statistic}@scores" for statistic in STATISTICS}
 
 
 def test_steps_that_do_not_log_enter_no_mode_and_attach_nothing(tmp_path):
@@ -347,7 +350,7 @@ def test_a_failing_router_statistic_warns_once_and_training_goes_on(tmp_path, re
                 model(torch.randn(2, 8, WIDTH)).sum().backward()
     assert len([w for w in caught if "broken on purpose" in str(w.message)]) == 1
     run = read_run(tmp_path)
-    assert run.scalar_events("activation_stats/1.router/mean") and not any(t.startswith("moe/") for t in run.scalar_tags)
+    assert run.scalar_events("activation_stats/mean@1.router") and not any(t.startswith("moe/") for t in run.scalar_tags)
 
 
 # --- What a router's numbers mean at the edges: a NaN router, no tokens, a dense k == experts router.
@@ -361,8 +364,8 @@ def test_a_nan_router_names_no_dead_expert(tmp_path, read_run):
     viz = train(model, tmp_path, [torch.randn(4, 32, WIDTH) for _ in range(DEAD_EXPERT_STEPS + 1)])
     run = read_run(tmp_path)
     assert not {tag for tag in run.scalar_tags if tag.endswith(("/dead_experts", "/load_max_over_mean"))}
-    assert "moe/1.router/expert_load" not in run.histogram_tags
-    assert math.isnan(run.scalar("moe/1.router/router_entropy", DEAD_EXPERT_STEPS))  # the NaN itself is written
+    assert "moe/expert_load@1.router" not in run.histogram_tags
+    assert math.isnan(run.scalar("moe/router_entropy@1.router", DEAD_EXPERT_STEPS))  # the NaN itself is written
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []
 
 
@@ -370,7 +373,7 @@ def test_a_batch_of_no_tokens_writes_no_router_numbers(tmp_path, read_run):
     model = moe_model()
     train(model, tmp_path, [torch.randn(4, 32, WIDTH), torch.randn(0, 32, WIDTH)])
     run = read_run(tmp_path)
-    assert run.scalar("moe/1.router/dead_experts", 0) == 0
+    assert run.scalar("moe/dead_experts@1.router", 0) == 0
     at_step_1 = [tag for tag in run.scalar_tags if tag.startswith("moe/") and 1 in [e.step for e in run.scalar_events(tag)]]
     at_step_1 += [tag for tag in run.histogram_tags if tag.startswith("moe/") and 1 in run.histogram_steps(tag)]
     assert at_step_1 == []
@@ -395,8 +398,8 @@ def test_a_dense_router_is_named_once_with_its_entropy(tmp_path, read_run):
                 model(x).square().mean().backward()
     assert len([w for w in caught if "chooses every one" in str(w.message)]) == 1
     run = read_run(tmp_path)
-    assert {tag for tag in run.scalar_tags | run.histogram_tags if tag.startswith("moe/")} == {"moe/1.router/router_entropy"}
+    assert {tag for tag in run.scalar_tags | run.histogram_tags if tag.startswith("moe/")} == {"moe/router_entropy@1.router"}
     with torch.no_grad():
         p = torch.softmax(model[1].router(model[0](batches[1])).double(), -1)
-    assert run.scalar("moe/1.router/router_entropy", 1) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
+    assert run.scalar("moe/router_entropy@1.router", 1) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []

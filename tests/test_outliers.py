@@ -96,8 +96,8 @@ def test_tags_and_alerts_read_back(read_run):
     expected = by_numpy(outputs["up"].float().numpy(), 65504.0)
     run = read_run(log_dir)
     for key, value in expected.items():
-        assert run.scalar(f"activation_stats/up/{key}", 0) == pytest.approx(value, rel=1e-5), key
-    assert run.scalar("activation_stats/up/headroom_bits", 0) < 1.2
+        assert run.scalar(f"activation_stats/{key}@up", 0) == pytest.approx(value, rel=1e-5), key
+    assert run.scalar("activation_stats/headroom_bits@up", 0) < 1.2
     messages = [str(w.message) for w in caught if "actviz" in str(w.message)]
     assert any("massive activation in 'up'" in m for m in messages), messages
     alerts = run.events.Tensors("alerts")[0].tensor_proto.string_val[0].decode()

@@ -8,6 +8,7 @@ import torch
 from PIL import Image
 
 from actviz.output.png import encode_png
+from actviz.pictures.heatmap_sources import HEATMAP_COLOURS
 from actviz.pictures.rendering import (
     _resize,
     feature_map_grid,
@@ -124,7 +125,19 @@ def test_heatmap_uses_viridis_from_low_to_high_and_keeps_rows():
 
 def test_heatmap_size_limits():
     assert heatmap(torch.randn(16, 64)).shape == (3, 64, 256)
-    assert heatmap(torch.randn(2048, 8)).shape == (3, 512, 2)  # area-averaged to 512 px
+    assert heatmap(torch.randn(2048, 8)).shape == (3, 512, 64)  # area-averaged to 512 px, each column 8 px wide
+
+
+def test_a_vocabulary_sized_side_keeps_every_row_legible():
+    """A language model's decoder output (20 tokens over an 18,328-word vocabulary, word_language_model's
+    size): each row is a band of 4 px (80 x 512), not 1 x 512 px for the whole; its colour is the row's level."""
+    rows = torch.arange(20, dtype=torch.float32)[:, None].expand(20, 18_328)  # row i holds i everywhere
+    picture = heatmap(rows)
+    assert picture.shape == (3, 80, 512)
+    for row in range(20):
+        level = round(255 * row / 19)
+        band = picture[:, 4 * row:4 * row + 4]
+        assert (band == HEATMAP_COLOURS[level][:, None, None]).all(), row
 
 
 def test_png_round_trip():

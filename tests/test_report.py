@@ -288,10 +288,10 @@ def test_report_grid_is_the_watchers_rendering_of_the_conv_output(tmp_path: Path
     events = _events(tmp_path / "alexnet" / "chelsea")
     (image,) = events.Images("~feature_maps/features.0")
     assert np.array_equal(_png(image.encoded_image_string), feature_map_grid(conv_out[0])[0].numpy())
-    (mean,) = events.Scalars("~activation_stats/features.0/mean")
+    (mean,) = events.Scalars("~activation_stats/mean@features.0")
     assert mean.value == pytest.approx(conv_out.mean().item(), abs=1e-5)
     assert (conv_out == 0).sum() == 0  # a conv output without exact zeros: zero_fraction is written once not zero
-    assert "~activation_stats/features.0/zero_fraction" not in events.Tags()["scalars"]
+    assert "~activation_stats/zero_fraction@features.0" not in events.Tags()["scalars"]
 
 
 def test_pretrained_style_state_dict_gets_top5_in_tensorboard_and_html(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def test_two_models_on_one_writer_with_the_same_tags_warn_once(tmp_path, caught,
     assert _messages(caught, "already holds") == []
     run = read_run(tmp_path)  # what it warns about: two points on one curve at step 0
     assert run.histogram_steps("activations/0") == [0, 0]
-    means = sorted(event.value for event in run.scalar_events("activation_stats/0/mean"))
+    means = sorted(event.value for event in run.scalar_events("activation_stats/mean@0"))
     assert means == pytest.approx(sorted([a(x).mean().item(), b(x).mean().item()]), rel=1e-5)
 
 

@@ -176,7 +176,7 @@ def test_a_model_with_layers_in_a_plain_list_is_told_so_and_the_fix_works(tmp_pa
         fixed(x).sum().backward()
     run = read_run(tmp_path)
     expected = fixed.layers[0](x)
-    assert run.scalar("activation_stats/layers.0/mean", 0) == pytest.approx(expected.double().mean().item(), rel=1e-5)
+    assert run.scalar("activation_stats/mean@layers.0", 0) == pytest.approx(expected.double().mean().item(), rel=1e-5)
     assert viz.parameter_names == ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]
 
 
@@ -220,3 +220,89 @@ def test_a_class_name_as_a_string_is_told_to_pass_the_class():
     with pytest.raises(ValueError, match=r"layers=nn\.Conv2d \(this model has none\)$"):
         actviz.watch(model, layers="conv2d")
     assert hooks_left(model) == NO_HOOKS
+
+
+def bert_like() -> nn.Module:
+    """BERT's module names (bert.embeddings..., bert.encoder.layer.N.attention.self.query, ...), tiny layers."""
+    def block() -> nn.Module:
+        return nn.ModuleDict({
+            "attention": nn.ModuleDict({
+                "self": nn.ModuleDict({name: nn.Linear(2, 2) for name in ("query", "key", "value")}),
+                "output": nn.ModuleDict({"dense": nn.Linear(2, 2), "LayerNorm": nn.LayerNorm(2)})}),
+            "intermediate": nn.ModuleDict({"dense": nn.Linear(2, 2)}),
+            "output": nn.ModuleDict({"dense": nn.Linear(2, 2), "LayerNorm": nn.LayerNorm(2)})})
+
+    bert = nn.ModuleDict({
+        "embeddings": nn.ModuleDict({"word_embeddings": nn.Embedding(4, 2), "LayerNorm": nn.LayerNorm(2)}),
+        "encoder": nn.ModuleDict({"layer": nn.ModuleList([block(), block()])}),
+        "pooler": nn.ModuleDict({"dense": nn.Linear(2, 2)})})
+    return nn.ModuleDict({"bert": bert, "classifier": nn.Linear(2, 2)})
+
+
+def test_long_module_names_get_short_unique_tag_names_that_keep_what_tells_them_apart():
+    from actviz.selection import layer_tag_names
+
+    model = bert_like()
+    names = layer_tag_names(model)
+    watched = {name: names[name] for name, _ in default_layers(model)}
+    assert watched == {
+        "bert.embeddings.word_embeddings": "word_embeddings",
+        "bert.embeddings.LayerNorm": "e.LayerNorm",  # "LayerNorm" alone: other modules end so too
+        "bert.encoder.layer.0.attention.self.query": "0.query",
+        "bert.encoder.layer.0.attention.self.key": "0.key",
+        "bert.encoder.layer.0.attention.self.value": "0.value",
+        "bert.encoder.layer.0.attention.output.dense": "0.a.o.dense",
+        "bert.encoder.layer.0.attention.output.LayerNorm": "0.a.o.LayerNorm",
+        "bert.encoder.layer.0.intermediate.dense": "0.i.dense",
+        "bert.encoder.layer.0.output.dense": "0.o.dense",
+        "bert.encoder.layer.0.output.LayerNorm": "0.o.LayerNorm",
+        **{name.replace(".0.", ".1."): short.replace("0.", "1.", 1) for name, short in {
+            "bert.encoder.layer.0.attention.self.query": "0.query",
+            "bert.encoder.layer.0.attention.self.key": "0.key",
+            "bert.encoder.layer.0.attention.self.value": "0.value",
+            "bert.encoder.layer.0.attention.output.dense": "0.a.o.dense",
+            "bert.encoder.layer.0.attention.output.LayerNorm": "0.a.o.LayerNorm",
+            "bert.encoder.layer.0.intermediate.dense": "0.i.dense",
+            "bert.encoder.layer.0.output.dense": "0.o.dense",
+            "bert.encoder.layer.0.output.LayerNorm": "0.o.LayerNorm"}.items()},
+        "bert.pooler.dense": "pooler.dense",
+        "classifier": "classifier",
+    }
+    assert len(set(names.values())) == len(names)  # every module of the model, not only the watched, unique
+    assert names[""] == ROOT_NAME
+
+
+@pytest.mark.parametrize("make", [lambda: torchvision.models.resnet18(), lambda: torchvision.models.mobilenet_v3_small(),
+                                  lambda: nn.Sequential(*[nn.Sequential(nn.Linear(2, 2)) for _ in range(12)])])
+def test_short_names_are_kept_and_every_tag_name_is_unique(make):
+    from actviz.selection import SHORT_NAME, layer_tag_names
+
+    model = make()
+    names = layer_tag_names(model)
+    assert len(set(names.values())) == len(names)
+    assert all(tag == name for name, tag in names.items() if name and len(name) <= SHORT_NAME)
+
+
+def test_a_watched_bert_logs_and_describes_its_layers_by_tag_name(tmp_path, read_run):
+    model = bert_like()["bert"]["encoder"]["layer"]  # blocks that take a tensor: a forward of our own
+    model = nn.ModuleDict({"encoder": nn.ModuleDict({"layer": model})})
+
+    class Run(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for block in self.bert["encoder"]["layer"]:
+                x = block["attention"]["self"]["query"](x) + block["attention"]["self"]["key"](x)
+            return x
+
+    net = Run()
+    with actviz.watch(net, tmp_path, every=1, layers=nn.Linear) as viz:
+        net(torch.randn(3, 2)).sum().backward()
+    run = read_run(tmp_path)
+    assert "activation_stats/std@0.query" in run.scalar_tags and "activation_stats/std@1.key" in run.scalar_tags
+    assert "gradients/1.query" in run.histogram_tags and "weights/0.query.weight" in run.histogram_tags
+    table = viz.layer_table
+    assert table.splitlines()[0] == "| layer | type | output shape | parameters | module |"
+    assert "| 0.query | Linear | 3 × 2 | 6 | bert.encoder.layer.0.attention.self.query |" in table.splitlines()

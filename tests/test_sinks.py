@@ -200,7 +200,7 @@ def _write_with_public_methods(writer: SummaryWriter, results: StepResults) -> N
         )
         for name in ("mean", "std", "zero_fraction", "nonfinite"):
             if name in ("mean", "std") or getattr(summary, name) != 0:  # the last two only once not zero
-                writer.add_scalar(f"~activation_stats/{tag}/{name}", getattr(summary, name), results.step)
+                writer.add_scalar(f"~activation_stats/{name}@{tag}", getattr(summary, name), results.step)
     for tag, image in results.images.items():
         writer.add_image(f"~feature_maps/{tag}", image, results.step, dataformats="CHW")
 
@@ -229,7 +229,7 @@ def test_a_step_is_one_event_with_the_values_summarywriters_methods_write(tmp_pa
     assert merged.histogram_tags == separate.histogram_tags == {"activations/conv", "activations/head"}
     assert merged.image_tags == separate.image_tags == {"feature_maps/conv"}
     assert len(step_events[0].summary.value) == 6 + 2 + 1
-    assert merged.scalar("activation_stats/head/mean", 7) == 2.5  # (0 + 1 + ... + 5) / 6, by hand
+    assert merged.scalar("activation_stats/mean@head", 7) == 2.5  # (0 + 1 + ... + 5) / 6, by hand
     for tag in merged.scalar_tags:
         assert merged.scalar(tag, 7) == pytest.approx(separate.scalar(tag, 7), rel=1e-6, nan_ok=True)
     for tag in merged.histogram_tags:

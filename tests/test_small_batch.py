@@ -174,8 +174,8 @@ def test_a_watched_step_logs_the_batched_numbers_against_float64(tmp_path, read_
         numel, nonfinite, _, low, high, total, std = expected(tensor)
         assert (histogram.min, histogram.max) == (low, high)
         assert histogram.sum == pytest.approx(total, rel=1e-9)
-        assert run.scalar(f"activation_stats/{name}/std", 0) == pytest.approx(std, rel=1e-5)
-    assert run.scalar("activation_stats/positive/nonfinite", 0) == 2
+        assert run.scalar(f"activation_stats/std@{name}", 0) == pytest.approx(std, rel=1e-5)
+    assert run.scalar("activation_stats/nonfinite@positive", 0) == 2
 
 
 def test_the_writer_thread_reduces_a_steps_small_tensors(tmp_path, read_run):

@@ -33,7 +33,7 @@ def test_the_kurtosis_of_each_output_gradient_is_written_as_gradient_stats(tmp_p
         model(torch.randn(4, 3, 8, 8)).pow(3).sum().backward()
     run = read_run(tmp_path)
     for name in ("0", "6"):
-        assert run.scalar(f"gradient_stats/{name}/kurtosis", 0) == pytest.approx(kurtosis(grads[name]), rel=1e-5)
+        assert run.scalar(f"gradient_stats/kurtosis@{name}", 0) == pytest.approx(kurtosis(grads[name]), rel=1e-5)
     assert not any(tag.startswith("weight_grad_stats/") for tag in run.scalar_tags)
 
 
@@ -47,8 +47,8 @@ def test_the_kurtosis_of_each_parameter_gradient_as_applied_is_written_as_weight
         optimizer.step()
     run = read_run(tmp_path)
     tags = {tag for tag in run.scalar_tags if tag.startswith("weight_grad_stats/")}
-    assert tags == {f"weight_grad_stats/{name}/kurtosis" for name in ("0.weight", "0.bias", "2.weight", "2.bias",
+    assert tags == {f"weight_grad_stats/kurtosis@{name}" for name in ("0.weight", "0.bias", "2.weight", "2.bias",
                                                                        "3.weight", "3.bias", "6.weight", "6.bias")}
     for name in ("0.weight", "3.bias", "6.weight"):
-        assert run.scalar(f"weight_grad_stats/{name}/kurtosis", 0) == pytest.approx(kurtosis(applied[name]), rel=1e-5)
+        assert run.scalar(f"weight_grad_stats/kurtosis@{name}", 0) == pytest.approx(kurtosis(applied[name]), rel=1e-5)
     assert not any(tag.endswith("/kurtosis") and tag.startswith("gradient_stats/") for tag in run.scalar_tags)

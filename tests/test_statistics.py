@@ -43,8 +43,8 @@ def test_a_made_up_statistic_is_written_and_read_back(read_run):
     x = outputs["last"].reshape(-1)
     expected = np.mean((x - x.mean()) ** 3) / np.mean((x - x.mean()) ** 2) ** 1.5
     run = read_run(log_dir)
-    assert run.scalar("activation_stats/2/skewness", 0) == pytest.approx(expected, rel=1e-5)
-    assert "activation_stats/1/skewness" not in run.scalar_tags  # the ReLU: it does not apply there
+    assert run.scalar("activation_stats/skewness@2", 0) == pytest.approx(expected, rel=1e-5)
+    assert "activation_stats/skewness@1" not in run.scalar_tags  # the ReLU: it does not apply there
     assert viz.latest.layer_values["skewness"]["2"]["skewness"] == pytest.approx(expected, rel=1e-9)
 
 
@@ -88,7 +88,7 @@ def test_a_cnn_gets_kurtosis_and_logits_by_naming_them(read_run):
         logits = model(inputs)
         logits.sum().backward()
     run = read_run(chosen_dir)
-    assert {"activation_stats/0/kurtosis", "activation_stats/2/max_abs", "logits/entropy"} <= run.scalar_tags
+    assert {"activation_stats/kurtosis@0", "activation_stats/max_abs@2", "logits/entropy"} <= run.scalar_tags
     assert run.scalar("logits/max", 0) == pytest.approx(logits.max().item(), rel=1e-6)
     with pytest.raises(ValueError, match="did you mean 'outliers'"):
         check_statistics(["outlier"])
@@ -128,8 +128,8 @@ def test_the_moments_are_typed_values_of_the_step_and_its_scalars(read_run):
         assert moments[name] == pytest.approx(expected, rel=1e-5, abs=1e-7), name
         for key, value in moments[name].items():
             if key != "zero_fraction" or value:  # written once not zero
-                assert run.scalar(f"activation_stats/{name}/{key}", 0) == pytest.approx(value, rel=1e-6), (name, key)
-    assert "activation_stats/0/zero_fraction" not in run.scalar_tags
+                assert run.scalar(f"activation_stats/{key}@{name}", 0) == pytest.approx(value, rel=1e-6), (name, key)
+    assert "activation_stats/zero_fraction@0" not in run.scalar_tags
 
 
 def test_zero_moments_are_written_only_from_the_first_step_where_they_are_not_zero(read_run):
@@ -143,10 +143,10 @@ def test_zero_moments_are_written_only_from_the_first_step_where_they_are_not_ze
             model(batch)
         viz.flush()
     run = read_run(log_dir)
-    assert [e.step for e in run.scalar_events("activation_stats/0/mean")] == [0, 1, 2, 3]
-    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/0/zero_fraction")] == [(1, 1.0), (2, 0.0),
+    assert [e.step for e in run.scalar_events("activation_stats/mean@0")] == [0, 1, 2, 3]
+    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/zero_fraction@0")] == [(1, 1.0), (2, 0.0),
                                                                                                  (3, 0.0)]
-    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/0/nonfinite")] == [(3, 6.0)]
+    assert [(e.step, e.value) for e in run.scalar_events("activation_stats/nonfinite@0")] == [(3, 6.0)]
 
 
 def test_a_list_without_moments_writes_no_moments(read_run):

@@ -26,12 +26,13 @@ def table_in(page: Path, heading: str) -> str:
 
 
 def patterns_of_table(table: str) -> list[str]:
-    """The tag patterns a table lists, ``/std`` after ``activation_stats/{layer}/mean`` read as its sibling."""
+    """The tag patterns a table lists, ``std@`` after ``activation_stats/mean@{layer}`` read as its sibling."""
     found = []
     for row in table.splitlines()[2:]:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         tags = [tag.strip().strip("`") for tag in cells[1].split(",")]
-        found += [tags[0]] + [tags[0].rsplit("/", 1)[0] + tag if tag.startswith("/") else tag for tag in tags[1:]]
+        group, _, layer = tags[0].partition("/")[0], None, tags[0].partition("@")[2]
+        found += [tags[0]] + [f"{group}/{tag}{layer}" if tag.endswith("@") else tag for tag in tags[1:]]
     return found
 
 
@@ -55,8 +56,10 @@ def test_the_how_it_works_tag_table_is_every_tag():
 
 
 def test_the_table_reader_reads_a_wrong_table():
-    table = "| TensorBoard tab | tag | what it is |\n|---|---|---|\n| Scalars | `a/{layer}/x`, `/y`, `b/z` | m |"
-    assert patterns_of_table(table) == ["a/{layer}/x", "a/{layer}/y", "b/z"]
+    table = "| TensorBoard tab | tag | what it is |\n|---|---|---|\n| Scalars | `a/x@{layer}`, `y@`, `b/z` | m |"
+    assert patterns_of_table(table) == ["a/x@{layer}", "a/y@{layer}", "b/z"]
+    assert pattern_of("a/x@conv") is None and pattern_of("activation_stats/" + "conv/std") is None
+    assert pattern_of("activation_stats/std@conv") == "activation_stats/std@{layer}"
     assert pattern_of("a/conv/x") is None and pattern_of("activations/lstm/1.0") == "activations/{layer}"
     assert pattern_of("~activations/lstm/1.0") == "activations/{layer}" and pattern_of("~~activations/x") is None
 
@@ -129,7 +132,7 @@ def test_tensorboard_holds_actvizs_scalars_histograms_and_images_after_a_tilde(t
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     tags = events.Tags()
-    assert "~activations/0" in tags["histograms"] and "~gradient_stats/0/norm" in tags["scalars"]
+    assert "~activations/0" in tags["histograms"] and "~gradient_stats/norm@0" in tags["scalars"]
     assert "~feature_maps/0" in tags["images"] and "layers" in tags["tensors"]
     for kind in ("images", "histograms", "scalars"):
         assert tags[kind] and all(tag.startswith("~") and pattern_of(tag) for tag in tags[kind]), (kind, tags[kind])

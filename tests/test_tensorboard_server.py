@@ -6,7 +6,7 @@ run should show is computed here by hand from the model's shapes. Tags here are
 TensorBoard's: actviz's scalars, histograms and images after a ``~``.
 
 The Time Series tests serve a run of their own each, with the user's loss beside
-actviz's tags, and measure the page at a laptop's 1366 x 768.
+actviz's tags (or a small BERT's, for its card titles), and measure the page at a laptop's 1366 x 768.
 """
 
 from __future__ import annotations
@@ -214,8 +214,8 @@ EXPECTED_TAGS = {
     "histograms": {f"~{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
     | {f"~{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
     # nonfinite and zero_fraction are written once they are not zero: never, on this healthy run before its ReLUs
-    "scalars": {f"~activation_stats/{layer}/{stat}" for layer in LAYERS for stat in ("mean", "std")}
-    | {f"~gradient_stats/{layer}/norm" for layer in LAYERS},
+    "scalars": {f"~activation_stats/{stat}@{layer}" for layer in LAYERS for stat in ("mean", "std")}
+    | {f"~gradient_stats/norm@{layer}" for layer in LAYERS},
 }
 
 
@@ -269,7 +269,7 @@ def test_histograms_have_every_step(tensorboard: TensorBoard) -> None:
 
 
 def test_scalars_have_every_step(tensorboard: TensorBoard) -> None:
-    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="~activation_stats/conv1/std")
+    points = tensorboard.json("/data/plugin/scalars/scalars", run=RUN, tag="~activation_stats/std@conv1")
     assert [step for _, step, _ in points] == list(range(STEPS))
     assert all(value > 0.0 for _, _, value in points)
 
@@ -278,14 +278,14 @@ def test_custom_scalars_dashboard_serves_the_layout(tensorboard: TensorBoard) ->
     """The Custom Scalars tab puts every layer's value of one statistic on one chart."""
     layout = tensorboard.json("/data/plugin/custom_scalars/layout")
     charts = {chart["title"]: chart["multiline"]["tag"] for category in layout["category"] for chart in category["chart"]}
-    assert charts["gradient norm"] == [r"^~gradient_stats/.*/norm$"]
+    assert charts["gradient norm"] == [r"^~gradient_stats/norm@.+$"]
     served = tensorboard.tags("scalars")
     assert {tag for tag in served if re.match(charts["gradient norm"][0], tag)} == {
-        f"~gradient_stats/{layer}/norm" for layer in LAYERS
+        f"~gradient_stats/norm@{layer}" for layer in LAYERS
     }
     data = tensorboard.json("/data/plugin/custom_scalars/scalars", run=RUN, tag=charts["activation std"][0])
     assert data["regex_valid"]
-    assert set(data["tag_to_events"]) == {f"~activation_stats/{layer}/std" for layer in LAYERS}
+    assert set(data["tag_to_events"]) == {f"~activation_stats/std@{layer}" for layer in LAYERS}
     assert all(len(events) == STEPS for events in data["tag_to_events"].values())  # a line per layer, every step
 
 
@@ -553,3 +553,93 @@ def test_flow_pictures_text_is_at_least_10_px_on_a_time_series_card(browser: Any
             assert scale >= layout.card_scale * 0.99  # shown no smaller than flow.py assumes
             assert layout.text_height * scale >= MIN_TEXT_PX
         page.close()
+
+
+# -- card titles with BERT's module names -----------------------------------------------------------
+
+#: Sets each tag as the text of the first card title's two parts (TensorBoard's ``tb-truncated-path`` cuts a tag
+#: at its last "/" and elides each part at its end) and reads what the card shows: ``[tag, shown last part, elided]``.
+MEASURE_TITLES = """tags => {
+  const [first, second] = document.querySelector('card-view tb-truncated-path').querySelectorAll('span');
+  const kept = [first.textContent, second.textContent];
+  const rows = tags.map(tag => {
+    const cut = tag.lastIndexOf('/');
+    first.textContent = tag.slice(0, cut);
+    second.textContent = tag.slice(cut);
+    const whole = second.textContent;
+    if (second.scrollWidth <= second.clientWidth) return [tag, whole, false];
+    let fits = 0;  // the longest start of the last part that fits before the ellipsis
+    while (fits < whole.length) {
+      second.textContent = whole.slice(0, fits + 1) + '\u2026';
+      if (second.scrollWidth > second.clientWidth) break;
+      fits += 1;
+    }
+    second.textContent = whole;
+    return [tag, whole.slice(0, fits), true];
+  });
+  [first.textContent, second.textContent] = kept;
+  return rows;
+}"""
+
+
+def write_bert_run(log_dir: Path) -> nn.Module:
+    """Two steps of a small random BERT (two blocks, BERT's own module names), watched with the defaults."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config)
+    with actviz.watch(model, log_dir, every=1):
+        for _ in range(2):
+            model(input_ids=torch.randint(0, 64, (2, 8)), labels=torch.tensor([0, 1])).loss.backward()
+    return model
+
+
+def test_every_time_series_card_title_shows_its_statistic_and_which_layer_at_a_laptops_width(
+    browser: Any, tmp_path: Path
+) -> None:
+    """At 1366 x 768, each card title of a BERT run shows its statistic whole and enough of its layer's tag name to
+    tell it from every other card: TensorBoard keeps the last part of a tag, where actviz puts ``statistic@layer``.
+    Measured in TensorBoard's own title element, at its card width, for every tag the run has."""
+    from actviz.selection import layer_tag_names
+    from actviz.tags import layer_statistic_of
+
+    model = write_bert_run(tmp_path / "bert")
+    tag_names = set(layer_tag_names(model).values())
+    server = TensorBoard(tmp_path)
+    try:
+        tags = wait_for(lambda: sorted(tag for tag in time_series_tags(server) if tag.startswith("~")), STARTUP_TIMEOUT,
+                        "tensorboard to list the run's tags")
+        page = browser.new_page()
+        page.set_viewport_size(LAPTOP)
+        page.goto(f"{server.url}/#timeseries", timeout=30_000)
+        page.locator("card-view tb-truncated-path").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1_000)  # the cards settle in their grid
+        card_width = page.evaluate("document.querySelector('card-view').getBoundingClientRect().width")
+        rows = page.evaluate(MEASURE_TITLES, tags)
+        page.screenshot(path=str(tmp_path / "time_series_bert.png"))
+        page.close()
+    finally:
+        server.stop()
+    assert card_width >= TIME_SERIES_MIN_CARD_WIDTH
+    shown = {tag: last for tag, last, _ in rows}
+    elided = [tag for tag, _, cut in rows if cut]
+    print(f"{len(rows)} cards {card_width:.0f} px wide; the last part of {len(elided)} is cut: {elided}")
+    layer_cards = 0
+    for tag, last in shown.items():
+        parts = layer_statistic_of(tag)
+        if parts is not None:  # a per-layer statistic: the statistic whole, then the start of the layer's name
+            group, statistic, layer = parts
+            assert layer in tag_names, tag
+            assert last.startswith(f"/{statistic}@") and len(last) > len(statistic) + 2, (tag, last)
+            layer_cards += 1
+        elif tag.rsplit("/", 1)[-1].split(".weight")[0].split(".bias")[0] in tag_names:  # a layer's histogram, picture
+            assert len(last) > 1, (tag, last)
+            layer_cards += 1
+    assert layer_cards > 200  # 22 layers, each with several cards
+    by_group: dict[str, list[str]] = collections.defaultdict(list)
+    for tag, last in shown.items():
+        by_group[tag.split("/", 1)[0]].append(last)
+    for group, titles in by_group.items():  # no two cards of a group look the same: each tells its layer apart
+        repeated = [title for title, count in collections.Counter(titles).items() if count > 1]
+        assert not repeated, (group, repeated)

@@ -177,6 +177,25 @@ def test_flow_pictures_are_off_by_default_and_one_option_away(tmp_path: Path, re
     assert "flow/gradient_norm" in read_run(tmp_path / "on").image_tags
 
 
+def test_the_tabs_zero_fraction_scale_starts_at_its_floor_and_ends_at_one(tmp_path: Path) -> None:
+    """A layer with one zero in a million elements is noise: the tab's colour scale of the zero fraction is
+    1e-3 to 1 (flow.colour_floor), so that cell is the darkest, not the brightest."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from actviz.view.run_data import RunData
+
+    with SummaryWriter(tmp_path / "run") as writer:
+        for step in range(3):
+            writer.add_scalar("~activation_stats/zero_fraction@noisy", 1e-6, step)
+            writer.add_scalar("~activation_stats/zero_fraction@relu", 0.5, step)
+            writer.add_scalar("~activation_stats/std@relu", 1e-6, step)
+    data = RunData(local_provider(tmp_path))
+    zeros = data.heatmap("run", "activation_stats/zero_fraction")
+    assert (zeros["low"], zeros["high"]) == (1e-3, 1.0)
+    std = data.heatmap("run", "activation_stats/std")  # no floor: its own values
+    assert std["low"] == pytest.approx(1e-6) and std["high"] == pytest.approx(1e-6)
+
+
 def test_export_needs_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", str(tmp_path), "--html", str(tmp_path / "view.html")]) == 2
     assert "no actviz run" in capsys.readouterr().err and not (tmp_path / "view.html").exists()
@@ -306,7 +325,7 @@ def test_the_tab_shows_the_event_files_values_and_an_alert_opens_its_cell(
     page, view, errors = open_view(browser, f"{tensorboard.url}/#actviz", in_tab=True)
     assert page.locator(".mat-mdc-tab-link, a, .plugin-name, [role=tab]", has_text=re.compile("^ *actviz *$", re.I)).count() >= 1
     assert view.locator("#av-statistic").input_value() == "gradient_stats/norm"
-    checked = check_cells(view, runs / "a", "~gradient_stats/{layer}/norm")
+    checked = check_cells(view, runs / "a", "~gradient_stats/norm@{layer}")
     # The alert: a NaN in stem's output at NAN_STEP, read back from the event file's alerts text too.
     alerts = view.locator("tr.av-alert")
     first = alerts.first
@@ -350,7 +369,7 @@ def test_two_runs_side_by_side_show_where_they_part(tensorboard: TensorBoard, br
     first = compare_runs(read_run(runs / "a"), read_run(runs / "b")).first_divergence  # actviz diff's answer
     assert (first.step, first.layer) == (PART_STEP, "stem")
     b_canvas = view.locator('canvas.av-heatmap[data-run="b"]')
-    expected = scalars(runs / "b", "~gradient_stats/head/norm")[STEPS - 1]
+    expected = scalars(runs / "b", "~gradient_stats/norm@head")[STEPS - 1]
     assert float(hovered(view, b_canvas, 3, STEPS - 1)["value"]) == pytest.approx(expected, rel=1e-6)
     screenshot(page, "view_compare.png")
     assert not errors, errors
@@ -366,7 +385,7 @@ def test_the_exported_file_shows_the_same_values_from_disk(browser: Any, runs: P
     page, view, errors = open_view(browser, file.as_uri(), in_tab=False, offline=True)
     view.locator("#av-statistic").select_option("activation_stats/std")
     view.locator('canvas.av-heatmap[data-statistic="activation_stats/std"]').wait_for(timeout=10_000)
-    check_cells(view, runs / "a", "~activation_stats/{layer}/std")
+    check_cells(view, runs / "a", "~activation_stats/std@{layer}")
     view.locator("tr.av-alert").first.click()
     view.locator(f'#av-cell-title[data-step="{NAN_STEP}"][data-layer="stem"]').wait_for(timeout=10_000)
     view.locator("#av-compare").select_option("b")
@@ -397,11 +416,11 @@ def test_the_notebook_renders_the_view_inline(browser: Any, tmp_path: Path) -> N
     run_dir = next(path.parent for path in (tmp_path / "runs").rglob("events.out.tfevents.*"))
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     events.Reload()
-    layers = {tag.split("/")[1] for tag in events.Tags()["scalars"] if re.fullmatch(r"~gradient_stats/.+/norm", tag)}
+    layers = {tag.split("/")[1] for tag in events.Tags()["scalars"] if re.fullmatch(r"~gradient_stats/norm@.+", tag)}
     assert int(canvas.get_attribute("data-rows")) == len(layers)
     for row in range(len(layers)):
         tip = hovered(view, canvas, row, 0)
-        (value,) = [event.value for event in events.Scalars(f"~gradient_stats/{tip['layer']}/norm")
+        (value,) = [event.value for event in events.Scalars(f"~gradient_stats/norm@{tip['layer']}")
                     if event.step == int(tip["step"])]
         assert float(tip["value"]) == pytest.approx(value, rel=1e-6)
     page.close()

@@ -95,12 +95,12 @@ def test_logged_values_equal_values_computed_by_hand(tmp_path, read_run):
         assert_histogram_matches(run.histogram(f"activations/{name}", 0), output, bins=8)
         assert_histogram_matches(run.histogram(f"gradients/{name}", 0), output.grad, bins=8)
         values = output.detach().double()
-        assert run.scalar(f"activation_stats/{name}/mean", 0) == pytest.approx(values.mean().item(), rel=1e-4, abs=1e-6)
-        assert run.scalar(f"activation_stats/{name}/std", 0) == pytest.approx(values.std().item(), rel=1e-4)
-        assert once_not_zero(run, f"activation_stats/{name}/zero_fraction", 0) == (values == 0).double().mean().item()
-        assert f"activation_stats/{name}/nonfinite" not in run.scalar_tags  # written only once not zero
-        assert run.scalar(f"gradient_stats/{name}/norm", 0) == pytest.approx(output.grad.double().norm().item(), rel=1e-5)
-        assert f"gradient_stats/{name}/nonfinite" not in run.scalar_tags
+        assert run.scalar(f"activation_stats/mean@{name}", 0) == pytest.approx(values.mean().item(), rel=1e-4, abs=1e-6)
+        assert run.scalar(f"activation_stats/std@{name}", 0) == pytest.approx(values.std().item(), rel=1e-4)
+        assert once_not_zero(run, f"activation_stats/zero_fraction@{name}", 0) == (values == 0).double().mean().item()
+        assert f"activation_stats/nonfinite@{name}" not in run.scalar_tags  # written only once not zero
+        assert run.scalar(f"gradient_stats/norm@{name}", 0) == pytest.approx(output.grad.double().norm().item(), rel=1e-5)
+        assert f"gradient_stats/nonfinite@{name}" not in run.scalar_tags
     assert outputs["0"].min() < 0  # so the check above really saw pre-ReLU values
 
     for name, param in twin.named_parameters():
@@ -132,7 +132,7 @@ def test_a_layer_whose_output_is_a_leaf_logs_the_gradient_its_tensor_hook_gets(t
 
     run = read_run(tmp_path)
     assert_histogram_matches(run.histogram("gradients/0", 0), inputs.grad, bins=8)
-    assert run.scalar("gradient_stats/0/norm", 0) == pytest.approx(inputs.grad.double().norm().item(), rel=1e-5)
+    assert run.scalar("gradient_stats/norm@0", 0) == pytest.approx(inputs.grad.double().norm().item(), rel=1e-5)
     assert_histogram_matches(run.histogram("activations/0", 0), inputs.detach(), bins=8)
 
 
@@ -153,7 +153,7 @@ def test_schedule_counts_training_forwards_with_grad_only(tmp_path, read_run):
     for name in LAYERS:
         assert run.histogram_steps(f"activations/{name}") == [0, 3, 6, 9]
         assert run.histogram_steps(f"gradients/{name}") == [0, 3, 6, 9]
-        assert [e.step for e in run.scalar_events(f"activation_stats/{name}/mean")] == [0, 3, 6, 9]
+        assert [e.step for e in run.scalar_events(f"activation_stats/mean@{name}")] == [0, 3, 6, 9]
     assert run.histogram_steps("weight_grads/0.weight") == [0, 3, 6, 9]
     for name in ["0", "2"]:
         assert run.image_steps(f"feature_maps/{name}") == [0, 5, 10]
@@ -339,10 +339,10 @@ def test_torchvision_models_with_inplace_relus(name, tmp_path, read_run):
         assert run.histogram_steps(f"activations/{layer}") == [0, 2]
         assert run.histogram_steps(f"gradients/{layer}") == [0, 2]
         for stat in ("mean", "std"):
-            assert [e.step for e in run.scalar_events(f"activation_stats/{layer}/{stat}")] == [0, 2]
-        assert [e.step for e in run.scalar_events(f"gradient_stats/{layer}/norm")] == [0, 2]
-        for tag in (f"activation_stats/{layer}/zero_fraction", f"activation_stats/{layer}/nonfinite",
-                    f"gradient_stats/{layer}/nonfinite"):  # written from the first step they are not zero on
+            assert [e.step for e in run.scalar_events(f"activation_stats/{stat}@{layer}")] == [0, 2]
+        assert [e.step for e in run.scalar_events(f"gradient_stats/norm@{layer}")] == [0, 2]
+        for tag in (f"activation_stats/zero_fraction@{layer}", f"activation_stats/nonfinite@{layer}",
+                    f"gradient_stats/nonfinite@{layer}"):  # written from the first step they are not zero on
             assert tag not in run.scalar_tags or [e.step for e in run.scalar_events(tag)] in ([0, 2], [2])
     for param, _ in model.named_parameters():
         assert run.histogram_steps(f"weights/{param}") == [0, 2]
@@ -367,14 +367,14 @@ def test_nan_in_a_layer_is_counted_and_training_goes_on(tmp_path, read_run):
     # NaN is data, not an error: the one warning names where it first showed
     assert len(caught) == 1 and str(caught[0].message).startswith("actviz: NaN or Inf first at step 2, in the output of '0'")
     run = read_run(tmp_path)
-    nonfinite = [once_not_zero(run, "activation_stats/0/nonfinite", step) for step in range(5)]
+    nonfinite = [once_not_zero(run, "activation_stats/nonfinite@0", step) for step in range(5)]
     assert nonfinite == [0, 0, expected_nan, 2 * 6 * 8 * 8, 0]
-    assert [e.step for e in run.scalar_events("activation_stats/0/nonfinite")] == [2, 3, 4]  # from the first NaN on
+    assert [e.step for e in run.scalar_events("activation_stats/nonfinite@0")] == [2, 3, 4]  # from the first NaN on
     assert expected_nan == 2 * 6 * 9 - 6 * 9 == 54  # one sample, 6 channels, 3x3 patch
     assert run.histogram("activations/0", 2).num == 2 * 6 * 8 * 8 - expected_nan
     assert run.histogram_steps("activations/0") == [0, 1, 2, 4]  # all-NaN step: scalars only
-    assert math.isnan(run.scalar("activation_stats/0/mean", 3))
-    assert run.scalar("gradient_stats/0/nonfinite", 3) > 0
+    assert math.isnan(run.scalar("activation_stats/mean@0", 3))
+    assert run.scalar("gradient_stats/nonfinite@0", 3) > 0
 
 
 @pytest.mark.usefixtures("both_paths")
@@ -397,7 +397,7 @@ def test_bfloat16_autocast_step(tmp_path, read_run):
     assert histogram.num == out.numel()
     assert histogram.sum == pytest.approx(out.sum().item(), rel=1e-3, abs=1e-3)
     assert (histogram.min, histogram.max) == (out.min().item(), out.max().item())
-    assert "gradient_stats/2/nonfinite" not in run.scalar_tags  # written only once not zero
+    assert "gradient_stats/nonfinite@2" not in run.scalar_tags  # written only once not zero
     assert "feature_maps/2" in run.image_tags
 
 
@@ -448,8 +448,8 @@ def test_transformer_encoder_layer(tmp_path, read_run):
 
 
 def test_a_long_sequence_heat_map_is_area_averaged_to_512_pixels_by_the_whole_bounds(tmp_path, read_run):
-    # 1,024 tokens x 96 features: the picture is 512 x 48, each pixel the mean of a 2 x 2 block,
-    # coloured by where it falls between the whole matrix's min and max.
+    # 1,024 tokens x 96 features: the picture is 512 x 64 (its shorter side kept at 64 px), each pixel the mean of
+    # its area (2 tokens x 1.5 features), coloured by where it falls between the whole matrix's min and max.
     from actviz.pictures.heatmap_sources import HEATMAP_COLOURS
     from actviz.common.pixels import PaletteImage
 
@@ -461,10 +461,10 @@ def test_a_long_sequence_heat_map_is_area_averaged_to_512_pixels_by_the_whole_bo
         hidden.sum().backward()
         viz.flush()
     matrix = hidden[0].detach().double()
-    pooled = matrix.reshape(512, 2, 48, 2).mean(dim=(1, 3))
+    pooled = torch.nn.functional.adaptive_avg_pool2d(matrix[None], (512, 64))[0]
     levels = ((pooled - matrix.min()) / (matrix.max() - matrix.min()) * 255).round().to(torch.uint8)
     kept = viz.latest.images["0"]
-    assert isinstance(kept, PaletteImage) and kept.shape == (3, 512, 48)
+    assert isinstance(kept, PaletteImage) and kept.shape == (3, 512, 64)
     assert (kept.indices.int() - levels.int()).abs().max() <= 1  # float32 on the way, float64 here
     assert (kept.indices != levels).float().mean() < 0.01
     logged = read_run(tmp_path).image("feature_maps/0", 0)

@@ -33,7 +33,7 @@ def test_on_step_hands_over_each_steps_statistics_and_latest_keeps_the_last(tmp_
     assert stats["norm"] == pytest.approx(expected.norm().item(), rel=1e-5)
     assert {"gradients/6", "weights/6.weight", "weight_grads/6.weight"} <= set(seen[0].statistics())
     run = read_run(tmp_path)
-    assert run.scalar("activation_stats/0/mean", 0) == pytest.approx(stats["mean"], rel=1e-6)
+    assert run.scalar("activation_stats/mean@0", 0) == pytest.approx(stats["mean"], rel=1e-6)
 
 
 def test_a_failing_on_step_warns_once_and_training_goes_on(tmp_path):
@@ -164,7 +164,7 @@ def test_a_list_of_statistics_runs_what_it_names_and_default_adds_the_default_se
             for _ in range(2):
                 train_step(model)
                 optimizer.step()
-        return {tag.split("/")[0] + "/" + tag.rsplit("/", 1)[-1] for tag in read_run(tmp_path / folder).scalar_tags}
+        return {tag.split("@")[0] for tag in read_run(tmp_path / folder).scalar_tags}
 
     default, added, alone = tags(None, "default"), tags(["default", "update_ratio"], "added"), tags(["update_ratio"],
                                                                                                       "alone")
@@ -209,7 +209,7 @@ def test_a_summary_writer_and_a_sink_of_your_own_in_one_list_both_get_each_step(
         train_step(model)
         train_step(model)
     writer.flush()
-    assert mine.steps == [0, 1] and [event.step for event in read_run(tmp_path / "mine").scalar_events("activation_stats/0/mean")] == [0, 1]
+    assert mine.steps == [0, 1] and [event.step for event in read_run(tmp_path / "mine").scalar_events("activation_stats/mean@0")] == [0, 1]
     assert writer.file_writer is not None  # yours: written to, never closed
     writer.close()
 

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 import actviz
 from actviz.capture.layer_outputs import output_tensors
-from actviz.selection import ROOT_NAME
+from actviz.selection import layer_tag_names, parameter_tag_names
 
 STEPS, EVERY = 6, 2
 LOGGED = [0, 2, 4]
@@ -89,8 +89,9 @@ class Recorder:
         self.step = -1
         self.outputs: dict[tuple[int, str], torch.Tensor] = {}
         self.grads: dict[tuple[int, str], torch.Tensor] = {}
+        module_names = {tag: module for module, tag in layer_tag_names(model).items()}  # tag name -> module name
         for name in names:
-            model.get_submodule("" if name == ROOT_NAME else name).register_forward_hook(self._hook(name))
+            model.get_submodule(module_names[name]).register_forward_hook(self._hook(name))
 
     def _hook(self, name: str):
         def hook(module, inputs, output):
@@ -155,9 +156,11 @@ def check_model(build, loss, tmp_path) -> None:
     for name in graded:
         assert run.histogram_steps(f"gradients/{name}") == LOGGED, name
         expected = recorder.grads[(0, name)]
-        assert run.scalar(f"gradient_stats/{name}/norm", 0) == pytest.approx(expected.norm().item(), rel=1e-3,
+        assert run.scalar(f"gradient_stats/norm@{name}", 0) == pytest.approx(expected.norm().item(), rel=1e-3,
                                                                                 abs=1e-9), name
-    for param_name, param in model.named_parameters():
+    tag_names = parameter_tag_names(model)
+    for module_param_name, param in model.named_parameters():
+        param_name = tag_names[module_param_name]
         if param_name in viz.parameter_names:
             assert run.histogram_steps(f"weights/{param_name}") == LOGGED, param_name
             if param.grad is not None:

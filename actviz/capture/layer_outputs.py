@@ -161,22 +161,22 @@ def reduce_output(
     return reduction, picture
 
 
-def copied_picture(copy: torch.Tensor, row: int, max_channels: int, batch_dim: int) -> tuple[Draw, torch.Tensor | int] | None:
-    """The picture of a layer output that a watcher's step copied whole (:func:`~actviz.summaries.one_tensor.start_summary`
-    with ``keep_copy``) into its summary's ``row``: a grid of every channel is drawn on the host from the row's sample
-    (:func:`~actviz.pictures.rendering.draw_first_grid`); otherwise the source is taken from the copy, on its device.
+def copied_picture(copy: torch.Tensor, max_channels: int, batch_dim: int) -> tuple[Draw, torch.Tensor] | None:
+    """The picture of a layer output that a watcher's step copied whole (:func:`~actviz.summaries.one_tensor.start_summary`'s
+    :attr:`~actviz.summaries.one_tensor.PendingSummary.copy`): a grid of every channel is drawn on the host from the copy
+    itself (:func:`~actviz.pictures.rendering.draw_first_grid`), which goes there anyway; otherwise the source is taken
+    from the copy, on its device.
 
     Example:
         >>> from actviz.summaries.one_tensor import start_summary
         >>> from actviz.summaries.small_tensors import SmallTensors
-        >>> small = SmallTensors(cpu_shortcut=False)
-        >>> summary = start_summary(torch.rand(2, 3, 4, 4), None, small, keep_copy=True)
-        >>> draw, source = copied_picture(summary.copy, summary.row, max_channels=8, batch_dim=0)
-        >>> small.reduce(); draw(small.row_sample(source)).shape  # sample 0's 3 channels: 32-pixel tiles, 2 × 2
-        torch.Size([1, 70, 70])
+        >>> summary = start_summary(torch.rand(2, 3, 4, 4), None, SmallTensors(cpu_shortcut=False))
+        >>> draw, source = copied_picture(summary.copy, max_channels=8, batch_dim=0)
+        >>> source is summary.copy, draw(source).shape  # sample 0's 3 channels: 32-pixel tiles, 2 × 2
+        (True, torch.Size([1, 70, 70]))
     """
-    if copy.dim() == 4 and copy.shape[1] <= max_channels:  # every channel of sample 0: drawn from the row's sample
-        return partial(draw_first_grid, tuple(copy.shape[1:])), row
+    if copy.dim() == 4 and copy.shape[1] <= max_channels:  # every channel of sample 0: drawn from the copy itself
+        return partial(draw_first_grid, tuple(copy.shape[1:])), copy
     return picture_source(copy, max_channels, batch_dim, copied=True)
 
 
@@ -193,20 +193,29 @@ def batch_dim_of(module: nn.Module) -> int:
     return 1 if value is False else 0
 
 
-def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]]) -> str:
-    """A markdown table of watched layers: name, type, output shape (``-`` if it did not run), parameters.
+def layer_table(layers: list[tuple[str, nn.Module]], shapes: dict[str, tuple[int, ...]],
+                module_names: dict[str, str] | None = None) -> str:
+    """A markdown table of watched layers: tag name, type, output shape (``-`` if it did not run), parameters, and,
+    where a tag name is shortened (:func:`actviz.selection.layer_tag_names`), each module's ``named_modules()`` name.
 
     Example:
         >>> print(layer_table([("fc", nn.Linear(3, 2))], {"fc": (8, 2)}))
         | layer | type | output shape | parameters |
         |---|---|---|---|
         | fc | Linear | 8 × 2 | 8 |
+        >>> print(layer_table([("0.query", nn.Linear(3, 2))], {}, {"0.query": "encoder.layer.0.query"}))
+        | layer | type | output shape | parameters | module |
+        |---|---|---|---|---|
+        | 0.query | Linear | - | 8 | encoder.layer.0.query |
     """
-    lines = ["| layer | type | output shape | parameters |", "|---|---|---|---|"]
+    full = {name: module_names[name] for name, _ in layers if module_names and module_names.get(name, name) != name}
+    lines = ["| layer | type | output shape | parameters |" + (" module |" if full else ""),
+             "|---|---|---|---|" + ("---|" if full else "")]
     for name, module in layers:
         shape = " × ".join(str(size) for size in shapes[name]) if name in shapes else "-"
         count = sum(param.numel() for param in module.parameters())
-        lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |")
+        lines.append(f"| {name} | {type(module).__name__} | {shape} | {count:,} |" +
+                     (f" {full.get(name, name)} |" if full else ""))
     return "\n".join(lines)
 
 

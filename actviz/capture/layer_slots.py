@@ -14,7 +14,7 @@ from torch import nn
 
 from ..common._internals import child_modules
 from ..common.safe_warnings import warn_once
-from ..selection import find_layer, layer_display_name
+from ..selection import find_layer, layer_display_name, layer_tag_names, parameter_tag_names
 
 __all__ = ["LayerSlots", "parameters_of"]
 
@@ -36,7 +36,8 @@ class LayerSlots:
 
     def __init__(self, root: nn.Module, layers: list[tuple[str, nn.Module]]) -> None:
         self.root = root
-        self.layers = [(layer_display_name(name), module) for name, module in layers]
+        tag_names = layer_tag_names(root)
+        self.layers = [(tag_names.get(name, layer_display_name(name)), module) for name, module in layers]
         self._slots: list[tuple[dict[str, nn.Module | None], str] | None] = []  # (the parent's children, name there)
         for name, _ in layers:
             parent_name, _, key = name.rpartition(".")
@@ -65,8 +66,9 @@ class LayerSlots:
 
 
 def parameters_of(model: nn.Module, modules: Iterable[nn.Module]) -> list[tuple[str, nn.Parameter]]:
-    """The parameters of ``modules`` (with their children's), named as ``model.named_parameters()`` names them."""
+    """The parameters of ``modules`` (with their children's), by tag name (:func:`~actviz.selection.parameter_tag_names`)."""
     wanted: set[int] = set()
     for module in modules:
         wanted.update(id(param) for param in module.parameters())
-    return [(name, param) for name, param in model.named_parameters() if id(param) in wanted]
+    tag_names = parameter_tag_names(model)
+    return [(tag_names.get(name, name), param) for name, param in model.named_parameters() if id(param) in wanted]

@@ -53,7 +53,8 @@ from ..summaries.merge_ranks import merge_across_ranks
 from ..summaries.one_tensor import PendingSummary, start_summary
 from ..tags import LAYERS
 from .probe import unwrap_for_probe
-from ..selection import ROOT_NAME
+from ..selection import ROOT_NAME, layer_display_name
+from .compiled_model import unwrap_compiled
 from ..statistics.gradient_noise import GradientNoise
 from ..statistics.layer_statistic import LayerStatistic, summary_request, take_values, warn_statistic_failed
 from .transformer_step import TransformerStep
@@ -156,6 +157,8 @@ class StepCapture:
         self._recompute: set[str] = set()  # layers that ran without grad: checkpointed, recomputed in backward
         self._merge = options.merge_ranks and want_stats
         self._shapes: dict[str, tuple[int, ...]] | None = {} if describe_layers else None
+        self._module_names = {id(module): layer_display_name(name) for name, module in  # the layers text's last column
+                              unwrap_compiled(model).named_modules()} if describe_layers else None
         self._drawn = DrawnTensors()
         self._layer_statistics: dict[int, tuple[LayerStatistic, ...]] = {}  # id(module) -> its statistics (want_stats)
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
@@ -268,8 +271,7 @@ class StepCapture:
                         draw: bool) -> None:
         """One tensor of a layer's output: its summary, its picture and the hook on its gradient.
 
-        Most outputs are copied once, whole: the copy is the summary's row in the step's small tensors
-        and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
+        Most outputs are copied once, whole: the copy is the summary's, summarized on the host, and the picture's source (:func:`~actviz.capture.layer_outputs.copied_picture`).
         """
         options = self.options
         summary = picture = statistics = None
@@ -279,12 +281,11 @@ class StepCapture:
             # A grid of a few of many channels picks them by the strengths the summary's read gives (the one-pass op's).
             many = draw and tensor.dim() == 4 and tensor.shape[1] > options.max_channels
             summary = start_summary(tensor, options.histogram_sample_size, self._pending.small, outliers=outliers,
-                                    units=units, strengths=many, keep_copy=draw)
+                                    units=units, strengths=many)
         if draw:
             copy = summary.copy if summary is not None else None
-            if copy is not None:  # copied whole: the copy is the picture's source too, not kept by the handle
-                summary.copy = None  # type: ignore[union-attr]
-                picture = copied_picture(copy, summary.row, options.max_channels, batch_dim)  # type: ignore[union-attr]
+            if copy is not None:  # copied whole: the copy is the picture's source too
+                picture = copied_picture(copy, options.max_channels, batch_dim)
             else:
                 strengths = summary.made.strengths if summary is not None and summary.made is not None else None
                 picture = picture_source(tensor, options.max_channels, batch_dim, strengths=strengths)
@@ -349,7 +350,8 @@ class StepCapture:
         if self._noise is not None:
             self._noise.hand_over(backward_seen=bool(self.gradients.seen))
         if self._shapes is not None:
-            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes))
+            names = {name: self._module_names.get(id(module), name) for name, module in self._layers.items()}
+            self._pending.add_text(LAYERS, layer_table(list(self._layers.items()), self._shapes, names))
         if missed_backward and self._on_no_backward is not None:
             self._on_no_backward(self)
         if self._merge:

@@ -8,19 +8,19 @@ each call after the innermost one enclosing it. Everything stays on the device a
 the host in the step's one copy; :func:`finish_on_host` writes the tags on the writer thread:
 
 ==========================================  =================================================
-``attention/{layer}/max_logit``             largest ``q·k·scale + mask`` of the sampled rows
-``attention/{layer}/entropy_min``           lowest head entropy: mean over its sampled rows (nats)
-``attention/{layer}/entropy_mean``          mean softmax entropy of the sampled rows, all heads
-``attention/{layer}/sink_fraction``         fraction of heads with > 0.3 of their weight on key 0
-``attention/{layer}/head_max_logit``        histogram: each head's max logit
+``attention/max_logit@{layer}``             largest ``q·k·scale + mask`` of the sampled rows
+``attention/entropy_min@{layer}``           lowest head entropy: mean over its sampled rows (nats)
+``attention/entropy_mean@{layer}``          mean softmax entropy of the sampled rows, all heads
+``attention/sink_fraction@{layer}``         fraction of heads with > 0.3 of their weight on key 0
+``attention/head_max_logit@{layer}``        histogram: each head's max logit
 ==========================================  =================================================
 
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
 get them on every stats step (``watch(statistics=None)``, the default);
 naming ``"attention"`` in ``statistics=`` forces them on (hand-written attention elsewhere), a list without it off.
 The same mode sees the routers of a mixture of experts (:mod:`actviz.transformers.moe`), whose
-tags are ``moe/{layer}/load_max_over_mean``, ``/dead_experts``, ``/router_entropy``, ``/topk_margin``
-and the histogram ``moe/{layer}/expert_load`` (the default set: models with a module whose
+tags are ``moe/load_max_over_mean@{layer}``, ``dead_experts@``, ``router_entropy@``, ``topk_margin@``
+and the histogram ``moe/expert_load@{layer}`` (the default set: models with a module whose
 class name says MoE, router, gate or expert; ``"moe"`` named, any model; a list without it, off).
 Steps that do not log run nothing of this: no mode, no hook. The output logits and the layers'
 outliers are per-layer statistics like any other (:mod:`actviz.statistics.logits`,
@@ -33,7 +33,7 @@ Example:
     ...     model(torch.randn(2, 6, 16)).sum().backward()
     ...     viz.flush()
     >>> sorted(tag for tag in viz.latest.scalars if tag.startswith("attention/"))[:2]
-    ['attention/layers.0.self_attn/entropy_mean', 'attention/layers.0.self_attn/entropy_min']
+    ['attention/entropy_mean@0.self_attn', 'attention/entropy_min@0.self_attn']
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..selection import layer_tag_names
 from ..transformers.attention import AttentionMode, attention_modules, may_attend
 from ..transformers.attention_stats import entropy_fractions, head_numbers
 from ..transformers.moe import RouterCalls, moe_modules, router_numbers
@@ -74,11 +75,12 @@ class _ModelInfo:
     """What a model's steps share, found once: its attention and MoE modules, its alert history."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.attention = attention_modules(model)
+        tag_names = layer_tag_names(model)  # every module by its tag name
+        self.attention = [(tag_names.get(name, name), module) for name, module in attention_modules(model)]
         # Without the model itself: a topk in its own forward is no router's (Hugging Face's load-balancing
         # loss takes one over every layer's logits), and a value that holds its key would keep the model alive.
-        self.moe = [(name, module) for name, module in moe_modules(model) if name]
-        self.everything = [(name, module) for name, module in model.named_modules() if name]  # moe=True
+        self.moe = [(tag_names.get(name, name), module) for name, module in moe_modules(model) if name]
+        self.everything = [(tag_names.get(name, name), module) for name, module in model.named_modules() if name]  # moe=True
         self.alerts = TransformerAlerts()
         self.dead_experts = DeadExperts()
         self.warned: set[str] = set()  # kinds of failure warned about
@@ -179,7 +181,7 @@ class TransformerStep:
             warn_once(self._info.warned, f"dense {name}",
                       f"actviz: the router {name!r} chooses every one of its experts (top-k with k equal to the "
                       "number of experts, a dense layer): its load, dead experts and top-k margin mean nothing "
-                      f"there, only moe/{name}/router_entropy is written (warned once)")
+                      f"there, only moe/router_entropy@{name} is written (warned once)")
 
     def remove(self) -> None:
         """Leave the mode, if still in it. Safe to call more than once."""

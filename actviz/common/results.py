@@ -127,7 +127,7 @@ class StepResults:
     pictures: dict[str, torch.Tensor] = field(default_factory=dict)  # full tags: probe/input, gradcam/{layer}
     scalars: dict[str, float] = field(default_factory=dict)  # full tags, e.g. "amp/grad_scale"
     texts: dict[str, str] = field(default_factory=dict)  # full tags, e.g. "layers": markdown
-    histograms: dict[str, Summary] = field(default_factory=dict)  # full tags: attention/{layer}/head_max_logit
+    histograms: dict[str, Summary] = field(default_factory=dict)  # full tags: attention/head_max_logit@{layer}
     # Per-layer statistics' values (actviz.statistics): statistic name -> layer -> value name -> value. What the alerts
     # read; the values a statistic writes are in scalars too, under their tags
     layer_values: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
-from ..tags import ALERTS, TENSORBOARD_PREFIX
+from ..tags import ALERTS, TENSORBOARD_PREFIX, layer_statistic_of
 from .alerts import parse_alert_lines
 from .doctor_text import format_run, problem_line
 
@@ -228,10 +228,10 @@ def _read(folder: Path, files: list[Path], damaged: list[FileProblem]) -> RunHea
         def values(tag: str) -> list[float]:
             return series.get(tag, empty).values()
 
-        gradient = values(f"gradient_stats/{name}/norm")
-        std = values(f"activation_stats/{name}/std")
-        zeros = values(f"activation_stats/{name}/zero_fraction")
-        bad = [series.get(f"{kind}_stats/{name}/nonfinite", empty).largest for kind in ("activation", "gradient")]
+        gradient = values(f"gradient_stats/norm@{name}")
+        std = values(f"activation_stats/std@{name}")
+        zeros = values(f"activation_stats/zero_fraction@{name}")
+        bad = [series.get(f"{kind}_stats/nonfinite@{name}", empty).largest for kind in ("activation", "gradient")]
         layers.append(LayerHealth(
             name, gradient[-1] if gradient else None, gradient[-KEPT_VALUES:], std[-1] if std else None,
             zeros[-1] if zeros else (0.0 if std else None), int(min(max(0.0, *bad), 2.0**53)),
@@ -246,7 +246,7 @@ def _read(folder: Path, files: list[Path], damaged: list[FileProblem]) -> RunHea
 
 def _layer_order(tables: list[tuple[int, list[bytes]]], stats: list[str]) -> list[str]:
     """Layers in the order of the first ``layers`` table (model order), then any others by name."""
-    found = sorted({tag.split("/", 1)[1].rsplit("/", 1)[0] for tag in stats})
+    found = sorted({parts[2] for parts in map(layer_statistic_of, stats) if parts})
     ordered: list[str] = []
     table = tables[0][1][0].decode("utf-8", "replace") if tables and tables[0][1] else ""
     for line in table.splitlines()[2:]:

@@ -3,7 +3,8 @@
 Each picture is a grid: one row per watched layer in forward order (top: the first to
 run), one column per logging step of the latest :data:`WINDOW` (left: the oldest), each
 cell coloured by the log10 of the value on a viridis scale (dark: small) with a labelled
-colour bar of whole decades on the right. NaN cells are magenta, cells without a value (a layer that did not
+colour bar of whole decades on the right, from a floor (:mod:`~actviz.diagnosis.colour_scale`: a zero fraction's bar is 1e-3 to 1,
+so a layer with one zero in a million is dark, not the brightest cell). NaN cells are magenta, cells without a value (a layer that did not
 run) light grey, zeros the darkest colour. Tags: ``flow/gradient_norm``,
 ``flow/activation_std``, ``flow/zero_fraction`` and, with ``statistics=[..., "update_ratio"]``,
 ``flow/update_ratio`` (one row per parameter). A statistic with nothing to show (every value the same,
@@ -32,9 +33,11 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..common.results import StepResults
 from ..tags import FLOW, UPDATE_RATIO
+from .colour_scale import BAR_FLOORS, colour_bar_range, colour_floor
 
-__all__ = ["CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "REDRAW_STEPS", "WINDOW", "FlowHistory", "FlowLayout",
-           "colour_bar_range", "draw_flow", "flow_layout", "has_something_to_show"]
+__all__ = ["BAR_FLOORS", "CARD_IMAGE_BOX", "FLOW_STATISTICS", "MIN_TEXT_PX", "REDRAW_STEPS", "WINDOW",
+           "FlowHistory", "FlowLayout", "colour_bar_range", "colour_floor", "draw_flow", "flow_layout",
+           "has_something_to_show"]
 
 #: Statistic name -> how it is read from one step's results: (kind, attribute).
 FLOW_STATISTICS = {
@@ -239,20 +242,6 @@ def flow_layout(names: list[str], columns: int) -> FlowLayout:
     return found
 
 
-def colour_bar_range(values: np.ndarray) -> tuple[int, int]:
-    """Whole decades ``(low, high)`` spanning the finite positive ``values`` (``(-1, 0)`` if none).
-
-    Example:
-        >>> colour_bar_range(np.array([0.003, 0.5, np.nan, 0.0]))
-        (-3, 0)
-    """
-    positive = values[np.isfinite(values) & (values > 0)]
-    if positive.size == 0:
-        return -1, 0
-    low, high = math.floor(math.log10(positive.min())), math.ceil(math.log10(positive.max()))
-    return low, max(high, low + 1)
-
-
 def has_something_to_show(values: np.ndarray) -> bool:
     """Whether a flow picture of ``values`` shows anything: a NaN, or two different logged values.
 
@@ -283,7 +272,7 @@ def draw_flow(title: str, names: list[str], steps: list[int], values: np.ndarray
     """
     layout = flow_layout(names, len(steps))
     unit = layout.unit
-    low, high = colour_bar_range(values)
+    low, high = colour_bar_range(values, title)
     with np.errstate(divide="ignore", invalid="ignore"):
         position = (np.log10(np.maximum(values, 10.0 ** low)) - low) / (high - low)
     index = np.clip(np.nan_to_num(position * 255, nan=0), 0, 255).round().astype(np.intp)

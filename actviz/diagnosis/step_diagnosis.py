@@ -23,6 +23,7 @@ from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
 from .transformer_alerts import outlier_alerts
 from .trends import health_monitor
+from ..selection import parameter_tag_names
 from ..tags import ALERTS
 from ..statistics.unit_counts import is_relu_family
 
@@ -127,7 +128,7 @@ class Diagnosis:
 
 
 class MatrixNames:
-    """The names of a model's parameters with 2 or more dimensions, read when first asked.
+    """The tag names of a model's parameters with 2 or more dimensions, read when first asked.
 
     A lazy module's parameters (``nn.LazyLinear``) have no shape until its first forward, so the
     names are read again until none is lazy.
@@ -154,7 +155,8 @@ class MatrixNames:
         if model is None:
             return False
         parameters = list(model.named_parameters())
-        names = frozenset(key for key, param in parameters if not is_lazy(param) and param.dim() >= 2)
+        tag_names = parameter_tag_names(model)
+        names = frozenset(tag_names.get(key, key) for key, param in parameters if not is_lazy(param) and param.dim() >= 2)
         if not any(is_lazy(param) for _, param in parameters):
             self._names = names
         return name in names

@@ -276,9 +276,11 @@ class PendingStep:
 
         The small tensors are reduced on the device first, so that every reduction has its header there to merge.
         """
+        merged = [(kind, summary) for kind in self._kinds for summary in kind if summary.mergeable]
+        for _, summary in merged:
+            summary.join(self.small)  # a whole copy becomes a row of the small tensors, reduced on the device
         self.small.reduce()
-        return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small))  # a row's: made now
-                for kind in self._kinds for summary in kind if summary.mergeable]
+        return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small)) for kind, summary in merged]
 
     def add_scalar(self, tag: str, value: torch.Tensor, scaled: bool = False, join_small: bool = False) -> None:
         """Keep a one-element tensor, written as the scalar ``tag``; ``scaled``: divided by the loss scale on the
@@ -299,24 +301,26 @@ class PendingStep:
         self._texts[tag] = text
 
     def add_picture(self, picture: Picture) -> None:
-        """Keep ``picture``, drawn on the host by ``picture.draw(*sources)``. A source that is an ``int`` is a row
-        of :attr:`small`: ``draw`` gets that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`)."""
+        """Keep ``picture``, drawn on the host by ``picture.draw(*sources)``, each source on the host."""
         self._pictures.append(picture)
 
     def send(self) -> None:
         """Start the copy to the host. Called once, on the training thread, when the step ends.
 
         Each distinct tensor goes once: a header matrix that many parameters share, a row
-        that holds its sample behind it. The small tensors go packed in one flat copy per device, their samples:
-        the writer thread reduces them (:meth:`~actviz.summaries.small_tensors.SmallTensors.pack`), unless a
-        merge across ranks has reduced them on the device already (:attr:`mergeable`).
+        that holds its sample behind it, a tensor's whole copy that is also its picture's source. The parameters
+        copied end to end go as they are, their samples: the writer thread reduces them
+        (:meth:`~actviz.summaries.small_tensors.SmallTensors.pack`), unless a merge across ranks has reduced them on
+        the device already (:attr:`mergeable`).
         """
         self.small.pack()
         unique: dict[int, torch.Tensor] = {id(tensor): tensor for tensor in self.small.device_tensors()}
         for kind in self._kinds:
             for summary in kind:  # many share one header and one sample: look each up once
                 reduction = summary.made
-                if reduction is None:  # a row of self.small: its batch's tensors are in
+                if reduction is None:  # a whole copy, or a row of self.small (its batch's tensors are in)
+                    if summary.copy is not None:
+                        unique[id(summary.copy)] = summary.copy
                     continue
                 header, sample = reduction.header, reduction.sample
                 if id(header) not in unique or id(sample) not in unique or reduction.counts is not None:
@@ -324,8 +328,7 @@ class PendingStep:
                         unique[id(tensor)] = tensor
         for picture in self._pictures:
             for source in picture.sources:
-                if not isinstance(source, int):  # a row of self.small goes with its batch
-                    unique[id(source)] = source
+                unique[id(source)] = source
         if self.loss_scale is not None:
             unique[id(self.loss_scale)] = self.loss_scale
         for _, value, _ in self._scalars:
@@ -354,8 +357,7 @@ class PendingStep:
                 finished = summary.finish(self.small, host, self.bins)
                 found[summary.tag] = finished.divided_by(scale) if summary.scaled and scale != 1.0 else finished
         for picture in self._pictures:
-            image = picture.draw(*[self.small.row_sample(source) if isinstance(source, int) else host[id(source)]
-                                   for source in picture.sources])
+            image = picture.draw(*[host[id(source)] for source in picture.sources])
             (results.pictures if picture.full_tag else results.images)[picture.tag] = image
         if self.loss_scale is not None:
             results.scalars[GRAD_SCALE] = scale

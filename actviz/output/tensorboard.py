@@ -31,10 +31,10 @@ _TAG = "^" + TENSORBOARD_PREFIX  # the start of TensorBoard's name of an actviz 
 #: Custom Scalars charts (anchored regexes on TensorBoard's names of actviz's tags): each statistic across all layers.
 DASHBOARD_LAYOUT = {
     "actviz: every layer on one chart": {
-        "gradient norm": ["Multiline", [rf"{_TAG}gradient_stats/.*/norm$"]],
-        "activation std": ["Multiline", [rf"{_TAG}activation_stats/.*/std$"]],
-        "zero fraction": ["Multiline", [rf"{_TAG}activation_stats/.*/zero_fraction$"]],
-        "non-finite counts": ["Multiline", [rf"{_TAG}activation_stats/.*/nonfinite$", rf"{_TAG}gradient_stats/.*/nonfinite$"]],
+        "gradient norm": ["Multiline", [rf"{_TAG}gradient_stats/norm@.+$"]],
+        "activation std": ["Multiline", [rf"{_TAG}activation_stats/std@.+$"]],
+        "zero fraction": ["Multiline", [rf"{_TAG}activation_stats/zero_fraction@.+$"]],
+        "non-finite counts": ["Multiline", [rf"{_TAG}activation_stats/nonfinite@.+$", rf"{_TAG}gradient_stats/nonfinite@.+$"]],
         "update ratio": ["Multiline", [rf"{_TAG}update_ratio/.*$"]],
     },
 }

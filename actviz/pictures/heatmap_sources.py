@@ -77,12 +77,25 @@ def _viridis(values: torch.Tensor) -> torch.Tensor:
 
 
 def _heatmap_size(rows: int, columns: int) -> tuple[int, int]:
+    """The picture's ``(height, width)`` for a ``(rows, columns)`` matrix."""
     shortest, longest = min(rows, columns), max(rows, columns)
-    factor = max(1, min(math.ceil(MIN_HEATMAP_SIDE / shortest), MAX_HEATMAP_SIDE // longest))
     if longest > MAX_HEATMAP_SIDE:
-        scale = MAX_HEATMAP_SIDE / longest
-        return max(1, round(rows * scale)), max(1, round(columns * scale))
+        pooled = _pooled_size(rows, columns)
+        short = min(pooled)
+        short *= math.ceil(MIN_HEATMAP_SIDE / short)  # a few rows beside a vocabulary: each a band, not a pixel
+        return (short, MAX_HEATMAP_SIDE) if rows <= columns else (MAX_HEATMAP_SIDE, short)
+    factor = max(1, min(math.ceil(MIN_HEATMAP_SIDE / shortest), MAX_HEATMAP_SIDE // longest))
     return rows * factor, columns * factor
+
+
+def _pooled_size(rows: int, columns: int) -> tuple[int, int]:
+    """What a matrix with a side over ``MAX_HEATMAP_SIDE`` is area-averaged to on the device: that side to
+    ``MAX_HEATMAP_SIDE``; the other in proportion, but never under ``MIN_HEATMAP_SIDE`` (or its own length, if
+    shorter), so that a 20 x 18,328 output (a language model's decoder: 20 tokens, a vocabulary) keeps its 20
+    rows instead of becoming 1 x 512 pixels."""
+    shortest, longest = min(rows, columns), max(rows, columns)
+    short = min(shortest, max(round(shortest * MAX_HEATMAP_SIDE / longest), MIN_HEATMAP_SIDE))
+    return (short, MAX_HEATMAP_SIDE) if rows <= columns else (MAX_HEATMAP_SIDE, short)
 
 
 
@@ -105,10 +118,11 @@ def heatmap_source(matrix: torch.Tensor) -> tuple[Callable[[torch.Tensor], Palet
     rows, columns = matrix.shape
     if max(rows, columns) <= MAX_HEATMAP_SIDE:
         return _levels_heatmap, to_uint8(_normalize(matrix.float(), dims=(0, 1), sync=False))
-    size = _heatmap_size(rows, columns)
+    size = _pooled_size(rows, columns)
     pooled = F.adaptive_avg_pool2d(matrix[None].float(), size)  # what F.interpolate(mode="area") does
     low, high = torch.aminmax(matrix)
-    return partial(_pooled_heatmap, size), torch.cat([pooled.view(-1), torch.stack([low, high]).float()])
+    return (partial(_pooled_heatmap, size, _heatmap_size(rows, columns)),
+            torch.cat([pooled.view(-1), torch.stack([low, high]).float()]))
 
 
 def _levels_heatmap(levels: torch.Tensor) -> PaletteImage:
@@ -122,11 +136,16 @@ def _levels_heatmap(levels: torch.Tensor) -> PaletteImage:
     return PaletteImage(levels, HEATMAP_COLOURS)
 
 
-def _pooled_heatmap(size: tuple[int, int], source: torch.Tensor) -> PaletteImage:
-    """The heat map of a matrix that :func:`heatmap_source` pooled to ``size``, normalised by the whole's bounds."""
+def _pooled_heatmap(size: tuple[int, int], picture: tuple[int, int], source: torch.Tensor) -> PaletteImage:
+    """The heat map of a matrix that :func:`heatmap_source` pooled to ``size``, normalised by the whole's bounds,
+    its shorter side enlarged by a whole factor to the ``picture``'s."""
     values, (low, high) = source[:-2].view(size), source[-2:].tolist()
     if not (math.isfinite(low) and math.isfinite(high)):  # NaN or Inf in the whole: its own bounds
-        return PaletteImage(to_uint8(_normalize(values, dims=(0, 1))), HEATMAP_COLOURS)
-    span = high - low
-    levels = to_uint8(((values - low) / span).clamp_(0.0, 1.0)) if span > 0 else torch.zeros(size, dtype=torch.uint8)
+        levels = to_uint8(_normalize(values, dims=(0, 1)))
+    else:
+        span = high - low
+        levels = to_uint8(((values - low) / span).clamp_(0.0, 1.0)) if span > 0 else torch.zeros(size, dtype=torch.uint8)
+    for dim in (0, 1):
+        if picture[dim] > size[dim]:
+            levels = levels.repeat_interleave(picture[dim] // size[dim], dim=dim)
     return PaletteImage(levels, HEATMAP_COLOURS)

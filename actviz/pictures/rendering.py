@@ -50,8 +50,7 @@ class Picture(NamedTuple):
             (``probe/input``, ``gradcam/features.10``).
         draw: Turns the sources, once on the host, into a ``uint8`` image (or a
             :class:`~actviz.common.pixels.PaletteImage`).
-        sources: What it is drawn from: tensors on their device, or an ``int``, a row of the step's small tensors,
-            drawn from that row's copy, flat (:meth:`~actviz.summaries.small_tensors.SmallTensors.row_sample`).
+        sources: What it is drawn from: tensors on their device (a summary's whole copy may be one).
         full_tag: ``tag`` is the whole tag.
 
     Example:
@@ -62,7 +61,7 @@ class Picture(NamedTuple):
 
     tag: str
     draw: Callable[..., Any]
-    sources: tuple[torch.Tensor | int, ...]
+    sources: tuple[torch.Tensor, ...]
     full_tag: bool = False
 
 
@@ -209,8 +208,9 @@ def draw_grid(
     return grid[:1].contiguous()
 
 
-def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
-    """:func:`draw_grid` of the first sample of an ``(N, *shape)`` tensor, from a flat copy of it (on the host).
+def draw_first_grid(shape: tuple[int, ...], copy: torch.Tensor) -> torch.Tensor:
+    """:func:`draw_grid` of the first sample of an ``(N, *shape)`` tensor, from a contiguous copy of it, of any shape
+    (on the host).
 
     How a watcher draws a small output from its summary's copy, with no picture source of its own.
 
@@ -219,7 +219,7 @@ def draw_first_grid(shape: tuple[int, ...], flat: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(draw_first_grid((3, 5, 5), fmap.reshape(-1)), draw_grid(fmap[0]))
         True
     """
-    return draw_grid(flat[: math.prod(shape)].view(shape))
+    return draw_grid(copy.reshape(-1)[: math.prod(shape)].view(shape))
 
 
 def picture_source(
@@ -243,8 +243,8 @@ def picture_source(
         >>> tuple(source.shape), tuple(draw(source).shape)
         ((64, 5, 5), (1, 298, 298))
         >>> draw, source = picture_source(torch.randn(1, 64, 5000), max_channels=64)
-        >>> tuple(source.shape), tuple(draw(source).shape)  # area-averaged to 7 x 512, with min and max
-        ((3586,), (3, 7, 512))
+        >>> tuple(source.shape), tuple(draw(source).shape)  # area-averaged to 64 x 512, with min and max
+        ((32770,), (3, 64, 512))
     """
     if tensor.numel() == 0 or tensor.dim() not in (3, 4) or tensor.is_complex():
         return None
@@ -260,8 +260,9 @@ def heatmap(matrix: torch.Tensor) -> torch.Tensor:
 
     Values are normalised over the whole matrix and coloured with viridis (dark blue
     low, yellow high). Rows stay rows. The picture is enlarged by a whole factor
-    until its shorter side is at least 64 px, or area-averaged to at most 512 px (normalised by the
-    whole matrix's min and max).
+    until its shorter side is at least 64 px, or its longer side is area-averaged to 512 px (normalised by
+    the whole matrix's min and max) and its shorter side kept at 64 px or more: a 20 x 18,328 matrix (a
+    language model's 20 tokens over its vocabulary) is 80 x 512, each row a band 4 px high.
 
     Args:
         matrix: A non-empty ``(rows, columns)`` tensor of any real dtype.

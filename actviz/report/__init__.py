@@ -81,7 +81,7 @@ def report(
 
     TensorBoard layout: one run per model and image, ``{logdir}/{model}/{image stem}``, all
     at step 0, with ``~feature_maps/{layer}`` (grid), ``~activations/{layer}`` (histogram),
-    ``~activation_stats/{layer}/{mean,std,zero_fraction,nonfinite}``, ``~input`` (the image
+    ``~activation_stats/{mean,std,zero_fraction,nonfinite}@{layer}``, ``~input`` (the image
     as the model saw it), ``image`` (text: the file, the model and its weights) and, when
     class names are known, ``predictions`` (text: top-5 table). A run folder that already
     holds events (the same model and image reported before) gets a warning.

@@ -8,7 +8,7 @@ capture runs it on that target's tensors as it runs a layer output's statistics;
 ``kurtosis`` is the fourth standardised moment ``(Σ(z-μ)⁴ / n) / (Σ(z-μ)² / n)²`` of ``z``, the gradient with NaN
 and ±Inf replaced by 0, about its mean ``μ`` (as :mod:`actviz.statistics.outliers` takes it of an output): 3 for a
 Gaussian, large when a few elements dwarf the rest, NaN for a constant gradient. Written as
-``gradient_stats/{layer}/kurtosis`` and ``weight_grad_stats/{param}/kurtosis``; off by default
+``gradient_stats/kurtosis@{layer}`` and ``weight_grad_stats/kurtosis@{param}``; off by default
 (``statistics=["default", "gradient_kurtosis", "weight_grad_kurtosis"]``).
 """
 
@@ -52,7 +52,7 @@ class _Kurtosis(LayerStatistic):
 
 
 class GradientKurtosis(_Kurtosis):
-    """``gradient_stats/{layer}/kurtosis``: the kurtosis of the gradient with respect to each watched output.
+    """``gradient_stats/kurtosis@{layer}``: the kurtosis of the gradient with respect to each watched output.
 
     Example:
         >>> numbers = GradientKurtosis().device(torch.tensor([1.0, -7.0, 2.0, 0.0]), nn.Identity(), None).tolist()
@@ -65,7 +65,7 @@ class GradientKurtosis(_Kurtosis):
 
 
 class WeightGradKurtosis(_Kurtosis):
-    """``weight_grad_stats/{param}/kurtosis``: the kurtosis of each watched parameter's gradient, as applied.
+    """``weight_grad_stats/kurtosis@{param}``: the kurtosis of each watched parameter's gradient, as applied.
 
     Example:
         >>> numbers = WeightGradKurtosis().device(torch.ones(3), nn.Identity(), None).tolist()

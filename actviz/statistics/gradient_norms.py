@@ -6,7 +6,7 @@ Per summarized gradient with respect to a watched layer's output, from the heade
 * ``norm``: the L2 norm of the finite elements;
 * ``nonfinite``: how many are NaN or ±Inf.
 
-They are written as ``gradient_stats/{layer}/norm`` and ``/nonfinite``; the last only from the first step where it
+They are written as ``gradient_stats/norm@{layer}`` and ``nonfinite@{layer}``; the last only from the first step where it
 is not zero (:data:`actviz.tags.ONCE_NOT_ZERO`).
 """
 

@@ -15,7 +15,7 @@ every target's statistics the same way (:func:`take_values`), and nothing in cap
 * :meth:`~LayerStatistic.host` runs on the writer thread: those numbers, as floats, become named
   values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
   alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
-  ``activation_stats/{layer}/{name}`` (:meth:`~LayerStatistic.tag`; the pattern is its target's,
+  ``activation_stats/{name}@{layer}`` (:meth:`~LayerStatistic.tag`; the pattern is its target's,
   :data:`TARGET_TAGS`).
 
 A statistic with ``reads_summary = True`` has no device half: on the writer thread,
@@ -146,7 +146,7 @@ class LayerStatistic:
 
     def tag(self, layer: str, name: str) -> str:
         """The scalar tag of value ``name`` of ``layer``: its target's pattern (:data:`TARGET_TAGS`), e.g.
-        ``activation_stats/{layer}/{name}``."""
+        ``activation_stats/{name}@{layer}``."""
         pattern = TARGET_TAGS[self.target]
         return pattern.format(layer=layer, param=layer, statistic=name)
 

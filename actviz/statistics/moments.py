@@ -7,8 +7,8 @@ Per summarized output ``x`` (``n`` elements), from the header row the summary re
 * ``zero_fraction``: the fraction of all elements that are exactly zero;
 * ``nonfinite``: how many are NaN or ±Inf.
 
-They are written as ``activation_stats/{layer}/mean``, ``/std``, ``/zero_fraction`` and
-``/nonfinite``; the last two only from the first step where they are not zero
+They are written as ``activation_stats/mean@{layer}``, ``std@``, ``zero_fraction@`` and
+``nonfinite@``; the last two only from the first step where they are not zero
 (:data:`actviz.tags.ONCE_NOT_ZERO`).
 """
 

@@ -91,7 +91,7 @@ def on_for_transformers(model: nn.Module, options: Any) -> bool:
 
 
 class Outliers(LayerStatistic):
-    """``activation_stats/{layer}/max_abs``, ``/kurtosis``, ``/outlier_fraction`` and ``/headroom_bits`` (see the
+    """``activation_stats/max_abs@{layer}``, ``kurtosis@``, ``outlier_fraction@`` and ``headroom_bits@`` (see the
     module docstring); ``median_abs`` is kept for the massive-activation alert, not written.
 
     Example:

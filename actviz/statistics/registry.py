@@ -12,7 +12,7 @@ is one line, ``statistics=["default", "update_ratio"]``; ``"transformer"`` is sh
 :meth:`~actviz.statistics.layer_statistic.LayerStatistic.on_by_default` says; a list runs exactly
 the statistics it names (a built-in's :attr:`~actviz.statistics.layer_statistic.LayerStatistic.name`,
 or a :class:`~actviz.statistics.layer_statistic.LayerStatistic` of your own), on every layer they apply to:
-a list without ``"moments"`` writes no ``activation_stats/{layer}/mean`` (``std``, ``zero_fraction``,
+a list without ``"moments"`` writes no ``activation_stats/mean@{layer}`` (``std``, ``zero_fraction``,
 ``nonfinite``), as it runs no statistic it does not name.
 """
 

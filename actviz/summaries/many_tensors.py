@@ -64,8 +64,7 @@ def reduce_tensors(
                 if flat.device != device or not flat.is_floating_point():
                     raise ValueError(f"tensors planned on {device} now give {flat.dtype} on {flat.device}")
                 for index, row in zip(indices, batch.add_segments(flat, sizes)):
-                    reductions[index] = summary = PendingSummary()  # no Python call per parameter
-                    summary.row = row
+                    reductions[index] = PendingSummary(row=row)
         except Exception:
             _Plan.forget(plan)  # a parameter moved or changed: planned again next time
             raise
@@ -84,8 +83,7 @@ def reduce_tensors(
             groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     for indices in groups.values():
         for index, reduction in zip(indices, _reduce_together([shards[index] for index in indices], sample_size)):
-            reductions[index] = summary = PendingSummary()
-            summary.made = reduction
+            reductions[index] = PendingSummary(reduction)
     return reductions  # type: ignore[return-value]
 
 

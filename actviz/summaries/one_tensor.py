@@ -6,11 +6,12 @@
   header row (layout: :mod:`actviz.summaries.header`) and a strided sample: one op,
   ``torch.ops.actviz.summarize`` (:mod:`actviz.summaries.one_pass`), which reads the tensor once
   on a GPU; nothing read on the host. In the watcher's hooks a tensor its sample covers whole
-  takes one copy instead (:mod:`actviz.summaries.small_tensors`). The step's rows go to the host
+  takes one copy instead, summarized on the host. The step's rows and copies go to the host
   in one copy (:mod:`actviz.output.pending_step`); :func:`actviz.summaries.many_tensors.reduce_tensors`
-  reduces many parameters together.
+  reduces many parameters together (:mod:`actviz.summaries.small_tensors`).
 * :meth:`PendingSummary.finish` (:func:`finish` of a bare reduction) runs on the host, on the writer thread: it decodes the row
-  (:func:`actviz.summaries.header.decode`) and counts the sample's buckets between min and max.
+  (:func:`actviz.summaries.header.decode`), or reads a whole copy's numbers (:func:`whole_numbers`), and counts the
+  sample's buckets between min and max.
 
 On the CPU a float32 or float64 tensor takes a shortcut that reads its numbers at once
 (:mod:`actviz.summaries.cpu_shortcut`); ``ACTVIZ_CPU_SHORTCUTS=0`` turns it off. Only where
@@ -37,7 +38,7 @@ from .small_tensors import SmallTensors
 
 __all__ = [
     "HEADER_SIZE", "PendingSummary", "Reduction", "finish", "flat_view", "reduce_in_one_pass", "reduce_tensor",
-    "sample_stride", "start_summary", "summarize",
+    "sample_stride", "start_summary", "summarize", "whole_numbers",
 ]
 
 # A stride that shares no factor with common feature-map sizes (2, 3, 5, 7, 11, 13)
@@ -89,43 +90,48 @@ def flat_view(tensor: torch.Tensor) -> torch.Tensor:
 class PendingSummary:
     """One tensor's summary in flight, from its hook to the writer thread: what :func:`start_summary` gives.
 
-    It holds either the :class:`~actviz.summaries.header.Reduction` made in the hook (:attr:`made`), or a
-    :attr:`row` of the step's small tensors (:class:`~actviz.summaries.small_tensors.SmallTensors`), whose
-    reduction exists once the batch is reduced: no object but this one per tensor on the training thread.
+    It holds one of: the :class:`~actviz.summaries.header.Reduction` made in the hook (:attr:`made`); the tensor's
+    whole :attr:`copy`, which goes to the host with the step and is summarized there; or a :attr:`row` of the step's
+    small tensors (:class:`~actviz.summaries.small_tensors.SmallTensors`: parameters copied end to end), whose
+    reduction exists once the batch is reduced. No object but this one per tensor on the training thread.
     :meth:`finish` completes it on the host.
 
     Attributes:
-        made: The reduction made in the hook, or a row's once asked for (:meth:`reduction`); ``None`` before.
+        made: The reduction made in the hook, or a row's or a copy's once asked for (:meth:`reduction`); ``None`` before.
         row: Its row in the step's small tensors, or ``None``.
-        copy: For a row asked for with ``keep_copy``, the whole copy it was made of, for the hook's picture; the
-            hook sets it to ``None`` once taken, so that the handle does not keep it alive.
+        copy: A tensor its sample covers whole: its contiguous copy, made in the hook (a later in-place op cannot
+            change it), also the source of its picture.
 
     Example:
         >>> small = SmallTensors(cpu_shortcut=False)
         >>> whole, large = start_summary(torch.tensor([1.0, 2.0]), 8, small), start_summary(torch.arange(20.0), 8, small)
-        >>> whole.row, large.row
-        (0, None)
-        >>> small.reduce()
+        >>> whole.copy is not None, large.made is not None
+        (True, True)
         >>> whole.finish(small, {}, bins=2).sum, large.finish(small, {}, bins=2).max
         (3.0, 19.0)
     """
 
-    # No __init__: made in a hook by ``PendingSummary()`` and an attribute or two, with no Python call (a logging
-    # step's host cost is its Python calls, one handle per tensor); the class gives what is not set.
-    made: Reduction | None = None
-    row: int | None = None
-    copy: torch.Tensor | None = None
-    #: Set by the hook that keeps it (:class:`~actviz.output.pending_step.TaggedReductions`): its layer's or
-    #: parameter's name, whether the loss scale multiplies it, and whether ranks merge it.
-    tag: str = ""
-    scaled: bool = False
-    mergeable: bool = False
+    # Slots, no __dict__: a logging step makes one handle per tensor (hundreds), and each dict would be one more
+    # object for the garbage collector to count and trace.
+    __slots__ = ("copy", "made", "mergeable", "row", "scaled", "tag")
+
+    def __init__(self, made: Reduction | None = None, row: int | None = None, copy: torch.Tensor | None = None) -> None:
+        self.made, self.row, self.copy = made, row, copy
+        #: Set by the hook that keeps it (:class:`~actviz.output.pending_step.TaggedReductions`): its layer's or
+        #: parameter's name, whether the loss scale multiplies it, and whether ranks merge it.
+        self.tag, self.scaled, self.mergeable = "", False, False
+
+    def join(self, small: SmallTensors) -> None:
+        """A whole copy becomes a row of ``small``: its header is then made on the device with the batch's
+        (``small.reduce()``), as ``merge_ranks`` needs, and :meth:`reduction` gives it."""
+        if self.made is None and self.copy is not None:
+            self.row, self.copy = small.add_copy(self.copy), None
 
     def reduction(self, small: SmallTensors | None) -> Reduction:
         """Its :class:`~actviz.summaries.header.Reduction`: the one made in the hook, or its row's in ``small``
         (complete once the batch is reduced, or received on the host), kept from then on."""
         if self.made is None:
-            assert self.row is not None
+            assert self.row is not None and small is not None, "a whole copy joins small first (join)"
             self.made = small.reduction(self.row)
         return self.made
 
@@ -137,43 +143,69 @@ class PendingSummary:
         last also holds ``max``. Counts come from the sample's finite values, scaled to the
         finite total when the sample is not the whole tensor.
         """
-        reduction = self.reduction(small)  # type: ignore[arg-type]
-        reduction.receive(host)
-        nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
-        numel = reduction.numel
+        counts, merged = np.zeros(bins), False
+        if self.made is None and self.copy is not None:  # copied whole: every value is on the host now
+            copy = host.get(id(self.copy), self.copy)
+            sample = copy.reshape(-1).to(torch.float64).numpy()
+            numel, stride = sample.size, 1
+            nonfinite, zeros, low, high, total, squares, spread = whole_numbers(sample)
+        else:
+            reduction = self.reduction(small)
+            reduction.receive(host)
+            nonfinite, zeros, low, high, total, squares, spread = reduction.numbers()
+            numel, stride = reduction.numel, reduction.stride
+            sample = reduction.sample_values() if reduction.numel else torch.empty(0)
+            sample = sample.to(torch.float64).numpy()
+            if reduction.counts is not None:  # merged across ranks between common edges
+                counts, merged = np.asarray(reduction.counts[reduction.index], dtype=float), True
         finite_count = numel - nonfinite
-        sample = reduction.sample_values() if reduction.numel else torch.empty(0)
-        sample = sample.to(torch.float64).numpy()
         if nonfinite:
             sample = sample[np.isfinite(sample)]
         if finite_count == 0:  # the row's +inf/-inf placeholders
             low = high = math.nan
-        counts = np.zeros(bins)
-        if reduction.counts is not None:  # merged across ranks between common edges
-            counts = np.asarray(reduction.counts[reduction.index], dtype=float)
-        elif finite_count and sample.size:
+        if not merged and finite_count and sample.size:
             if high > low:
                 index = ((sample - low) / ((high - low) / bins)).astype(np.intp)  # every value >= low: floor
                 counts = np.bincount(np.clip(index, 0, bins - 1, out=index), minlength=bins).astype(float)
             else:
                 counts[0] = sample.size
-            if reduction.stride > 1:
+            if stride > 1:
                 counts *= finite_count / sample.size
         return Summary(
             numel, nonfinite, zeros, float(low), float(high), float(total), float(squares), counts.tolist(), float(spread)
         )
 
 
+def whole_numbers(values: np.ndarray) -> tuple[int, int, float, float, float, float, float]:
+    """A header's numbers (:func:`~actviz.summaries.header.decode`) of every value of a tensor, in float64 on the host:
+    ``(nonfinite, zeros, min, max, sum, sum_squares, spread)`` over the finite values, NaN and ±Inf counted apart.
+
+    Example:
+        >>> whole_numbers(np.array([0.0, 2.0, np.nan, -1.0]))
+        (1, 1, -1.0, 2.0, 1.0, 5.0, 4.666666666666667)
+    """
+    finite = np.isfinite(values)
+    nonfinite = int(values.size - np.count_nonzero(finite))
+    zeros = int(values.size - np.count_nonzero(values))  # NaN and ±Inf are not zeros
+    if nonfinite:
+        values = values[finite]
+    if not values.size:
+        return nonfinite, zeros, math.inf, -math.inf, 0.0, 0.0, 0.0
+    total = float(values.sum())
+    deviations = values - total / values.size
+    return (nonfinite, zeros, float(values.min()), float(values.max()), total, float(np.dot(values, values)),
+            float(np.dot(deviations, deviations)))
+
+
 def start_summary(
     tensor: torch.Tensor, sample_size: int | None = DEFAULT_SAMPLE_SIZE, small: SmallTensors | None = None,
     count_zeros: bool = True, outliers: bool = False, units: tuple[float, ...] = (), strengths: bool = False,
-    keep_copy: bool = False,
 ) -> PendingSummary:
     """The device half of one tensor's summary, on the route chosen here and nowhere else.
 
-    The routes, in order: a plain floating tensor its sample covers whole is copied once as a row of the step's
-    ``small`` tensors (reduced with the others when the step ends, :mod:`actviz.summaries.small_tensors`), as is
-    a DTensor's or a subclass's local values; an empty tensor needs no op; ``ACTVIZ_FUSED=1`` compiles the header
+    The routes, in order: in a watcher's step (``small`` given), a plain floating tensor its sample covers whole is
+    copied once, whole (:attr:`PendingSummary.copy`: it goes to the host with the step's other tensors, and
+    :meth:`PendingSummary.finish` summarizes it there), as is a DTensor's or a subclass's local values; an empty tensor needs no op; ``ACTVIZ_FUSED=1`` compiles the header
     (:mod:`actviz.summaries.fused`); a float CPU tensor takes the CPU shortcut (:mod:`actviz.summaries.cpu_shortcut`)
     unless ``ACTVIZ_CPU_SHORTCUTS=0``; any other is read once by the one-pass op (:func:`reduce_in_one_pass`).
     Many tensors at once (parameters) take :func:`actviz.summaries.many_tensors.reduce_tensors`, which batches
@@ -190,7 +222,6 @@ def start_summary(
         strengths: Where the one-pass op summarizes a 4-D tensor (not a DTensor) by its
             :func:`~actviz.summaries.one_pass.channel_layout`, the reduction's ``strengths`` are each channel's mean
             ``|x|`` over sample 0, for its picture.
-        keep_copy: A row keeps its whole copy for the hook's picture (:attr:`PendingSummary.copy`).
 
     Raises:
         TypeError: A complex tensor.
@@ -199,19 +230,16 @@ def start_summary(
         numel = tensor.numel()
         if (type(tensor) is torch.Tensor and numel and (sample_size is None or numel <= sample_size)
                 and small.takes(tensor)):
-            copy = (tensor.detach() if tensor.requires_grad else tensor).clone(memory_format=torch.contiguous_format)
-            summary = PendingSummary()
-            summary.row = small.add_copy(copy)
-            if keep_copy:
-                summary.copy = copy
-            return summary
+            # Its whole copy is its summary: summarized on the host by finish.
+            return PendingSummary(copy=(tensor.detach() if tensor.requires_grad else tensor).clone(
+                memory_format=torch.contiguous_format))
     if tensor.is_complex():
         raise TypeError(f"cannot summarize a complex tensor ({tensor.dtype})")
     values = flat_view(local_shard(tensor))
     numel = values.numel()
     summary = PendingSummary()
     if small is not None and 0 < numel and (sample_size is None or numel <= sample_size) and small.takes(values):
-        summary.row = small.add_row(values)  # a DTensor's or a subclass's values: a row too
+        summary.copy = values.clone(memory_format=torch.contiguous_format)  # a DTensor's or a subclass's values
         return summary
     if numel == 0:
         summary.made = Reduction(0, 1, [0.0] * HEADER, 0, torch.empty(0), 0, 0)
@@ -248,8 +276,9 @@ def reduce_tensor(
     summary = start_summary(tensor, sample_size, small, count_zeros, outliers, units, strengths)
     if summary.made is not None:
         return summary.made
-    assert small is not None and summary.row is not None
-    return small.completed(summary.row)
+    assert small is not None
+    summary.join(small)
+    return small.completed(summary.row)  # type: ignore[arg-type]
 
 
 def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False,
@@ -268,9 +297,7 @@ def reduce_in_one_pass(values: torch.Tensor, stride: int, outliers: bool = False
 
 def finish(reduction: Reduction, bins: int = DEFAULT_BINS) -> Summary:
     """The host half of a summary whose reduction is on the host already: :meth:`PendingSummary.finish`."""
-    summary = PendingSummary()
-    summary.made = reduction
-    return summary.finish(None, {}, bins)
+    return PendingSummary(reduction).finish(None, {}, bins)
 
 
 def summarize(

@@ -1,14 +1,16 @@
-"""Small tensors of one step: one copy each in its hook, one packed copy at the step's end, reduced on the host.
+"""Small tensors of one step, reduced together: many parameters copied end to end, and merged rows.
 
-A tensor no larger than its histogram sample is kept whole as its sample anyway. On the
-accelerator path its hook makes one copy of it (:meth:`SmallTensors.add_copy`, one op) instead of
-reducing it there (five or more ops, and Python, per tensor: a micro ResNet-50 has over 200
-such tensors per logging step). When the step ends, :meth:`SmallTensors.pack` puts every copy of
-a device end to end in one flat tensor (one ``cat``, whatever their number): their samples,
-which go to the host with the step. The host has every value then, so the writer thread
-reduces them there (:meth:`SmallTensors.receive`), off the training thread and with no kernel
-on the device. Where the device needs the headers (``merge_ranks`` merges them across ranks),
-:meth:`SmallTensors.reduce` makes them on the device instead, in about 23 ops and no sync.
+A tensor no larger than its histogram sample is kept whole as its sample anyway. Many
+parameters of a device are copied end to end in one op (:meth:`SmallTensors.add_segments`, from
+:func:`~actviz.summaries.many_tensors.reduce_tensors`) instead of being reduced one by one there
+(five or more ops, and Python, per tensor). When the step ends, :meth:`SmallTensors.pack` lays
+each batch's copies out as one flat tensor: their samples, which go to the host with the step.
+The host has every value then, so the writer thread reduces them there
+(:meth:`SmallTensors.receive`), off the training thread and with no kernel on the device. Where
+the device needs the headers (``merge_ranks`` merges them across ranks, and a layer output's
+whole copy joins here, :meth:`SmallTensors.add`), :meth:`SmallTensors.reduce` makes them on the
+device instead, in about 23 ops and no sync. (A layer output or gradient copied whole in a hook
+is otherwise summarized on the host by itself: :class:`~actviz.summaries.one_tensor.PendingSummary`.)
 
 Either way :func:`~actviz.summaries.segments.reduce_segments` does it: segment sums and bounds (``torch.segment_reduce``;
 ``index_add_`` and ``scatter_reduce_`` where a device lacks it) over offsets made once for the
@@ -124,14 +126,9 @@ class SmallTensors:
         batch = self._batches.get(values.device)
         return self.takes(values) and batch is not None and bool(batch.copies) and batch.copies[0].dtype == values.dtype
 
-    def add_row(self, values: torch.Tensor) -> int:
-        """Keep a copy of ``values`` (floating, any shape), made now: a later in-place op cannot change it.
-        Its row, completed when reduced."""
-        return self.add_copy(values.clone(memory_format=torch.contiguous_format))
-
     def add_copy(self, copy: torch.Tensor) -> int:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
-        changes (:func:`~actviz.summaries.one_tensor.start_summary`'s copy). Its row, completed when reduced."""
+        changes. Its row, completed when reduced."""
         numel = copy.numel()
         batch = self._batches.get(copy.device)
         if batch is None or batch.stop + numel > CHUNK:  # the first of its device, or the open batch is full
@@ -144,8 +141,9 @@ class SmallTensors:
         return len(self._row_index) - 1
 
     def add(self, values: torch.Tensor, copied: bool = False) -> Reduction:
-        """:meth:`add_row` (:meth:`add_copy` if ``copied``), and its :class:`Reduction` at once (:meth:`completed`)."""
-        return self.completed(self.add_copy(values) if copied else self.add_row(values))
+        """Keep a copy of ``values`` (floating, any shape; ``values`` itself if ``copied``: a contiguous copy nothing
+        else changes), made now, and its :class:`Reduction` at once, completed when reduced (:meth:`completed`)."""
+        return self.completed(self.add_copy(values if copied else values.clone(memory_format=torch.contiguous_format)))
 
     def completed(self, row: int) -> Reduction:
         """A :class:`Reduction` of ``row`` made now, completed when its batch is reduced (:meth:`reduce`, :meth:`receive`)."""

@@ -27,6 +27,7 @@ from .attention import AttentionMode, attention_logits, attention_modules
 from ..pictures.gradcam import gradcam_overlay
 from ..common.owned_hooks import HookHandles
 from ..pictures.rendering import Picture, draw_grid
+from ..selection import layer_tag_names
 from ..tags import ATTENTION_MAPS
 
 ROLLOUT = "(rollout)"
@@ -86,7 +87,8 @@ def record_attention(model: nn.Module) -> Iterator[list[tuple[str, torch.Tensor]
         [('self_attn', (2, 5, 5)), ('(rollout)', (1, 5, 5))]
     """
     found: list[tuple[str, torch.Tensor]] = []
-    modules = attention_modules(model)
+    tag_names = layer_tag_names(model)  # the names every tag uses (bert.encoder.layer.0.attention.self -> 0.self)
+    modules = [(tag_names.get(name, name), module) for name, module in attention_modules(model)]
     if not modules:
         yield found
         return

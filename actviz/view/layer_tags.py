@@ -1,15 +1,15 @@
 """Which layer and which statistic a TensorBoard tag is about: the one parser of the actviz tab and ``actviz export``.
 
 A per-layer statistic is a scalar tag of :mod:`actviz.tags` with a ``{layer}`` or ``{param}`` in its pattern.
-Its *statistic* is the pattern without that part (``activation_stats/{layer}/std`` -> ``activation_stats/std``),
+Its *statistic* is the pattern without that part (``activation_stats/std@{layer}`` -> ``activation_stats/std``),
 its *layer* the part itself. Scalars under ``~activation_stats/`` or ``~gradient_stats/`` that no pattern names
 (a :class:`~actviz.statistics.layer_statistic.LayerStatistic` of your own) are read as
-``{prefix}/{layer}/{statistic}`` too, so the tab shows every per-layer statistic the run holds.
+``{prefix}/{statistic}@{layer}`` too, so the tab shows every per-layer statistic the run holds.
 
 Example:
-    >>> parse_tag("~gradient_stats/features.0/norm")
+    >>> parse_tag("~gradient_stats/norm@features.0")
     ('gradient_stats/norm', 'features.0')
-    >>> parse_tag("~update_ratio/fc.weight"), parse_tag("~activation_stats/fc/my_kurtosis")
+    >>> parse_tag("~update_ratio/fc.weight"), parse_tag("~activation_stats/my_kurtosis@fc")
     (('update_ratio', 'fc.weight'), ('activation_stats/my_kurtosis', 'fc'))
     >>> parse_tag("loss") is None, parse_tag("~gradient_noise/simple") is None
     (True, True)
@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable
 
 from ..run_reader import _table_layers as table_layers  # the layers text's one parser, shared with actviz diff
-from ..tags import ACTIVATION_STAT, GRADIENT_STAT, PATTERNS, TENSORBOARD_PREFIX
+from ..tags import ACTIVATION_STAT, GRADIENT_STAT, PATTERNS, TENSORBOARD_PREFIX, layer_statistic_of
 
 __all__ = ["FIRST_STATISTICS", "label", "layer_order", "parse_tag", "statistic_order", "table_layers"]
 
@@ -34,7 +34,7 @@ FIRST_STATISTICS = ("gradient_stats/norm", "activation_stats/std", "activation_s
 _PLACES = ("{layer}", "{param}")
 _PER_LAYER = [
     (re.compile("^" + re.escape(pattern).replace(re.escape(place), "(?P<layer>.+)") + "$"),
-     pattern.replace("/" + place, "").replace(place + "/", ""))
+     pattern.replace("/" + place, "").replace("@" + place, "").replace(place + "/", ""))
     for pattern in PATTERNS for place in _PLACES if place in pattern and "{statistic}" not in pattern
 ]
 _OWN_STATISTICS = tuple(pattern.split("{")[0] for pattern in (ACTIVATION_STAT, GRADIENT_STAT))
@@ -47,10 +47,9 @@ def parse_tag(tag: str) -> tuple[str, str] | None:
         found = matcher.match(name)
         if found:
             return statistic, found["layer"]
-    if name.startswith(_OWN_STATISTICS) and name.count("/") >= 2:
-        prefix, rest = name.split("/", 1)
-        layer, statistic = rest.rsplit("/", 1)
-        return f"{prefix}/{statistic}", layer
+    parts = layer_statistic_of(name) if name.startswith(_OWN_STATISTICS) else None
+    if parts is not None:
+        return f"{parts[0]}/{parts[1]}", parts[2]
     return None
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..diagnosis.alerts import parse_alert_lines
+from ..diagnosis.colour_scale import FRACTIONS, colour_floor
 from ..common._tensorboard_internals import scalar_arrays
 from ..run_diff import STATISTICS, NoRunToCompare
 from ..tags import ACTIVATIONS, ALERTS, FEATURE_MAPS, GRADIENTS, LAYERS, TENSORBOARD_PREFIX
@@ -193,7 +194,9 @@ class RunData:
             "run": run, "statistic": statistic, "label": label(statistic), "layers": layers,
             "first_steps": bins.first_steps, "last_steps": bins.last_steps,
             "max": RawJSON(bins.matrix_json("max")), "last": RawJSON(bins.matrix_json("last")),
-            "low": float(sizes.min()) if sizes.size else None, "high": float(sizes.max()) if sizes.size else None,
+            # the colour scale's ends: from the statistic's floor (noise is the darkest colour), a fraction's to 1
+            "low": max(float(sizes.min()), colour_floor(statistic)) if sizes.size else None,
+            "high": (1.0 if statistic.rsplit("/", 1)[-1] in FRACTIONS else float(sizes.max())) if sizes.size else None,
             "points": sum(len(steps) for steps, _ in series.values()),
         }
         self.cache[key] = shown
