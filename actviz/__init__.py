@@ -8,7 +8,7 @@ Example:
     >>> import tempfile, torch, actviz
     >>> model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16, 2))
     >>> with tempfile.TemporaryDirectory() as runs, actviz.watch(model, runs) as viz:
-    ...     model(torch.randn(8, 3, 4, 4)).sum().backward()  # step 0: logged (every=100 by default)
+    ...     model(torch.randn(8, 3, 4, 4)).sum().backward()  # step 0: logged (the default logs steps 0-9, then every 10th up to 990, then every 100th)
     ...     viz.flush()
     ...     print(viz.layer_names, sorted(viz.latest.images))
     ['0', '3'] ['0']

@@ -6,6 +6,7 @@ leaves no hook and no run folder behind.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -17,6 +18,7 @@ from torch import nn
 
 from .diagnosis.alerts import Alert, check_alerts
 from .capture.compiled_model import unwrap_compiled
+from .common._internals import note_backward_roots
 from .diagnosis.step_diagnosis import make_diagnosis
 from .output.open_watchers import watching
 from .extras import Probe as ActvizProbe
@@ -27,8 +29,9 @@ from .output.sink import FanOutSink, check_sink
 from .output.step_callbacks import StepCallbacks
 from .output.tensorboard import TensorBoardSink, use_fast_crc
 from .capture.probe import ProbeForward, check_probe, gradcam_layers, try_probe
+from .output.run_notes import RunNotes
 from .output.run_folders import check_name_lengths, warn_if_reused, warn_if_shared
-from .schedule import Schedule, ScheduleSpec
+from .schedule import DEFAULT_IMAGE_PERIOD, Schedule, ScheduleSpec
 from .selection import LayerSpec, layer_display_name, layer_tag_names, select_layers
 from .statistics import LayerStatistic, resolve_statistics
 from .watcher import Watcher
@@ -156,7 +159,7 @@ def watch(
     log_dir: str | os.PathLike[str] | None = None,
     *,
     sink: Any = None,
-    every: ScheduleSpec = 100,
+    every: ScheduleSpec | None = None,
     image_every: ScheduleSpec | None = None,
     layers: LayerSpec | Iterable[LayerSpec] | None = None,
     statistics: Sequence[str | LayerStatistic] | None = None,
@@ -185,11 +188,14 @@ def watch(
             ``close()`` (:class:`actviz.output.sink.Sink`), which gets each step's
             :class:`~actviz.common.results.StepResults` on the writer thread and ``close()`` when the watcher
             closes; one that raises is warned about once and training goes on. Sinks alone write no folder.
-        every: When to log histograms and statistics: every N steps (step 0 included), a collection
-            of step numbers (a ``range`` of any length), a function ``step -> bool``, or ``False`` for
-            never. Python ints, not tensors.
-        image_every: When to log feature maps; same forms as ``every``, which it defaults to.
-            ``image_every=False`` turns pictures off.
+        every: When to log histograms and statistics: every N steps (step 0 included, exactly every N), a
+            collection of step numbers (a ``range`` of any length), a function ``step -> bool``, or ``False``
+            for never. Python ints, not tensors. ``None``, the default, is dense at first, then every 100:
+            steps 0 to 9, every 10th up to 990, then every 100th (:func:`actviz.schedule.default_step`), so
+            that a short run draws a curve and a long one logs as ``every=100`` would.
+        image_every: When to log feature maps; same forms as ``every``. ``None`` is ``every``'s schedule when
+            ``every`` is given, and every 100 steps (step 0 included) when it is not: the default's dense
+            start logs no pictures. ``image_every=False`` turns pictures off.
         layers: Which layers to watch. ``None`` means every module that owns parameters
             (Conv, Linear, norms, Embedding, RNNs, attention). Otherwise one or a list of:
             a module type (``nn.Conv2d``), a keyword (``"conv"``, ``"relu"``, ``"all"``: see
@@ -205,7 +211,9 @@ def watch(
             after each stats step; it holds a copy of the watched parameters for one step),
             ``"update_rms"``, ``"update_lost"``, ``"adam_epsilon"`` (of the update each stats step's optimizer
             step applies: its RMS, the fraction rounding dropped, the fraction where Adam's ε exceeds √v̂;
-            docs/diagnosis.md), ``"gradient_noise"`` (docs/gradient-noise.md), and ``"transformer"`` for ``"attention"``,
+            docs/diagnosis.md), ``"gradient_noise"`` (docs/gradient-noise.md), ``"loss"`` (the value of the tensor
+            each stats step's backward pass starts from, as ``loss/backward_root``: the loss; in the default set
+            unless ``sink`` is a ``SummaryWriter`` of yours, where your own loss is), and ``"transformer"`` for ``"attention"``,
             ``"outliers"`` and ``"logits"``. The default set runs the transformer ones on models with an
             attention module and ``"moe"`` on models with a MoE, router, gate or expert module; named, they
             run on any model.
@@ -232,7 +240,7 @@ def watch(
         options: Sizes and mechanics, an :class:`actviz.Options`: histogram bins and sample size, channels
             per grid, tuple outputs, ``auto_step``, ``strict``, the AMP ``grad_scaler``, ``merge_ranks``, and
             ``flow_pictures`` (the ``flow/*`` pictures, off by default: TensorBoard's actviz tab and ``actviz export``
-            show every layer over time from the scalars).
+            show every layer over time from the scalars), and ``quiet`` (no line at the start and end of the run).
 
     Returns:
         The open :class:`Watcher`. It is also a context manager.
@@ -277,6 +285,9 @@ def watch(
         flow_pictures=options.flow_pictures, **chosen_statistics,
     )
     update_ratio = capture.update_ratio
+    writer, user_sinks = _sinks(sink)
+    if capture.loss is None:  # auto: a SummaryWriter of the user's has the user's own loss
+        capture = dataclasses.replace(capture, loss=writer is None)
     probe_extra, spikes_extra = check_extras(extras)
     probe = None if probe_extra is None else probe_extra.batch
     gradcam = None if probe_extra is None else probe_extra.gradcam
@@ -286,8 +297,11 @@ def watch(
         raise TypeError(f"on_alert must be a function alert -> None, got {type(on_alert).__name__}: {on_alert!r}")
     if spikes and capture.merge_ranks:  # rank 0 alone would log the steps after a spike: the ranks would wait
         raise ValueError("extras=[actviz.Spikes()] cannot be combined with Options(merge_ranks=True); use one or the other")
-    stats_schedule = Schedule.parse(every, "every")
-    image_schedule = stats_schedule if image_every is None else Schedule.parse(image_every, "image_every")
+    stats_schedule = Schedule.default() if every is None else Schedule.parse(every, "every")
+    if image_every is not None:
+        image_schedule = Schedule.parse(image_every, "image_every")
+    else:  # the default's dense start draws no pictures: they are the dear part of a step
+        image_schedule = Schedule.parse(DEFAULT_IMAGE_PERIOD) if every is None else stats_schedule
     if stats_schedule.never and image_schedule.never:
         raise ValueError(
             "every=False with image_every left out or False logs nothing; turn off one kind only: "
@@ -295,7 +309,6 @@ def watch(
         )
     if on_step is not None and not callable(on_step):
         raise TypeError(f"on_step must be a function results -> None, got {type(on_step).__name__}: {on_step!r}")
-    writer, user_sinks = _sinks(sink)
     if log_dir is not None and writer is not None:
         raise ValueError("give log_dir or a SummaryWriter as sink=, not both: actviz writes to one SummaryWriter")
     if log_dir is not None:
@@ -312,6 +325,8 @@ def watch(
     if probe is not None:
         try_probe(model, probe, cam_layers)  # one no-grad eval forward that leaves the model as it was
 
+    if capture.loss:
+        note_backward_roots()  # process-wide, once: see actviz.common._internals.note_backward_roots
     sink = None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
         if writer is not None or log_dir is not None or not user_sinks:  # TensorBoard
@@ -339,4 +354,9 @@ def watch(
     )
     if sink is not None and sink.writer is not None:
         warn_if_shared(sink.writer.get_logdir(), viz, type(unwrap_compiled(model)).__name__)
+    if sink is not None:  # the logging rank: a word on what is watched and where it goes
+        viz.notes = RunNotes(type(unwrap_compiled(model)).__name__, len(viz.layer_names),
+                             None if sink.writer is None else str(sink.writer.get_logdir()), stats_schedule,
+                             image_schedule, options.quiet, tuple(type(item).__name__ for item in user_sinks))
+        viz.notes.start()
     return viz

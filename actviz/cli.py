@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .diagnosis.doctor import add_doctor_parser, doctor
 from .options import CaptureOptions
@@ -214,6 +216,21 @@ def _run_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _print(text: str, stream: Any) -> None:
+    """Print ``text``; a reader that stopped reading (``actviz doctor --json | head -1``) ends it quietly, as
+    other commands do: the rest goes to ``os.devnull``, so that Python's own flush at exit raises nothing either."""
+    try:
+        print(text, file=stream)
+        stream.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``actviz`` command; returns the exit code.
 
@@ -229,15 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "doctor":
         status, text = doctor(args.run_dir, as_json=args.json)
-        print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
+        _print(text, sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
         return status
     if args.command == "diff":
         status, text = diff(args.run_a, args.run_b, rtol=args.rtol, atol=args.atol, as_json=args.json)
-        print(text, file=sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
+        _print(text, sys.stderr if status == EXIT_USAGE and not args.json else sys.stdout)
         return status
     if args.command == "export":
         status, text = run_export(args)
-        print(text, file=sys.stderr if status else sys.stdout)
+        _print(text, sys.stderr if status else sys.stdout)
         return status
     try:
         CaptureOptions(max_channels=args.max_channels)  # the watcher's check and message

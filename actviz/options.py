@@ -74,6 +74,10 @@ class Options:
         flow_pictures: Also draw the ``flow/*`` pictures, every layer over time as a PNG, on image steps
             (docs/diagnosis.md). Off by default: TensorBoard's actviz tab and ``actviz export`` draw the same view
             from the scalars; turn them on for a sink of your own or a TensorBoard without the tab.
+        quiet: Say nothing at the start and end of the run (:mod:`actviz.output.run_notes`): no line saying what is
+            watched and where it goes, none with the steps logged and the commands that show them. The
+            environment variable ``ACTVIZ_QUIET=1`` does the same for every watcher. Warnings and alerts are not
+            affected.
 
     Raises:
         TypeError: A value of the wrong type, named.
@@ -101,10 +105,11 @@ class Options:
     grad_scaler: Any = None
     merge_ranks: bool = False
     flow_pictures: bool = False
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
-        for name in ("auto_step", "strict", "merge_ranks", "flow_pictures"):
+        for name in ("auto_step", "strict", "merge_ranks", "flow_pictures", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_grad_scaler(self.grad_scaler)
@@ -163,6 +168,9 @@ class CaptureOptions:
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
         with_defaults: With ``statistics`` a tuple: run the built-ins on by default too (``statistics=["default", ...]``).
+        loss: Log the value of the tensor each stats step's backward pass starts from as ``loss/backward_root``
+            (:mod:`actviz.capture.output_gradients`): ``None`` where actviz writes its own folder (and not into
+            a ``SummaryWriter`` the user owns, where the user logs a loss), ``True`` always, ``False`` never.
         flow_pictures: Draw the ``flow/*`` pictures (:mod:`actviz.diagnosis.flow`) on image steps. Off by default:
             TensorBoard's actviz tab (:mod:`actviz.view`) draws the same layers x steps view from the scalars;
             turn them on for a sink of your own or a TensorBoard without the tab.
@@ -193,9 +201,12 @@ class CaptureOptions:
     gradient_noise: bool = False
     with_defaults: bool = False
     flow_pictures: bool = False
+    loss: bool | None = None
 
     def __post_init__(self) -> None:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
+        if self.loss not in (None, True, False):
+            raise TypeError(f"loss must be None (auto), True or False, got {self.loss!r}")
         for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults", "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")

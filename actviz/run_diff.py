@@ -211,7 +211,8 @@ def format_comparison(comparison: Comparison, rtol: float, atol: float) -> str:
     lines = [
         f"the runs part at step {first.step}, layer {_shown(first.layer)} ({where}): "
         f"{first.statistic} {_number(first.a)} vs {_number(first.b)}",
-        f"compared: {compared}; every step before {first.step} agrees",
+        f"compared: {compared}; " + (f"every common step before {first.step} agrees" if first.step != steps[0]
+                                     else f"they part at their first common step, {first.step}: none before it"),
     ]
     if where == "gradient":
         lines.append("only gradients differ at this step: the backward pass parts at the last of these layers")

@@ -227,6 +227,27 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f"; the model's layers include {preview}" if preview else ""
 
 
+def _class_hint(word: str, modules: list[tuple[str, nn.Module]]) -> str:
+    """``"; 'Linear' is a class name: ..."`` where ``word`` names a module class (the model's, or ``torch.nn``'s), not a layer.
+
+    Example:
+        >>> _class_hint("Linear", [("0", nn.Linear(2, 2))])
+        "; 'Linear' is a class name, not a layer name: pass the class, layers=nn.Linear (1 of this model's modules are one)"
+    """
+    classes = {type(module).__name__: type(module) for _, module in modules}
+    found = classes.get(word) or next((cls for name, cls in classes.items() if name.lower() == word.lower()), None)
+    if found is None:
+        found = getattr(nn, word, None) if isinstance(getattr(nn, word, None), type) else None
+        found = found or next((getattr(nn, name) for name in dir(nn) if name.lower() == word.lower()
+                               and isinstance(getattr(nn, name), type) and issubclass(getattr(nn, name), nn.Module)), None)
+    if not (isinstance(found, type) and issubclass(found, nn.Module)):
+        return ""
+    count = sum(isinstance(module, found) for _, module in modules)
+    spelled = f"nn.{found.__name__}" if getattr(nn, found.__name__, None) is found else found.__name__
+    held = f"{count} of this model's modules are one" if count else "this model has none"
+    return f"; {word!r} is a class name, not a layer name: pass the class, layers={spelled} ({held})"
+
+
 def _match_one(spec: LayerSpec, modules: list[tuple[str, nn.Module]]) -> list[str]:
     """Names matched by one spec, raising with a helpful message when none match."""
     names = [name for name, _ in modules]
@@ -239,7 +260,7 @@ def _match_one(spec: LayerSpec, modules: list[tuple[str, nn.Module]]) -> list[st
                 raise ValueError(f"layer pattern {spec!r} matches no layer{_did_you_mean(spec, names)}")
             return matched
         if spec not in names:
-            raise ValueError(f"unknown layer {spec!r}{_did_you_mean(spec, names)}")
+            raise ValueError(f"unknown layer {spec!r}{_class_hint(spec, modules) or _did_you_mean(spec, names)}")
         return [spec]
     if isinstance(spec, type):
         if not issubclass(spec, nn.Module):

@@ -70,6 +70,7 @@ GRADIENT_STAT = "gradient_stats/{statistic}@{layer}"
 WEIGHT_STAT = "weight_stats/{statistic}@{param}"  # a statistic of target "parameter"; no built-in has one
 WEIGHT_GRAD_STAT = "weight_grad_stats/{statistic}@{param}"
 GRAD_SCALE = "amp/grad_scale"
+LOSS = "loss/backward_root"  # the value of the tensor a stats step's backward pass starts from
 LAYERS = "layers"
 ALERTS = "alerts"
 FLOW = "flow/{statistic}"
@@ -125,6 +126,9 @@ ROWS = (
     Row("Scalars", _stats(GRADIENT_STAT, "kurtosis"), "with `\"gradient_kurtosis\"`: the output gradient's kurtosis"),
     Row("Scalars", _stats(WEIGHT_GRAD_STAT, "kurtosis"), "with `\"weight_grad_kurtosis\"`: the kurtosis of each "
         "parameter's gradient"),
+    Row("Scalars", (LOSS,), "the value of the tensor each stats step's backward pass starts from: the loss of "
+        "`loss.backward()` (of `scaler.scale(loss)`, divided by the scale); statistic `\"loss\"`, on unless you "
+        "give your own `SummaryWriter`", readme=True),
     Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `Options(grad_scaler=)`", readme=True),
     Row("Scalars", (UPDATE_RATIO,), "with `\"update_ratio\"`: ‖w_after − w_before‖ / ‖w_before‖"),
     Row("Scalars", _stats(UPDATE_STAT, "rms", "lost_fraction", "epsilon_fraction"), "with `\"update_rms\"`, "

@@ -25,8 +25,10 @@ from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahea
 from .diagnosis.step_diagnosis import Alert, Diagnosis
 from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
+from .common.safe_warnings import done_speaking_for, speak_for
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
+from .output.run_notes import RunNotes, end_of_run, subject_of
 from .options import CaptureOptions
 from .common.results import StepResults
 from .output.sink import Sink
@@ -66,7 +68,9 @@ class Watcher:
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
         self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, _last_started_step_of(self))
         self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), _last_started_step_of(self))
-        self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
+        self._subject = subject_of(type(unwrap_compiled(model)).__name__, sink)  # what its warnings name: "Net → runs/x"
+        self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks,
+                                                        subject=self._subject)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
         self._options = options
@@ -75,12 +79,13 @@ class Watcher:
         self._next_step = 0
         self._last_started_step: int | None = None
         self._open = OpenSteps(None if self._writer is None else self._writer.deliver)
-        self._notices = Notices()
+        self._notices = Notices(self._subject)
         self._history = LoopHistory()
         self._layers_described = False
         self._skipped: set[str] = set()
         self._lazy = any(is_lazy(param) for _, param in self._parameters)  # nn.LazyLinear before its first forward
         self._closed = False
+        self.notes: RunNotes | None = None  # the start and end lines, set by actviz.watch on the logging rank
         self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
         if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
@@ -121,6 +126,11 @@ class Watcher:
         return self._next_step
 
     @property
+    def counted_steps(self) -> int:
+        """How many training forwards started a step (eval, no-grad and later micro-batch forwards are not counted)."""
+        return self._silences.steps
+
+    @property
     def alerts(self) -> list[Alert]:
         """Every health alert so far, oldest first (:class:`~actviz.diagnosis.alerts.Alert`); call :meth:`flush` first."""
         return [] if self._diagnosis is None else list(self._diagnosis.alerts)
@@ -131,32 +141,22 @@ class Watcher:
 
     @property
     def dropped_steps(self) -> int:
-        """Logging steps that were not written: the writer did not answer in time, the event file could not be
-        written (a full disk), or they came after :meth:`close`.
-
-        A sink that has not returned within ``actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS`` is warned
-        about once and no longer waited for; the steps it cannot take are counted here. A step that TensorBoard's
-        event file cannot take (``ENOSPC``, ``EFBIG``, ``EIO``) is counted too, after one warning naming the
-        folder; the steps after are written once there is room. Call :meth:`close` (or :meth:`flush`) first to
-        count the last ones.
-        """
+        """Logging steps not written: a sink that did not return within ``actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS``
+        (warned once, then not waited for), an event file that could not take them (``ENOSPC``, ``EFBIG``, ``EIO``:
+        warned once, naming the folder; later steps are written once there is room), or steps after :meth:`close`.
+        Call :meth:`close` (or :meth:`flush`) first to count the last ones."""
         return 0 if self._writer is None else self._writer.dropped_steps
 
     @property
     def latest(self) -> StepResults | None:
-        """The results of the last step written, or ``None`` before the first.
-
-        ``viz.latest.statistics()`` gives every tag's count, mean, std, min, max, norm and
-        NaN/Inf count. Call :meth:`flush` first to be sure the step just taken is in.
-        """
+        """The results of the last step written, or ``None`` before the first: ``viz.latest.statistics()`` gives every
+        tag's count, mean, std, min, max, norm and NaN/Inf count. Call :meth:`flush` first for the step just taken."""
         return None if self._writer is None else self._writer.latest
 
     @property
     def layer_table(self) -> str | None:
-        """The watched layers as a markdown table (name, type, output shape, parameters), once a step logged.
-
-        The same table is written as the text summary ``layers`` at the first stats step.
-        """
+        """The watched layers as a markdown table (name, type, output shape, parameters), once a step logged; also
+        written as the text summary ``layers`` at the first stats step."""
         return None if self._writer is None else self._writer.layer_table
 
     def show(self, height: int = 900) -> Any:
@@ -207,6 +207,7 @@ class Watcher:
             self._closed = self._open.forget() or True
             return
         self._closed = True
+        speak_for(self._subject)
         if self._on_writer_thread():  # from on_step: the hooks go later, on the training thread
             self._writer.close()  # type: ignore[union-attr]
             return
@@ -220,9 +221,11 @@ class Watcher:
         finally:
             self._silences.close()
             unregister(self.model, self)
+            done_speaking_for(self._subject)
         if self._writer is not None:
             self._writer.close()
         self._finalizer.detach()
+        _collect(errors, lambda: end_of_run(self, self._silences.logging_steps, self._notices))
         if errors and self.strict:
             raise errors[0]
         for error in errors:
@@ -315,6 +318,7 @@ class Watcher:
         want_images = want_images and writes  # only rank 0 draws: its own sample 0 (stats alone from others)
         if not (want_stats or want_images):
             return
+        speak_for(self._subject)  # the hooks' warnings on this thread name this watcher
         if self._slots.follow():  # a layer replaced since watch(): hook the new one, log its parameters
             self._parameters = parameters_of(self._slots.root, [module for _, module in self._layers])
         pictures = []

@@ -12,8 +12,8 @@ cross of a random colour, size and place on a noisy background.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
-import os
 import random
 import time
 
@@ -87,6 +87,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4,
                         help="Adam's learning rate (default: 5e-4; 10 makes the run diverge, for the alerts)")
     args = parser.parse_args()
+    # actviz says what it watches, where it goes and, at the end, how to look, through the logger "actviz"
+    # (on a terminal it says so even without this): shown here wherever the output goes.
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("actviz").setLevel(logging.INFO)
 
     torch.manual_seed(0)
     train_x, train_y = make_dataset(4096, 32, seed=0)
@@ -99,7 +103,6 @@ def main() -> None:
     # shows the same shape over training; alerts are on by default (see docs/diagnosis.md).
     viz = actviz.watch(model, args.logdir, every=args.every, image_every=args.image_every,
         extras=[actviz.Probe(test_x[:1])])
-    print(f"watching {len(viz.layer_names)} layers: {', '.join(viz.layer_names)}")
     start, step = time.monotonic(), 0
     with viz:
         while time.monotonic() - start < args.seconds:
@@ -120,10 +123,9 @@ def main() -> None:
                 viz.writer.add_scalar("demo/loss", loss.item(), viz.step)
                 viz.writer.add_scalar("demo/test_accuracy", accuracy, viz.step)
                 print(f"step {step:5d}  loss {loss.item():.3f}  test accuracy {accuracy:.1%}")
-    print(f"\ntrained {step} steps in {time.monotonic() - start:.0f} s; the run is in {args.logdir}")
-    print(f"health alerts: {len(viz.alerts)}" + "".join(f"\n  {alert.message}" for alert in viz.alerts))
-    print(f"check it without TensorBoard:\n\n    actviz doctor {args.logdir}\n")
-    print(f"view it with:\n\n    tensorboard --logdir {os.path.dirname(os.path.normpath(args.logdir)) or '.'}\n")
+    # actviz's end line, said at close (the end of the with block above), gave the steps logged, the alerts
+    # and the commands that show the run.
+    print(f"trained {step} steps in {time.monotonic() - start:.0f} s")
 
 
 if __name__ == "__main__":

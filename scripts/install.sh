@@ -62,7 +62,10 @@ else
     estimate="about 20 to 60 seconds"
 fi
 echo "== 2/2 actviz $version from $PWD, editable ($target), with what it needs: $packages; $estimate"
-run python -m pip install --quiet --disable-pip-version-check -e "$target"
+# editable_mode=compat puts the clone's folder on sys.path: its actviz/ package then wins over a folder named
+# actviz that a script's own folder holds (this clone itself, run from its parent), which a default editable
+# install loses to ("module 'actviz' has no attribute 'watch'").
+run python -m pip install --quiet --disable-pip-version-check -e "$target" --config-settings editable_mode=compat
 echo "   actviz took $((SECONDS - step)) s"
 if [ "$dry_run" = 1 ]; then
     echo "== dry run: nothing was installed"

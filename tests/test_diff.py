@@ -63,6 +63,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     train(root / "a")
     train(root / "a_again")
     train(root / "output_at_4", output_from=4)
+    train(root / "output_at_0", output_from=0)
     train(root / "still", learn=False)
     train(root / "output_at_3", output_from=3, learn=False)
     train(root / "gradient_at_4", gradient_from=4)
@@ -94,6 +95,16 @@ def test_a_scaled_output_parts_at_its_first_logged_step_and_names_that_layer(
     first = found["first_divergence"]
     assert (status, first["step"], first["layer"], first["statistic"]) == (1, 4, "2", "activation_mean")
     assert first["b"] == pytest.approx(1.5 * first["a"], rel=1e-5)  # the mean of an output scaled by 1.5
+
+
+def test_runs_that_part_at_their_first_common_step_claim_no_step_before_it(
+        runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["diff", str(runs / "a"), str(runs / "output_at_0")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("the runs part at step 0, layer 2 (output)")
+    assert lines[1].endswith("; they part at their first common step, 0: none before it")
+    assert main(["diff", str(runs / "a"), str(runs / "output_at_4")]) == 1
+    assert capsys.readouterr().out.splitlines()[1].endswith("; every common step before 4 agrees")
 
 
 def test_a_change_between_logged_steps_shows_at_the_next_logged_step(

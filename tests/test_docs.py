@@ -83,10 +83,13 @@ def run_page(page: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple
 
 
 def _check_readme(namespace: dict, printed: str, folder: Path) -> None:
-    # The one line: steps 0 and 100 of 150, every watched layer, pictures and gradients.
+    # The one line: the default schedule's 24 of 150 steps (0-9, 10, 20, ..., 140), every watched layer, gradients
+    # and the loss; pictures at steps 0 and 100.
     run = Run(folder / "runs" / "exp1")
+    default_steps = [*range(10), *range(10, 150, 10)]
     assert run.image_steps("feature_maps/0") == [0, 100]
-    assert run.histogram_steps("gradients/3") == [0, 100] and run.histogram_steps("weight_grads/3.weight") == [0, 100]
+    assert run.histogram_steps("gradients/3") == default_steps == run.histogram_steps("weight_grads/3.weight")
+    assert [event.step for event in run.scalar_events("loss/backward_root")] == default_steps
     # Reading results: the last written step is 100, read after flush().
     assert printed.splitlines()[1].startswith("100 ")
     assert hooks_left(namespace["model"]) == NO_HOOKS

@@ -355,3 +355,48 @@ def test_json_answers_in_json_whatever_happens(tmp_path):
                 assert any("cannot be read" in problem["reason"] for problem in report["problems"]), report
     finally:
         locked.chmod(0o755)
+
+
+def test_the_trend_counts_zeros_and_draws_a_flat_series_flat():
+    from actviz.diagnosis.doctor_text import trend as _trend
+
+    # a gradient that fell to exactly 0: the zeros are drawn, below the lowest bar, and it ends "to 0"
+    assert _trend([0.01, 0.34, 0.0, 0.0, 0.0]) == "▁█___ to 0"
+    assert _trend([0.0, 0.0, 2.0]) == "__▄ from 0"
+    # a change of 1.0x in noise is flat, in the middle; a decade or more fills the height, last / first after it
+    assert _trend([1.0, 1.0001, 0.9999, 1.0]) == "▄▄▄▄ x1"
+    assert _trend([1.0, 2.0]) == "▃▅ x2"  # log10(2) = 0.3 of a decade: 3 -/+ 1.05 bars
+    assert _trend([1.0, 10.0, 100.0]) == "▁▅█ x1e+02"
+
+
+def test_the_alert_table_stays_aligned_for_long_rule_and_layer_names():
+    from actviz.diagnosis.doctor import RunHealth
+    from actviz.diagnosis.doctor_text import format_run
+
+    alerts = [{"step": 3, "rule": "nonfinite", "layer": "fc", "message": "first"},
+              {"step": 120, "rule": "exploding_activations", "layer": "encoder.layer.0.attention.self.query",
+               "message": "second"},
+              {"step": 7, "rule": "dead_units", "layer": None, "message": "third"}]
+    lines = format_run(RunHealth("runs/x", 120, [], alerts)).splitlines()
+    rows = lines[lines.index("3 alert(s):") + 1:]
+    assert [row.index(message) for row, message in zip(rows, ("first", "second", "third"))] == [rows[1].index("second")] * 3
+    assert [row.index(layer) for row, layer in zip(rows, ("fc", "encoder", "-"))] == [rows[1].index("encoder")] * 3
+
+
+def test_doctor_help_prints_no_raw_control_character(capsys):
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "escaped (\\x1b, \\x0a, ...)" in shown
+
+
+def test_a_reader_that_stops_reading_ends_doctor_json_quietly(tmp_path, monkeypatch):
+    train(tmp_path, small_cnn())
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `actviz doctor --json | head -1`: head has read its line and gone
+    stdout = os.fdopen(write_end, "w")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert main(["doctor", str(tmp_path), "--json"]) == 0  # no BrokenPipeError
+    stdout.write("more")
+    stdout.flush()  # what Python does at exit: the descriptor now goes to os.devnull, no error either
+    stdout.close()

@@ -288,7 +288,7 @@ def test_reinforce_episode_spanning_two_multiples_of_the_default_every(tmp_path,
     policy = Policy()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with actviz.watch(policy, tmp_path):  # default every=100
+        with actviz.watch(policy, tmp_path, every=100):
             reinforce(policy, episodes)
     run = read_run(tmp_path)
     assert run.histogram_steps("weight_grads/affine1.weight") == [0, 100, 200]

@@ -38,6 +38,8 @@ def test_install_script_says_what_it_installs_and_how_long(extra: str | None) ->
     assert re.search(r"about \d+ to \d+ (seconds|minutes)", plan)
     assert "1/2 PyTorch" in out and "nothing was installed" in out
     assert "(dry run, not run) python -m pip install" in out
+    # a path entry, not an import hook: a folder named actviz beside a user's script cannot shadow the clone's package
+    assert "--config-settings editable_mode=compat" in out
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[str]:

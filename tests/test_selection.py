@@ -9,6 +9,7 @@ import torchvision
 from torch import nn
 
 import actviz
+from conftest import NO_HOOKS, hooks_left
 from actviz.schedule import Schedule
 from actviz.selection import ROOT_NAME, default_layers, select_layers
 
@@ -209,6 +210,16 @@ def test_no_default_layers_says_what_is_true_and_every_suggestion_works(model, s
             model(torch.randn(2, 3))
             viz.flush()
             assert viz.latest is not None and viz.latest.activations
+
+
+def test_a_class_name_as_a_string_is_told_to_pass_the_class():
+    model = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"^unknown layer 'Linear'; 'Linear' is a class name, not a layer name: pass "
+                                         r"the class, layers=nn\.Linear \(2 of this model's modules are one\)$"):
+        actviz.watch(model, layers="Linear")
+    with pytest.raises(ValueError, match=r"layers=nn\.Conv2d \(this model has none\)$"):
+        actviz.watch(model, layers="conv2d")
+    assert hooks_left(model) == NO_HOOKS
 
 
 def bert_like() -> nn.Module:

@@ -285,7 +285,7 @@ def test_the_examples_of_docs_steps_run_and_warn_only_where_they_say(monkeypatch
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "steps.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     monkeypatch.chdir(tmp_path)
     for block in blocks:
         exec(compile(block, "docs/steps.md", "exec"), {})

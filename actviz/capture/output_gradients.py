@@ -19,7 +19,10 @@ way: :func:`~actviz.common._internals.backward_runs_every_edge`). The second tes
 whose leaves are not the parameters actviz sees: FSDP's gathered copies, a frozen network's input.
 
 The first gradient of a training pass queues a callback on the autograd engine (as DDP does), which
-tells the step's :class:`~actviz.capture.step_end.StepEnd` when that pass is over.
+tells the step's :class:`~actviz.capture.step_end.StepEnd` when that pass is over. With ``"loss"`` in the
+statistics, the first training pass of a step also keeps the tensor it started from
+(:func:`~actviz.common._internals.backward_root`): a one-element float tensor, the loss of ``loss.backward()``, is
+written as ``loss/backward_root`` (divided by the AMP scale where the pass carries one).
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ import torch
 from torch import nn
 
 from ..common._internals import backward_accumulates, backward_pass_id, backward_runs_every_edge
-from ..common._internals import queue_end_of_backward
+from ..common._internals import backward_root, queue_end_of_backward
 from ..common.owned_hooks import OwnedHook, Removable
 from ..options import CaptureOptions
 from ..output.pending_step import PendingStep
 from ..statistics.gradient_noise import GradientNoise
 from ..statistics.layer_statistic import summary_request, take_values
 from ..summaries.one_tensor import start_summary
+from ..tags import LOSS
 from .layer_outputs import output_tensors
 from .step_end import Stage, StepEnd
 from .step_parameters import StepParameters
@@ -93,6 +97,7 @@ class OutputGradients:
         self._callback_queued = False  # a backward pass under way reached a watched output: its end is awaited
         self._pass: int | None = None  # the backward pass last judged (backward_pass_id), and whether it trains
         self._pass_trains = True
+        self._root_taken = not options.loss  # the first training pass's root is the step's loss/backward_root
 
     @property
     def hooked(self) -> bool:
@@ -175,10 +180,20 @@ class OutputGradients:
         """Ask autograd to tell the step's end when this backward pass ends (as DDP does)."""
         self._callback_queued = True
         self._parameters.take_loss_scale()
+        if not self._root_taken:
+            self._root_taken = True
+            self._take_root()
         try:
             queue_end_of_backward(self._on_backward_end)
         except Exception:
             logger.debug("could not queue an end-of-backward callback", exc_info=True)
+
+    def _take_root(self) -> None:
+        """Keep the tensor this training pass started from, a one-element float tensor (the loss), as the step's
+        ``loss/backward_root``: a view of it goes with the step's one copy to the host (no op, no sync here)."""
+        root = backward_root()
+        if root is not None and root.numel() == 1 and root.is_floating_point() and not root.is_nested:
+            self._pending.add_scalar(LOSS, root.detach().reshape(()), self._parameters.scale_taken, join_small=True)
 
     def _on_backward_end(self) -> None:
         self._callback_queued = False

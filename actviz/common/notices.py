@@ -15,13 +15,22 @@ _TEXTS = {
               "os.fork()). Call actviz.watch() in each process that should log, with its own log_dir. Warned once.",
     "dropped": "actviz logs no weight_grads for step {step}: no optimizer that holds them applied the gradients its "
                "backward made (zero_grad() came first, as in a GAN generator's update through the discriminator, or "
-               "the run ended). Warned once per run.",
+               "the run ended). In a GAN, number the steps by iteration: options=actviz.Options(auto_step=False) and "
+               "viz.set_step(iteration) (docs/training-setups.md, 'Several optimizers, several backward passes per "
+               "step'). Warned once per run.",
     "no_backward": "actviz logs no gradients for step {step}: its forward got no backward pass (another backward "
                    "updated the watched parameters first, or more forwards ran). If your loop calls the model more "
                    "than once per optimizer step, call it under torch.no_grad() where its output is not "
                    "backpropagated (a GAN generator's forward for the discriminator step), or number the steps "
-                   "yourself with actviz.watch(..., options=actviz.Options(auto_step=False)) and viz.set_step(step) before the forward you "
-                   "want logged. Warned once per run.",
+                   "yourself: options=actviz.Options(auto_step=False) and viz.set_step(iteration) before the "
+                   "forward you want logged, so that every watched model counts iterations (docs/training-setups.md, "
+                   "'Several optimizers, several backward passes per step'). Warned once per run.",
+    "step_axes": "actviz counted {steps} steps of this model and {other_steps} of {other}, watched in the same "
+                 "process: their step axes do not match, so one step number is a different moment for each (a GAN's "
+                 "discriminator runs two forwards an iteration, its generator one). Number both by iteration: "
+                 "options=actviz.Options(auto_step=False) for each, and viz.set_step(iteration) before each "
+                 "model's forward (docs/training-setups.md, 'Several optimizers, several backward passes per "
+                 "step'). Warned once.",
     "compiled": "actviz could not log step {step}: the model ran compiled. It was compiled after watch() in a process "
                 "that had not imported torch.compile when watch() ran; later logging steps run eagerly and log. "
                 "Compile before watch() (or import torch._dynamo first) to log this step too. Warned once.",
@@ -41,14 +50,15 @@ class Notices:
         (1, True)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, subject: str | None = None) -> None:
         self._given: set[str] = set()
+        self._subject = subject  # the watcher its warnings name: "Net → runs/x"
 
     def once(self, kind: str, **values: object) -> None:
         """Warn the notice ``kind`` (a key of the texts above) unless it was given already."""
         if kind not in self._given:
             self._given.add(kind)
-            warn_safely(_TEXTS[kind].format(**values), RuntimeWarning, stacklevel=3)
+            warn_safely(_TEXTS[kind].format(**values), RuntimeWarning, stacklevel=3, subject=self._subject)
 
     def skipped(self, name: str, error: BaseException) -> None:
         """A hook failed: ``name`` is skipped from now on (once per name)."""
@@ -58,4 +68,4 @@ class Notices:
     def once_text(self, kind: str, text: str) -> None:
         if kind not in self._given:
             self._given.add(kind)
-            warn_safely(text, RuntimeWarning, stacklevel=3)
+            warn_safely(text, RuntimeWarning, stacklevel=3, subject=self._subject)

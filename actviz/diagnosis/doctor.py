@@ -25,6 +25,7 @@ from typing import Any
 from ..output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
 from ..tags import ALERTS, TENSORBOARD_PREFIX, layer_statistic_of
 from .alerts import parse_alert_lines
+from .doctor_text import format_run, problem_line
 
 __all__ = [
     "DOCTOR_DESCRIPTION", "DOCTOR_EPILOG", "EXIT_ALERTS", "EXIT_DAMAGED", "EXIT_HEALTHY", "EXIT_NO_RUN",
@@ -33,7 +34,6 @@ __all__ = [
 
 #: ``actviz doctor``'s exit statuses: no alert, an alert, no actviz run in RUN_DIR, a damaged event file.
 EXIT_HEALTHY, EXIT_ALERTS, EXIT_NO_RUN, EXIT_DAMAGED = 0, 1, 2, 3
-_SPARKS = "▁▂▃▄▅▆▇█"
 
 DOCTOR_DESCRIPTION = """\
 Read a training run's TensorBoard event files and say what is wrong, without TensorBoard:
@@ -64,7 +64,7 @@ reading the table:
 exit codes: 0 no alert, 1 at least one alert, 2 no actviz run in RUN_DIR,
   3 a damaged event file (bad checksum, cut short, undecodable record): it is named with
   the step it is read to, and everything before the damage and in other files is reported.
-Names are printed with control characters escaped (\x1b, \x0a, ...).
+Names are printed with control characters escaped (\\x1b, \\x0a, ...).
 See docs/diagnosis.md for every rule, its threshold and what to do about it.
 """
 
@@ -282,50 +282,6 @@ def diagnose_runs(root: str | Path, problems: list[FileProblem] | None = None) -
     return runs
 
 
-def _shown(text: object) -> str:
-    """``text`` for a terminal: control characters and undecodable bytes escaped, not sent raw."""
-    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in str(text))
-
-
-def _problem_line(problem: FileProblem) -> str:
-    return f"{_shown(problem.path)}: {_shown(problem.reason)}"
-
-
-def _number(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return "nan" if math.isnan(value) else f"{value:.3g}"
-
-
-def _trend(values: list[float]) -> str:
-    finite = [value for value in values if math.isfinite(value) and value > 0]
-    if len(finite) < 2:
-        return "-"
-    logs = [math.log10(value) for value in finite]
-    low, high = min(logs), max(logs)
-    spark = "".join(_SPARKS[0 if high == low else round((v - low) / (high - low) * 7)] for v in logs)
-    return f"{spark} x{finite[-1] / finite[0]:.2g}"
-
-
-def format_run(health: RunHealth) -> str:
-    """The report of one run as text: the layer table, then the alerts."""
-    rows = [("layer", "grad norm", "trend", "act std", "zero frac", "nan/inf")]
-    for layer in health.layers:
-        rows.append((_shown(layer.layer), _number(layer.gradient_norm), _trend(layer.gradient_trend),
-                     _number(layer.activation_std), _number(layer.zero_fraction), str(layer.nonfinite)))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = [f"run {_shown(health.path)} (last step {health.last_step})", ""]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    lines.append("")
-    if health.alerts:
-        lines.append(f"{len(health.alerts)} alert(s):")
-        lines += [f"  step {a['step']:>6}  {_shown(a['rule']):<20} {_shown(a['layer'] or '-'):<16} {_shown(a['message'])}"
-                  for a in health.alerts]
-    else:
-        lines.append("no alerts")
-    return "\n".join(lines)
-
-
 def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
     """``(exit status, text)`` of ``actviz doctor run_dir``: 0 healthy, 1 alerts, 2 no actviz run, 3 a damaged file.
 
@@ -357,7 +313,7 @@ def doctor(run_dir: str | Path, as_json: bool = False) -> tuple[int, str]:
         return status, json.dumps(_no_nan(report), indent=2)
     text = "\n\n".join(format_run(run) for run in runs)
     if problems:
-        text += ("\n\n" if text else "") + "\n".join(_problem_line(problem) for problem in problems)
+        text += ("\n\n" if text else "") + "\n".join(problem_line(problem) for problem in problems)
     return status, text
 
 
@@ -365,7 +321,7 @@ def _no_run(reason: str, problems: list[FileProblem], as_json: bool, label: str 
     """Exit status 2, with ``reason`` as text or as ``{"error": ...}``."""
     if as_json:
         return EXIT_NO_RUN, json.dumps({"error": reason, "status": EXIT_NO_RUN, "problems": [asdict(p) for p in problems]})
-    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(_problem_line(p) for p in problems)])
+    return EXIT_NO_RUN, "\n".join([f"actviz doctor: {label}{reason}", *(problem_line(p) for p in problems)])
 
 
 def _no_nan(value: Any) -> Any:

@@ -196,9 +196,4 @@ class Silences:
 
 
 def _describe(schedule: Schedule) -> str:
-    if schedule.period is not None:
-        return f"every {schedule.period} steps"
-    if schedule.steps is not None:
-        return "steps " + ", ".join(str(step) for step in sorted(schedule.steps)[:5]) + (
-            ", ..." if len(schedule.steps) > 5 else "")
-    return "a predicate" if schedule.predicate is not None else "never"
+    return schedule.describe()

@@ -16,7 +16,10 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["register", "unregister", "watching"]
+__all__ = ["register", "steps_apart", "unregister", "watching"]
+
+#: Two watchers of one process whose step counts differ by this factor or more count different things.
+STEPS_APART = 1.5
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,22 @@ def unregister(model: nn.Module, watcher: Any) -> None:
     found = _open.get(model)
     if found is not None and found() is watcher:
         del _open[model]
+
+
+def steps_apart(watcher: Any, steps: int) -> tuple[str, int] | None:
+    """Another open watcher numbering its own steps (``auto_step``) whose count is :data:`STEPS_APART` x or more
+    from ``watcher``'s ``steps``: ``(its model's class name, its count)``. Their step axes do not match: a GAN's
+    discriminator counts two forwards an iteration, its generator one. ``None`` if there is none."""
+    if not watcher.auto_step or steps < 10:
+        return None
+    for ref in list(_open.values()):
+        other = ref()
+        if other is None or other is watcher or other.closed or not other.auto_step:
+            continue
+        counted = other.counted_steps
+        if counted >= 10 and max(counted, steps) >= STEPS_APART * min(counted, steps):
+            return type(other.model).__name__, counted
+    return None
 
 
 def _close_open_watchers() -> None:

@@ -250,7 +250,7 @@ class PendingStep:
         #: ``amp/grad_scale``, and the scaled summaries are divided by it on the host, so the GPU never waits to read it.
         self.loss_scale: torch.Tensor | None = None
         self._pictures: list[Picture] = []
-        self._scalars: list[tuple[str, torch.Tensor]] = []
+        self._scalars: list[tuple[str, torch.Tensor | int, bool]] = []  # a tensor, or a row of self.small
         self._texts: dict[str, str] = {}
         #: Each per-layer statistic's device half (:mod:`actviz.statistics`), finished on the host after the summaries.
         self.layer_values = LayerValues()
@@ -282,9 +282,15 @@ class PendingStep:
         self.small.reduce()
         return [(f"{kind.name}/{summary.tag}", summary.reduction(self.small)) for kind, summary in merged]
 
-    def add_scalar(self, tag: str, value: torch.Tensor) -> None:
-        """Keep a 0-dim tensor, written as the scalar ``tag``."""
-        self._scalars.append((tag, value))
+    def add_scalar(self, tag: str, value: torch.Tensor, scaled: bool = False, join_small: bool = False) -> None:
+        """Keep a one-element tensor, written as the scalar ``tag``; ``scaled``: divided by the loss scale on the
+        host. With ``join_small``, where the step's small tensors of its device take it at no cost
+        (:meth:`SmallTensors.joins <actviz.summaries.small_tensors.SmallTensors.joins>`), it is a row of their
+        packed copy (it must not change until the step ends): no op of its own."""
+        if join_small and self.small.joins(value):
+            self._scalars.append((tag, self.small.add_copy(value.reshape(1)), scaled))
+        else:
+            self._scalars.append((tag, value, scaled))
 
     def add_host_work(self, finish: Callable[[StepResults, list[torch.Tensor]], None], *tensors: torch.Tensor) -> None:
         """Carry ``tensors`` to the host with the step; ``finish(results, host_tensors)`` runs on the writer thread."""
@@ -325,8 +331,9 @@ class PendingStep:
                 unique[id(source)] = source
         if self.loss_scale is not None:
             unique[id(self.loss_scale)] = self.loss_scale
-        for _, value in self._scalars:
-            unique[id(value)] = value
+        for _, value, _ in self._scalars:
+            if not isinstance(value, int):  # a row of self.small goes with its batch
+                unique[id(value)] = value
         for _, carried in self._host_work:
             for tensor in carried:
                 unique[id(tensor)] = tensor
@@ -354,8 +361,9 @@ class PendingStep:
             (results.pictures if picture.full_tag else results.images)[picture.tag] = image
         if self.loss_scale is not None:
             results.scalars[GRAD_SCALE] = scale
-        for tag, value in self._scalars:
-            results.scalars[tag] = float(host[id(value)])
+        for tag, value, scaled in self._scalars:
+            found = self.small.row_sample(value) if isinstance(value, int) else host[id(value)]
+            results.scalars[tag] = float(found.reshape(-1)[0]) / (scale if scaled else 1.0)
         for work, carried in self._host_work:
             work(results, [host[id(tensor)] for tensor in carried])
         self.layer_values.finish(host, results)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..common.results import StepResults
+from ..common.safe_warnings import speak_for, user_site
 from ..tags import LAYERS
 from .once_warnings import OnceWarnings
 from .pending_step import PendingStep
@@ -99,9 +100,11 @@ class Writer:
     def __init__(
         self, sink: Sink, strict: bool = False, on_step: Callable[[StepResults], None] | None = None,
         diagnose: Callable[[StepResults], None] | None = None, max_pending: int = 2,
-        callbacks: StepCallbacks | None = None,
+        callbacks: StepCallbacks | None = None, subject: str | None = None,
     ) -> None:
         self.sink = sink
+        self.subject = subject  # what its warnings name ("Net → runs/x"), and the user's watch() line they point at
+        self._site = user_site()
         self.strict = strict
         self.latest: StepResults | None = None
         self.layer_table: str | None = None
@@ -357,6 +360,7 @@ class Writer:
     # -- the writer thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        speak_for(self.subject, self._site)  # this thread runs no user code: its warnings point at watch()
         while True:
             try:
                 pending = self._queue.get(timeout=POLL_SECONDS)

@@ -1,8 +1,8 @@
 """The built-in statistics, and which of them a watcher runs: ``watch(statistics=...)``.
 
 ``statistics=`` names every per-step number a watcher writes (:data:`NAMES`): the per-layer
-statistics of :data:`BUILT_IN`, and the step-wide ones, ``"attention"``, ``"moe"``, ``"update_ratio"`` and
-``"gradient_noise"``. ``"default"`` is the default set (what ``statistics=None`` runs), so that adding to it
+statistics of :data:`BUILT_IN`, and the step-wide ones, ``"attention"``, ``"moe"``, ``"update_ratio"``,
+``"gradient_noise"`` and ``"loss"``. ``"default"`` is the default set (what ``statistics=None`` runs), so that adding to it
 is one line, ``statistics=["default", "update_ratio"]``; ``"transformer"`` is short for ``"attention"``,
 ``"outliers"`` and ``"logits"``. :func:`resolve_statistics` turns the list into the fields of
 :class:`~actviz.options.CaptureOptions` that capture reads.
@@ -49,6 +49,7 @@ STEP_WIDE: dict[str, str] = {
     "moe": "mixture-of-experts router health (docs/moe.md)",
     "update_ratio": "update_ratio/{param}, the relative change of each parameter across the next update",
     "gradient_noise": "gradient_noise/simple, the gradient noise scale (docs/gradient-noise.md)",
+    "loss": "loss/backward_root, the value of the tensor each logging step's backward pass starts from",
 }
 
 #: Names that stand for several: ``"default"`` for the default set, ``"transformer"`` for the transformer set.
@@ -78,7 +79,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
     """
     if value is None:
         return {"statistics": None, "with_defaults": False, "transformer_stats": None, "moe": None,
-                "update_ratio": False, "gradient_noise": False}
+                "update_ratio": False, "gradient_noise": False, "loss": None}
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         check_statistics(value)  # raises its TypeError
     items = list(value)
@@ -100,6 +101,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
         "moe": True if "moe" in named else None if with_defaults else False,
         "update_ratio": "update_ratio" in named,
         "gradient_noise": "gradient_noise" in named,
+        "loss": True if "loss" in named else None if with_defaults else False,
     }
 
 

@@ -120,6 +120,12 @@ class SmallTensors:
         """Whether ``values`` (its sample whole) is batched: a floating tensor not on the CPU shortcut."""
         return values.numel() <= SMALL_MAX and values.is_floating_point() and not (self._cpu_shortcut and values.is_cpu)
 
+    def joins(self, values: torch.Tensor) -> bool:
+        """Whether ``values`` can be added to an open batch of its device at no cost: :meth:`takes` it, and the batch
+        holds copies of its dtype already (a cat over one more input is the same op; another dtype would promote)."""
+        batch = self._batches.get(values.device)
+        return self.takes(values) and batch is not None and bool(batch.copies) and batch.copies[0].dtype == values.dtype
+
     def add_copy(self, copy: torch.Tensor) -> int:
         """Keep ``copy``, a contiguous floating tensor of at most :data:`SMALL_MAX` elements that nothing else
         changes. Its row, completed when reduced."""
