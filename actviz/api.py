@@ -18,7 +18,6 @@ from torch import nn
 
 from .diagnosis.alerts import Alert, check_alerts
 from .capture.compiled_model import unwrap_compiled
-from .common._internals import note_backward_roots
 from .diagnosis.step_diagnosis import make_diagnosis
 from .output.open_watchers import watching
 from .extras import Probe as ActvizProbe
@@ -325,8 +324,6 @@ def watch(
     if probe is not None:
         try_probe(model, probe, cam_layers)  # one no-grad eval forward that leaves the model as it was
 
-    if capture.loss:
-        note_backward_roots()  # process-wide, once: see actviz.common._internals.note_backward_roots
     sink = None
     if _is_logging_rank():  # created last, so a bad argument leaves no folder behind
         if writer is not None or log_dir is not None or not user_sinks:  # TensorBoard

@@ -21,13 +21,15 @@ whose leaves are not the parameters actviz sees: FSDP's gathered copies, a froze
 The first gradient of a training pass queues a callback on the autograd engine (as DDP does), which
 tells the step's :class:`~actviz.capture.step_end.StepEnd` when that pass is over. With ``"loss"`` in the
 statistics, the first training pass of a step also keeps the tensor it started from
-(:func:`~actviz.common._internals.backward_root`): a one-element float tensor, the loss of ``loss.backward()``, is
-written as ``loss/backward_root`` (divided by the AMP scale where the pass carries one).
+(:func:`~actviz.common._internals.backward_root`, read from the training thread's ``torch.autograd.backward``
+frame): a one-element float tensor, the loss of ``loss.backward()``, is written as ``loss/backward_root``
+(divided by the AMP scale where the pass carries one).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -98,6 +100,7 @@ class OutputGradients:
         self._pass: int | None = None  # the backward pass last judged (backward_pass_id), and whether it trains
         self._pass_trains = True
         self._root_taken = not options.loss  # the first training pass's root is the step's loss/backward_root
+        self._thread = threading.get_ident()  # the training thread, which calls backward(): where its root is read
 
     @property
     def hooked(self) -> bool:
@@ -191,7 +194,7 @@ class OutputGradients:
     def _take_root(self) -> None:
         """Keep the tensor this training pass started from, a one-element float tensor (the loss), as the step's
         ``loss/backward_root``: a view of it goes with the step's one copy to the host (no op, no sync here)."""
-        root = backward_root()
+        root = backward_root(self._thread)
         if root is not None and root.numel() == 1 and root.is_floating_point() and not root.is_nested:
             self._pending.add_scalar(LOSS, root.detach().reshape(()), self._parameters.scale_taken, join_small=True)
 

@@ -33,7 +33,8 @@ function                               private API
 :func:`child_modules`                  ``Module._modules``
 :func:`forward_depth`                  ``Module._call_impl``'s frames (``sys._getframe``)
 :func:`traced_here`                    ``torch._guards.CompileContext.try_get``
-:func:`note_backward_roots`            none: a side effect, ``torch.autograd.backward`` wrapped once per process
+:func:`frame_outside`                  ``sys._getframe``
+:func:`backward_root`                  ``torch.autograd.backward``'s frame and its ``tensors`` (``sys._current_frames``)
 =====================================  ===========================================
 
 The summaries also call ``_foreach`` ops (``torch._foreach_norm``, ``_foreach_max``...) directly: aten operators
@@ -43,9 +44,9 @@ taking a list of tensors in one dispatch (PyTorch's optimizers are built on them
 
 from __future__ import annotations
 
-import functools
-import itertools
+import inspect
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +54,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "backward_accumulates", "backward_pass_id", "backward_root", "note_backward_roots", "backward_runs_every_edge", "batch_and_instance_norm_types",
+    "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
     "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "traced_here", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
@@ -124,59 +125,35 @@ def backward_runs_every_edge() -> bool | None:
     return True
 
 
-_backward_roots: dict[int, Any] = {}  # the tensors each backward call now running started from, oldest first
-_backward_calls = itertools.count()
-_original_backward: Callable[..., Any] | None = None
+#: The code of ``torch.autograd.backward`` (``Tensor.backward`` calls it), unwrapped: the frame that holds a pass's roots.
+_AUTOGRAD_BACKWARD = inspect.unwrap(torch.autograd.backward).__code__
 
 
-def note_backward_roots() -> None:
-    """Wrap ``torch.autograd.backward`` once per process, so that a hook of a backward pass can read the tensor
-    the pass starts from (:func:`backward_root`): the loss, in ``loss.backward()``.
+def backward_root(thread: int | None = None) -> torch.Tensor | None:
+    """The one tensor the ``torch.autograd.backward`` call now running on ``thread`` (a thread id; this thread by
+    default) started from, the innermost call where they nest: the loss, in ``loss.backward()``. ``None`` where no
+    such call runs there, or it started from several tensors.
 
-    Why a side effect: the autograd engine starts from the loss's ``grad_fn`` with a gradient of 1 and keeps
-    no reference to the loss itself; ``Tensor.backward`` calls ``torch.autograd.backward``, looked up when
-    called, which is the one place that sees it. The wrapper keeps a reference for the length of the call
-    (a dict entry, no op, no sync) and calls the original as it was called. ``torch.autograd.grad`` is not
-    wrapped. Fail-safe: where the attribute cannot be set, nothing changes and no loss is logged.
-    """
-    global _original_backward
-    if _original_backward is not None:
-        return
-    original = torch.autograd.backward
-
-    @functools.wraps(original)
-    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        call = next(_backward_calls)
-        _backward_roots[call] = tensors
-        try:
-            return original(tensors, *args, **kwargs)
-        finally:
-            _backward_roots.pop(call, None)
-
-    try:
-        torch.autograd.backward = backward
-    except Exception:  # noqa: BLE001 - fail safe: no loss scalar
-        return
-    _original_backward = original
-
-
-def backward_root() -> torch.Tensor | None:
-    """The one tensor the backward call now running started from (the latest call when they nest), or ``None``:
-    not started through ``torch.autograd.backward``, or from several tensors.
+    Why private: the autograd engine starts from the loss's ``grad_fn`` with a gradient of 1 and keeps no
+    reference to the loss; the frame of ``torch.autograd.backward`` on the thread that called it does, as its
+    local ``tensors``. A hook of the pass reads it there (``sys._current_frames`` where the hook runs on one of
+    autograd's device threads while the caller waits): nothing is wrapped or patched, no op, no sync.
 
     Example:
-        >>> note_backward_roots()
         >>> found = []
         >>> weight = torch.ones(2, requires_grad=True)
         >>> _ = weight.register_hook(lambda grad: found.append(backward_root()))
         >>> loss = (weight * 3).sum()
         >>> loss.backward()
-        >>> found[0] is loss
-        True
+        >>> found[0] is loss, backward_root()
+        (True, None)
     """
-    if not _backward_roots:
+    frame = sys._getframe() if thread is None or thread == threading.get_ident() else sys._current_frames().get(thread)
+    while frame is not None and frame.f_code is not _AUTOGRAD_BACKWARD:
+        frame = frame.f_back
+    if frame is None:
         return None
-    root = next(reversed(_backward_roots.values()))
+    root = frame.f_locals.get("tensors")
     if isinstance(root, (tuple, list)):
         root = root[0] if len(root) == 1 else None
     return root if isinstance(root, torch.Tensor) else None
@@ -357,6 +334,15 @@ def forward_depth(module: nn.Module) -> int:
     while frame is not None:
         depth, frame = depth + (frame.f_code is code and frame.f_locals.get("self") is module), frame.f_back
     return depth
+
+
+def frame_outside(prefixes: tuple[str, ...]) -> Any:
+    """The innermost frame of this thread's stack, from the caller's caller out, whose file does not start with one
+    of ``prefixes``; ``None`` if every frame's does. What a warning points at: the user's line."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
+        frame = frame.f_back
+    return frame
 
 
 def traced_here() -> bool:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import sysconfig
 import threading
 import warnings
 from typing import Any
+
+from ._internals import frame_outside
 
 __all__ = ["Site", "done_speaking_for", "speak_for", "user_site", "warn_once", "warn_safely"]
 
@@ -48,14 +49,8 @@ def user_site() -> Site | None:
         >>> site is None or not site[0].startswith(_ACTVIZ)
         True
     """
-    library = _library()
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not filename.startswith(library):
-            return filename, frame.f_lineno, frame.f_globals
-        frame = frame.f_back
-    return None
+    frame = frame_outside(_library())
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
 
 
 def speak_for(subject: str | None, site: Site | None = None) -> None:
