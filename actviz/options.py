@@ -162,6 +162,8 @@ class CaptureOptions:
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
+        gradient_clipping: Log the global gradient norm before and after clipping, the clip coefficient and each
+            layer's share on stats steps (:mod:`actviz.capture.clip_norms`); on by default.
         with_defaults: With ``statistics`` a tuple: run the built-ins on by default too (``statistics=["default", ...]``).
         flow_pictures: Draw the ``flow/*`` pictures (:mod:`actviz.diagnosis.flow`) on image steps. Off by default:
             TensorBoard's actviz tab (:mod:`actviz.view`) draws the same layers x steps view from the scalars;
@@ -191,12 +193,14 @@ class CaptureOptions:
     moe: bool | None = None
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
+    gradient_clipping: bool = True
     with_defaults: bool = False
     flow_pictures: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
-        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults", "flow_pictures"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "gradient_clipping", "with_defaults",
+                     "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

@@ -76,6 +76,9 @@ MOE = "moe/{layer}/{statistic}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
+CLIP_NORMS = ("gradient_clipping/pre_clip_norm", "gradient_clipping/post_clip_norm", "gradient_clipping/coefficient")
+CLIP_SHARE = "gradient_clipping/share/{layer}"
+CLIP_TOP_LAYERS = "gradient_clipping/top_layers"
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
 GRADIENT_NOISE = ("gradient_noise/simple", "gradient_noise/grad_squared", "gradient_noise/trace_sigma")
 
@@ -121,8 +124,12 @@ ROWS = (
         "parameter's gradient"),
     Row("Scalars", (GRAD_SCALE,), "the AMP loss scale, with `Options(grad_scaler=)`", readme=True),
     Row("Scalars", (UPDATE_RATIO,), "with `\"update_ratio\"`: ‖w_after − w_before‖ / ‖w_before‖"),
-    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms of the steps "
-        "before a spike"),
+    Row("Scalars", CLIP_NORMS, "the global gradient norm before clipping (what backward produced, complete after "
+        "accumulation), after it (what the optimizer applies, as `weight_grads/*` show), and after / before "
+        "(1: no clipping) ([diagnosis](diagnosis.md))"),
+    Row("Scalars", (CLIP_SHARE,), "each layer's share of the squared global gradient norm before clipping"),
+    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms before clipping of "
+        "the steps before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
         "attention health, with `\"attention\"` ([transformers](transformers.md))"),
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
@@ -134,6 +141,7 @@ ROWS = (
         "outliers of the layer's output, with `\"outliers\"`"),
     Row("Text", (LAYERS,), "once: each watched layer's name, type, output shape and parameter count", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
+    Row("Text", (CLIP_TOP_LAYERS,), "the 3 layers with the largest shares of the gradient norm before clipping"),
 )
 
 #: Every tag pattern of :data:`ROWS`, in order.

@@ -36,7 +36,7 @@ from .capture.probe import ProbeForward, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
-from .diagnosis.spikes import SpikeRecorder
+from .capture.step_norms import StepNorms, step_norms_of
 from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
@@ -64,7 +64,12 @@ class Watcher:
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
-        self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, _last_started_step_of(self))
+        self._history = LoopHistory()
+        # every optimizer step's gradient norms before and after clipping, on rank 0: gradient_clipping/*, spikes
+        self._norms = None if diagnosis is None or not (diagnosis.judges_spikes or options.gradient_clipping) else (
+            step_norms_of(unwrap_compiled(model), self._layers, _last_started_step_of(self)))
+        self._history.step_norms = self._norms if options.gradient_clipping else None
+        self._spikes = diagnosis and self._norms and diagnosis.spike_recorder(self._norms)
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
@@ -75,7 +80,6 @@ class Watcher:
         self._last_started_step: int | None = None
         self._open = OpenSteps(None if self._writer is None else self._writer.deliver)
         self._notices = Notices()
-        self._history = LoopHistory()
         self._layers_described = False
         self._skipped: set[str] = set()
         self._lazy = any(is_lazy(param) for _, param in self._parameters)  # nn.LazyLinear before its first forward
@@ -90,7 +94,7 @@ class Watcher:
         self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
         # Dropped without close() (its model gone too): the writer thread writes what is queued and ends.
-        self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._spikes)
+        self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._norms)
         self._finalizer.atexit = False  # at exit, open_watchers closes the watchers still alive
 
     @property
@@ -210,7 +214,7 @@ class Watcher:
             return
         errors: list[Exception] = []
         try:  # each part idempotent: a second close() finishes what an interrupted one left
-            for part in (self._remove_root_hook, self._spikes and self._spikes.close, self._end_open_steps,
+            for part in (self._remove_root_hook, self._norms and self._norms.close, self._end_open_steps,
                          lambda: self._silences.check(closing=True)):
                 if part:
                     _collect(errors, part)
@@ -305,7 +309,7 @@ class Watcher:
         if (step := self._count_step()) is None:
             return  # the step goes on: a later micro-batch
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
-        if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
+        if self._spikes and self._spikes.forces(step, want_stats or want_images):  # the steps after a spike log in full
             want_stats = want_images = True
         self._silences.saw_step(step, want_stats or want_images)
         writes = self._writer is not None  # rank 0, or the only process
@@ -377,8 +381,8 @@ def _collect(errors: list[Exception], part: Callable[[], object]) -> None:
 
 
 def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
-    """The spike recorder's clock: the watcher's last started step, read through a weak reference, so that
-    the recorder (listening to every optimizer step of the process) never keeps a dropped watcher alive."""
+    """The gradient norms' clock: the watcher's last started step, read through a weak reference, so that
+    the norms (listening to every optimizer step of the process) never keep a dropped watcher alive."""
     ref = weakref.ref(watcher)
 
     def last_started_step() -> int | None:
@@ -388,8 +392,8 @@ def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
     return last_started_step
 
 
-def _end_dropped(writer: Writer | None, spikes: SpikeRecorder | None) -> None:
-    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, stops
-    the spike recorder and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
+def _end_dropped(writer: Writer | None, norms: StepNorms | None) -> None:
+    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, takes
+    the gradient-norm hooks off and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
     if writer is not None:
-        writer.end_when_idle(then=spikes.close if spikes else None)
+        writer.end_when_idle(then=norms.close if norms else None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from ..common._internals import forward_hooks
 from ..common.safe_warnings import warn_safely
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
+from .clip_norms import finish_clip_norms
+from .step_norms import StepNorms
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
 from ..output.pending_step import LayerValues, PendingStep
@@ -63,6 +66,7 @@ class LoopHistory:
     layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
     statistic_lookup: tuple[list[tuple[str, nn.Module]], Chosen] | None = None
     noise: NoiseRun | None = None  # statistics=[..., "gradient_noise"]: the model's batch dimension, the causes warned about
+    step_norms: StepNorms | None = None  # the gradient norms before and after clipping of every optimizer step
 
     def noise_run(self, model: nn.Module) -> NoiseRun:
         """The gradient noise scale's state shared by the steps (:class:`~actviz.statistics.gradient_noise.NoiseRun`)."""
@@ -155,6 +159,7 @@ class StepParameters:
         self.statistics: tuple[tuple[Any, ...], tuple[Any, ...]] = ((), ())
         self._grad_values: LayerValues | None = None
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
+        self._clip_row: torch.Tensor | None = None  # the step's norms before and after clipping (gradient_clipping)
 
     def reduce_values(self) -> None:
         """Reduce the parameters as they are now, at the start of the step."""
@@ -213,11 +218,15 @@ class StepParameters:
 
     def discard_gradients(self) -> None:
         """Log no gradients for this step: no optimizer applied the ones its backward made."""
-        self._grads, self._grad_refs = {}, []
+        self._grads, self._grad_refs, self._clip_row = {}, [], None
 
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
         self.taken_at_step = self.taken_at_step or optimizer is not None
+        norms = self._history.step_norms
+        if optimizer is not None and norms is not None and not norms.sharded:
+            row = norms.row_applied_by(optimizer)  # its listener ran first: the norms of this optimizer step
+            self._clip_row = None if row is None else row.clone()  # one op: the ring's row is written again later
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
         if self.update_ratio and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
@@ -239,6 +248,11 @@ class StepParameters:
             self._add_update_ratios(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         self._grads = {}
+        norms = self._history.step_norms
+        if self._clip_row is not None and norms is not None:
+            row, self._clip_row = self._clip_row, None
+            self._pending.add_host_work(partial(finish_clip_norms, layer_of=norms.layer_of, layer_names=norms.layer_names,
+                                                scaled_before=self.scale_taken, scaled_after=self._grads_scaled), row)
         if self._grad_values is not None:
             self._pending.layer_values.extend(self._grad_values)
             self._grad_values = None

@@ -21,6 +21,7 @@ from .flow import FlowHistory
 from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
+from ..capture.step_norms import StepNorms
 from .transformer_alerts import outlier_alerts
 from .trends import health_monitor
 from ..tags import ALERTS
@@ -38,7 +39,8 @@ class Diagnosis:
         sink: The sink spike records are written to, as steps of their own (:class:`actviz.output.sink.Sink`).
         monitor: The health rules, or ``None`` with ``alerts=False``.
         flow: The flow pictures' history.
-        spikes: Whether to record gradient spikes (``watch(extras=[Spikes()])``): see :meth:`spike_recorder`.
+        spikes: ``watch(extras=[Spikes()])``: the steps after a spike log in full and its norms are written; without
+            it, with the alerts on, a spike is an alert alone (:meth:`spike_recorder`).
         on_alert: Called with each alert (for spikes when the rules are off).
 
     Example:
@@ -63,13 +65,15 @@ class Diagnosis:
         self._written_until = -1  # the last step the sink got: spike records write no step again, nor one before it
         self._failed: set[str] = set()
 
-    def spike_recorder(
-        self, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]],
-        current_step: Callable[[], int | None],
-    ) -> SpikeRecorder | None:
-        """Start the spike recorder, if asked for, on these layers and parameters (see :class:`SpikeRecorder`)."""
-        if self.record_spikes and self.spikes is None:
-            self.spikes = SpikeRecorder(layers, parameters, current_step)
+    @property
+    def judges_spikes(self) -> bool:
+        """Whether gradient spikes are judged: with ``actviz.Spikes()``, or by default with the alerts on."""
+        return self.record_spikes or self.monitor is not None
+
+    def spike_recorder(self, norms: StepNorms) -> SpikeRecorder | None:
+        """Start the spike recorder, if spikes are judged, on the norms ``norms`` reads (see :class:`SpikeRecorder`)."""
+        if self.judges_spikes and self.spikes is None:
+            self.spikes = SpikeRecorder(norms, follow=self.record_spikes)
         return self.spikes
 
     @property
@@ -100,6 +104,8 @@ class Diagnosis:
         for record in self.spikes.take_records():
             alert, values = record.resolve()
             self._reporter.report(None, [alert])
+            if not self.spikes.follow:  # the default check: the alert alone
+                values = {}
             carrier = results
             for step, scalars in sorted(values.items()):
                 if step == results.step:

@@ -47,6 +47,7 @@ STEP_WIDE: dict[str, str] = {
     "moe": "mixture-of-experts router health (docs/moe.md)",
     "update_ratio": "update_ratio/{param}, the relative change of each parameter across the next update",
     "gradient_noise": "gradient_noise/simple, the gradient noise scale (docs/gradient-noise.md)",
+    "gradient_clipping": "gradient_clipping/*, the global gradient norm before and after clipping (docs/diagnosis.md)",
 }
 
 #: Names that stand for several: ``"default"`` for the default set, ``"transformer"`` for the transformer set.
@@ -60,7 +61,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
     """``watch(statistics=...)`` -> the :class:`~actviz.options.CaptureOptions` fields it sets.
 
     ``None`` and ``["default"]`` are the default set: each built-in layer statistic where it is on by
-    default, attention and outlier statistics on models with an attention module, router statistics on
+    default, the gradient norms before and after clipping, attention and outlier statistics on models with an attention module, router statistics on
     models with a mixture-of-experts module. A name given in the list runs on any model. A list without
     ``"default"`` runs only what it names.
 
@@ -76,7 +77,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
     """
     if value is None:
         return {"statistics": None, "with_defaults": False, "transformer_stats": None, "moe": None,
-                "update_ratio": False, "gradient_noise": False}
+                "update_ratio": False, "gradient_noise": False, "gradient_clipping": True}
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         check_statistics(value)  # raises its TypeError
     items = list(value)
@@ -98,6 +99,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
         "moe": True if "moe" in named else None if with_defaults else False,
         "update_ratio": "update_ratio" in named,
         "gradient_noise": "gradient_noise" in named,
+        "gradient_clipping": with_defaults or "gradient_clipping" in named,
     }
 
 
