@@ -100,9 +100,9 @@ class StepNorms:
         self._failed = False
         ref = weakref.ref(self)  # the hooks hold the recorder weakly: a dropped watcher goes
 
-        def accumulated(param: torch.Tensor) -> None:
+        def accumulated(param: torch.Tensor) -> None:  # one Python call per parameter and pass: kept inline
             found = ref()
-            if found is not None:
+            if found is not None and not (found._queued or found._failed):
                 found._on_accumulated()
 
         self._handles = [param.register_post_accumulate_grad_hook(accumulated) for param in self.params

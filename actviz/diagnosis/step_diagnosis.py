@@ -64,6 +64,7 @@ class Diagnosis:
         self._reporter = monitor or HealthMonitor(check_alerts(True) or {}, on_alert=on_alert)
         self._written_until = -1  # the last step the sink got: spike records write no step again, nor one before it
         self._failed: set[str] = set()
+        self._later_spikes: list[Any] = []  # spike records of steps after the last one the writer had
 
     @property
     def judges_spikes(self) -> bool:
@@ -99,9 +100,14 @@ class Diagnosis:
         """Each spike record found since the last step: its ring buffer's norms of steps after the last one
         written, as steps of their own before ``results``; those of ``results``' step with it. Steps already
         written are left out, so that a sink gets each step once, in order. The alert goes with its own step
-        where that is written here, else with ``results``."""
+        where that is written here, else with ``results``. A spike after ``results``' step (found while the
+        writer was behind) waits for a later step."""
         assert self.spikes is not None
-        for record in self.spikes.take_records():
+        found = [*self._later_spikes, *self.spikes.take_records()]
+        self._later_spikes = [record for record in found if record.step > results.step]
+        for record in found:
+            if record.step > results.step:
+                continue
             alert, values = record.resolve()
             self._reporter.report(None, [alert])
             if not self.spikes.follow:  # the default check: the alert alone
