@@ -28,6 +28,7 @@ from .common.notices import Notices
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .options import CaptureOptions
+from .output.pending_step import PendingStep
 from .common.results import StepResults
 from .output.sink import Sink
 from .output.step_callbacks import StepCallbacks
@@ -214,7 +215,8 @@ class Watcher:
             return
         errors: list[Exception] = []
         try:  # each part idempotent: a second close() finishes what an interrupted one left
-            for part in (self._remove_root_hook, self._norms and self._norms.close, self._end_open_steps,
+            for part in (self._remove_root_hook, self._end_open_steps, self._write_last_spikes,
+                         self._norms and self._norms.close,
                          lambda: self._silences.check(closing=True)):
                 if part:
                     _collect(errors, part)
@@ -238,6 +240,12 @@ class Watcher:
         self._open.finish_all()
         if errors:
             raise errors[0]
+
+    def _write_last_spikes(self) -> None:
+        """Judge the steps since the last logging step; a spike among them goes with a step of its own: the last."""
+        step = self._last_started_step
+        if self._spikes and step is not None and self._writer is not None and self._spikes.judge_the_rest(step):
+            self._writer.deliver(PendingStep(step, self._options.bins))
 
     def _remove_root_hook(self) -> None:
         if (handle := self._root_handle) is not None:
@@ -306,6 +314,8 @@ class Watcher:
             if forward_depth(model) > 1:
                 return  # the model called itself inside a logging forward: same step
             self._open.end_interrupted()  # a forward that Ctrl-C left: its step is abandoned
+        if self._norms is not None:  # a loop that updates by hand: its last backward's norms, before its step ends
+            self._norms.commit_unstepped()
         if (step := self._count_step()) is None:
             return  # the step goes on: a later micro-batch
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)

@@ -129,18 +129,28 @@ class StepNorms:
             return None
         return self.ring[self._last[1]]
 
+    def row_committed_for(self, step: int) -> torch.Tensor | None:
+        """The ring row of ``step`` if :meth:`commit_unstepped` recorded it last (a loop that updates by hand), else
+        ``None``."""
+        if self._last is None or self._last[0] is not None or self.ring is None or self.ring_steps[self._last[1]] != step:
+            return None
+        return self.ring[self._last[1]]
+
     def commit_unstepped(self) -> None:
         """At a training forward: a loop that steps no optimizer (an update by hand) has its last backward's
         norms recorded now, as a step without the norms after clipping."""
         if not self.stepped and self._measured and self._measured_step is not None and not self._failed:
             self._guarded(self._record, self._measured_step, None)
 
-    def finished(self) -> list[tuple[int, float, float]]:
-        """``(step, norm before clipping, norm after)`` of the steps whose copy to the host is done, in order."""
+    def finished(self, wait: bool = False) -> list[tuple[int, float, float]]:
+        """``(step, norm before clipping, norm after)`` of the steps whose copy to the host is done, in order; with
+        ``wait`` (at ``close()``), of every step recorded."""
         done = []
         while self._waiting:
             step, slot, event, value = self._waiting[0]
-            if event is not None and not event.query():
+            if event is not None and wait:
+                event.synchronize()  # at close(): the run is over
+            elif event is not None and not event.query():
                 break  # the device is not there yet: a later call
             self._waiting.popleft()
             before, after = (value.tolist() if value is not None else self._host[slot].tolist())  # type: ignore[index]

@@ -247,8 +247,11 @@ class StepParameters:
             before, self._before = self._before, None
             self._add_update_ratios(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
-        self._grads = {}
+        took, self._grads = bool(self._grads), {}
         norms = self._history.step_norms
+        if took and self._clip_row is None and norms is not None and not self.taken_at_step and not norms.stepped:
+            row = norms.row_committed_for(self._pending.step)  # an update by hand: the norms before clipping alone
+            self._clip_row = None if row is None else row.clone()
         if self._clip_row is not None and norms is not None:
             row, self._clip_row = self._clip_row, None
             self._pending.add_host_work(partial(finish_clip_norms, layer_of=norms.layer_of, layer_names=norms.layer_names,

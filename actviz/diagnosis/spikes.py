@@ -175,6 +175,14 @@ class SpikeRecorder:
                 self._judge(done, before, step, after)
         return self.follow and step <= self._force_until
 
+    def judge_the_rest(self, now: int) -> bool:
+        """At ``close()``: judge every step recorded (waiting for its copy); whether a spike is left to write."""
+        self.norms.commit_unstepped()
+        for done, before, after in self.norms.finished(wait=True):
+            self._judge(done, before, now, after)
+        with self._lock:
+            return bool(self._records)
+
     def take_records(self) -> list[SpikeRecord]:
         """The spikes found since the last call (for the writer thread)."""
         with self._lock:
