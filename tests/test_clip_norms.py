@@ -197,3 +197,63 @@ def test_word_language_model_logs_the_norm_before_clipping_and_catches_a_spike_b
     (alert,) = [alert for alert in viz.alerts if alert.rule == "gradient_spike"]
     assert alert.step == 33 and alert.value == pytest.approx(norms[33], rel=1e-5)
     assert "no optimizer step applied it" in alert.message
+
+
+@pytest.mark.slow
+def test_the_hugging_face_trainer_max_grad_norm_logs_the_norm_it_reports(tmp_path, read_run):
+    pytest.importorskip("accelerate")
+    hf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = hf.GPT2Config(vocab_size=40, n_positions=8, n_embd=16, n_layer=1, n_head=2)
+    model = hf.GPT2LMHeadModel(config)  # random init
+    generator = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 40, (8, 8), generator=generator)]
+    args = hf.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2,
+                                max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to="none",
+                                use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, learning_rate=0.05)
+    trainer = hf.Trainer(model=model, args=args, train_dataset=data)
+    with actviz.watch(model, tmp_path / "run", every=1):
+        trainer.train()
+    reported = {entry["step"]: entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry}
+    run = read_run(tmp_path / "run")
+    assert [event.step for event in run.scalar_events(PRE)] == [0, 1, 2, 3]
+    for step in range(4):  # the Trainer counts optimizer steps from 1
+        before = float(reported[step + 1])
+        assert run.scalar(PRE, step) == pytest.approx(before, rel=1e-5)
+        assert run.scalar(POST, step) == pytest.approx(min(before, 1.0), rel=1e-5)
+
+
+def _ddp_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
+    import torch.distributed as dist
+    from conftest import small_cnn
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        model = DistributedDataParallel(small_cnn())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        returned, local = [], []
+        with actviz.watch(model, log_dir, every=1):
+            for step in range(2):
+                batch = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(100 * rank + step))
+                optimizer.zero_grad()
+                model(batch).square().mean().backward()
+                returned.append(float(nn.utils.clip_grad_norm_(model.parameters(), 0.1)))
+                optimizer.step()
+        torch.save({"returned": returned}, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ddp_logs_the_norm_of_the_averaged_gradient_before_clipping(tmp_path, read_run):
+    from test_distributed import run_workers
+
+    run_workers(_ddp_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path))
+    returned = [torch.load(tmp_path / f"rank{rank}.pt")["returned"] for rank in range(2)]
+    assert returned[0] == pytest.approx(returned[1], rel=1e-6)  # all-reduced: every rank clips the same gradient
+    run = read_run(tmp_path / "run")
+    for step in range(2):
+        assert run.scalar(PRE, step) == pytest.approx(returned[0][step], rel=1e-5)
+        assert run.scalar(POST, step) == pytest.approx(0.1, rel=1e-5)
