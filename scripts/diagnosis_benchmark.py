@@ -1,7 +1,7 @@
 """How well actviz's health alerts tell a healthy run from a sick one, on real loop shapes.
 
-    python scripts/diagnosis_benchmark.py           # 11 healthy and 10 sick programs, about 3 minutes on 2 cores
-    python scripts/diagnosis_benchmark.py --quick   # 4 healthy and 6 sick programs
+    python scripts/diagnosis_benchmark.py           # 11 healthy and 12 sick programs, about 3 minutes on 2 cores
+    python scripts/diagnosis_benchmark.py --quick   # 4 healthy and 7 sick programs
     python scripts/diagnosis_benchmark.py --only vit,dying_relu --verbose
 
 Each program (``scripts/diagnosis_programs.py``, ``scripts/diagnosis_pathologies.py``) trains under
@@ -50,11 +50,12 @@ PLAN = {
     "regression": (600, 10), "sines_lbfgs": (10, 5), "gcn": (300, 5),
     "lr_x1000": (120, 5), "demo_cnn_lr10": (60, 5), "deep_sigmoid": (100, 5), "dying_relu": (100, 5),
     "bad_batch": (100, 5), "fp16_overflow": (100, 5), "tanh_saturation": (100, 5), "forgotten_group": (60, 5),
-    "nan_in_data": (80, 5), "attention_logit_growth": (200, 5),
+    "nan_in_data": (80, 5), "attention_logit_growth": (200, 5), "clipped_spike": (240, 10),
+    "mnist_batch_between_logs": (100, 5),
 }
 #: The quick subset (``--quick``), which tests/test_diagnosis_benchmark.py runs.
 QUICK = ("mnist_cnn", "vae", "gpt", "regression", "lr_x1000", "demo_cnn_lr10", "dying_relu", "bad_batch",
-         "forgotten_group", "nan_in_data")
+         "forgotten_group", "nan_in_data", "mnist_batch_between_logs")
 #: An alert this many logging steps after the loss went bad (or after the onset) is late.
 LATE_LOGGING_STEPS = 3
 
