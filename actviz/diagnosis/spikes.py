@@ -60,7 +60,7 @@ from ..capture.step_norms import RING, StepNorms
 from ..output.pending_step import HostCopy
 from ..tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
 
-__all__ = ["ADAPT", "FLOOR", "FOLLOW", "QUIET", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder", "clipping_said"]
+__all__ = ["ADAPT", "DEFAULT_FLOOR", "FLOOR", "FOLLOW", "QUIET", "RING", "SIGMA", "WINDOW", "SpikeRecord", "SpikeRecorder", "clipping_said"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,10 @@ MIN_HISTORY = 16
 #: smoothest healthy run measured (a tiny transformer at batch 2); healthy small-batch runs stay below six
 #: robust deviations (docs/diagnosis.md), and a lasting 5x change is still caught.
 FLOOR = 4.0
+#: The floor of the check that runs by default (without ``actviz.Spikes()``): the healthy DCGAN of
+#: ``scripts/diagnosis_benchmark.py`` (generator and discriminator watched, batch 16) wanders to 4.1x its median
+#: within 128 steps, which 4x called a spike; the planted spikes the benchmark and the tests catch are 45x and more.
+DEFAULT_FLOOR = 10.0
 #: Steps without a spike that end an episode (the ring buffer's length: a spike in the last one's ring is
 #: part of it).
 QUIET = 16
@@ -99,6 +103,7 @@ class SpikeRecord:
     layer_of: list[int]
     layer_names: list[str]
     follow: bool = True  # actviz.Spikes(): the steps after it log in full
+    floor: float = FLOOR  # the smallest ratio to the median that was a spike
 
     def resolve(self) -> tuple[Alert, dict[int, dict[str, float]]]:
         """The alert, and the scalars to write: ``{step: {tag: value}}`` for the ring buffer's steps."""
@@ -119,7 +124,7 @@ class SpikeRecord:
                           for z, name in ranked[:5])
         what = "is not finite" if not math.isfinite(self.norm) else f"{self.norm:.3g} is above {self.limit:.3g}"
         message = (f"gradient spike at step {self.step}: the global gradient norm before clipping {what} (the median "
-                   f"{self.median:.3g} of the last {WINDOW} steps without a spike, times the larger of {FLOOR:g} and "
+                   f"{self.median:.3g} of the last {WINDOW} steps without a spike, times the larger of {self.floor:g} and "
                    f"{SIGMA:g} robust deviations of the log norm); {clipping_said(self.norm, self.after)}; layers by "
                    f"z-score over the last {len(rows)} steps: {named}. " + (
                        f"The next {FOLLOW} steps are logged in full" if self.follow else
@@ -147,7 +152,8 @@ class SpikeRecorder:
         norms: What reads the norms, on the device, at every step.
         follow: ``actviz.Spikes()`` was given: the norms are judged at every step, the :data:`FOLLOW` steps
             after a spike log in full (:meth:`forces`) and the ring's norms are written. Without it (the
-            default) they are judged at logging steps, or once half the ring waits, and a spike is an alert.
+            default) they are judged at logging steps, or once half the ring waits, a spike is at least
+            :data:`DEFAULT_FLOOR` x the median, and it is an alert.
 
     Call :meth:`forces` at the start of each step (the watcher's schedule override) and
     :meth:`close` at the end.
@@ -156,6 +162,7 @@ class SpikeRecorder:
     def __init__(self, norms: StepNorms, follow: bool = True) -> None:
         self.norms = norms
         self.follow = follow
+        self.floor = FLOOR if follow else DEFAULT_FLOOR
         self._history: deque[float] = deque(maxlen=WINDOW)  # log norms of the steps without a spike
         self._recent: deque[float] = deque(maxlen=ADAPT)  # log norms of the last steps, spikes included
         self._quiet = QUIET  # steps since the last spike: an episode is under way while below QUIET
@@ -236,14 +243,14 @@ class SpikeRecorder:
             return (math.exp(statistics.median(history)) if history else math.nan), math.inf
         middle = statistics.median(history)
         spread = 1.4826 * statistics.median([abs(value - middle) for value in history])
-        return math.exp(middle), math.exp(middle + max(math.log(FLOOR), SIGMA * spread))
+        return math.exp(middle), math.exp(middle + max(math.log(self.floor), SIGMA * spread))
 
     def _spike(self, step: int, norm: float, after: float, median: float, limit: float, now: int) -> None:
         ring = self.norms.ring
         assert ring is not None
         self._force_until = now + FOLLOW - 1  # this step and the next FOLLOW - 1
         record = SpikeRecord(step, norm, after, median, limit, HostCopy([ring.clone()]), list(self.norms.ring_steps),
-                             self.norms.layer_of, self.norms.layer_names, self.follow)
+                             self.norms.layer_of, self.norms.layer_names, self.follow, self.floor)
         with self._lock:
             self._records.append(record)
 
