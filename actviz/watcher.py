@@ -1,7 +1,8 @@
 """The watcher: the schedule, the step count and the one hook that stays on the model.
 
 Between logging steps the model carries one light forward pre-hook on its root
-(:mod:`actviz.capture.root_hook`) and nothing else. On a step the schedule picks, that hook starts
+(:mod:`actviz.capture.root_hook`), and its parameters the hooks of the gradient norms before clipping
+(:mod:`actviz.capture.step_norms`). On a step the schedule picks, that hook starts
 a :class:`~actviz.capture.step_capture.StepCapture`, which hooks the watched layers, decides when the
 step is over and hands it to ``deliver`` (:mod:`actviz.capture.open_steps`, then the sink on the
 writer thread). Data flows one way: model → hook → capture → deliver → sink.

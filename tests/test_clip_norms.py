@@ -232,7 +232,7 @@ def _ddp_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) 
     try:
         model = DistributedDataParallel(small_cnn())
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        returned, local = [], []
+        returned = []
         with actviz.watch(model, log_dir, every=1):
             for step in range(2):
                 batch = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(100 * rank + step))
