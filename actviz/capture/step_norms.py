@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -98,6 +99,7 @@ class StepNorms:
         self._last: tuple[Any, int] | None = None  # (optimizer, slot) of the last step recorded
         self._waiting: deque[tuple[int, int, Any, Any]] = deque()  # (step, slot, event, CPU value) copies under way
         self._failed = False
+        self._pid = os.getpid()  # a forked child (hogwild workers) reads nothing: its parent's watcher is not there
         ref = weakref.ref(self)  # the hooks hold the recorder weakly: a dropped watcher goes
 
         def accumulated(param: torch.Tensor) -> None:  # one Python call per parameter and pass: kept inline
@@ -159,7 +161,7 @@ class StepNorms:
 
     def _on_accumulated(self) -> None:
         """A gradient of the backward pass under way was accumulated: ask for its end, once per pass."""
-        if self._queued or self._failed:
+        if self._queued or self._failed or os.getpid() != self._pid:
             return
         self._queued = True
         try:
@@ -185,7 +187,7 @@ class StepNorms:
         self._measured, self._measured_step = True, self._current_step()
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._failed or not any(id(param) in self._ids for group in optimizer.param_groups for param in group["params"]):
+        if self._failed or os.getpid() != self._pid or not any(id(param) in self._ids for group in optimizer.param_groups for param in group["params"]):
             return
         self.stepped = True
         step = self._current_step()
