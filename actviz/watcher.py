@@ -26,6 +26,7 @@ from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahea
 from .diagnosis.step_diagnosis import Alert, Diagnosis
 from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
+from .common.safe_warnings import warn_safely
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .options import CaptureOptions
@@ -69,7 +70,7 @@ class Watcher:
         self._history = LoopHistory()
         # every optimizer step's gradient norms before and after clipping, on rank 0: gradient_clipping/*, spikes
         self._norms = None if diagnosis is None or not (diagnosis.judges_spikes or options.gradient_clipping) else (
-            step_norms_of(unwrap_compiled(model), self._layers, _last_started_step_of(self)))
+            _step_norms(unwrap_compiled(model), self._layers, _last_started_step_of(self)))
         self._history.step_norms = self._norms if options.gradient_clipping else None
         self._spikes = diagnosis and self._norms and diagnosis.spike_recorder(self._norms)
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
@@ -401,6 +402,18 @@ def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
         return None if found is None else found._last_started_step
 
     return last_started_step
+
+
+def _step_norms(model: nn.Module, layers: list[tuple[str, nn.Module]],
+                current_step: Callable[[], int | None]) -> StepNorms | None:
+    """The gradient norms' reader (:func:`~actviz.capture.step_norms.step_norms_of`), or ``None`` with one warning
+    where the parameters take no hook: the run goes on without the norms and the spike check."""
+    try:
+        return step_norms_of(model, layers, current_step)
+    except Exception as error:  # noqa: BLE001 - watch() must not fail for it
+        warn_safely(f"actviz reads no gradient norms before clipping for this model (no spike check, no "
+                    f"gradient_clipping/*): {type(error).__name__}: {error}", RuntimeWarning)
+        return None
 
 
 def _end_dropped(writer: Writer | None, norms: StepNorms | None) -> None:

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ..common._internals import queue_end_of_backward
 from ..common.optimizer_steps import subscribe
@@ -100,6 +101,13 @@ class StepNorms:
         self._waiting: deque[tuple[int, int, Any, Any]] = deque()  # (step, slot, event, CPU value) copies under way
         self._failed = False
         self._pid = os.getpid()  # a forked child (hogwild workers) reads nothing: its parent's watcher is not there
+        self._handles: list[Any] = []
+        self._unhooked = list(self.params)  # a lazy module's parameters (nn.LazyLinear) are hooked once they have a value
+        self._hook_the_ready()
+        self._subscription = subscribe(self._on_optimizer_step) if self.params else None
+
+    def _hook_the_ready(self) -> None:
+        """Put the post-accumulate-grad hook on each parameter not hooked yet that has a value."""
         ref = weakref.ref(self)  # the hooks hold the recorder weakly: a dropped watcher goes
 
         def accumulated(param: torch.Tensor) -> None:  # one Python call per parameter and pass: kept inline
@@ -107,9 +115,9 @@ class StepNorms:
             if found is not None and not (found._queued or found._failed):
                 found._on_accumulated()
 
-        self._handles = [param.register_post_accumulate_grad_hook(accumulated) for param in self.params
-                         if not param.is_meta]
-        self._subscription = subscribe(self._on_optimizer_step) if self.params else None
+        ready = [param for param in self._unhooked if not is_lazy(param)]
+        self._unhooked = [param for param in self._unhooked if is_lazy(param)]
+        self._handles += [param.register_post_accumulate_grad_hook(accumulated) for param in ready]
 
     @property
     def waiting(self) -> int:
@@ -118,7 +126,7 @@ class StepNorms:
 
     def close(self) -> None:
         """Remove the hooks and stop listening to optimizer steps. Safe to call more than once."""
-        handles, self._handles = self._handles, []
+        handles, self._handles, self._unhooked = self._handles, [], []
         for handle in handles:
             handle.remove()
         if self._subscription is not None:
@@ -141,6 +149,8 @@ class StepNorms:
     def commit_unstepped(self) -> None:
         """At a training forward: a loop that steps no optimizer (an update by hand) has its last backward's
         norms recorded now, as a step without the norms after clipping."""
+        if self._unhooked and not self._failed:
+            self._guarded(self._hook_the_ready)
         if not self.stepped and self._measured and self._measured_step is not None and not self._failed:
             self._guarded(self._record, self._measured_step, None)
 
