@@ -72,6 +72,8 @@ class Watcher:
         self._norms = None if diagnosis is None or not (diagnosis.judges_spikes or options.gradient_clipping) else (
             _step_norms(unwrap_compiled(model), self._layers, _last_started_step_of(self)))
         self._history.step_norms = self._norms if options.gradient_clipping else None
+        if self._norms is not None:
+            self._norms.grad_scaler = grad_scaler
         self._spikes = diagnosis and self._norms and diagnosis.spike_recorder(self._norms)
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
         self._stats_schedule = stats_schedule

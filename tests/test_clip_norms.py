@@ -257,3 +257,47 @@ def test_ddp_logs_the_norm_of_the_averaged_gradient_before_clipping(tmp_path, re
     for step in range(2):
         assert run.scalar(PRE, step) == pytest.approx(returned[0][step], rel=1e-5)
         assert run.scalar(POST, step) == pytest.approx(0.1, rel=1e-5)
+
+
+def test_with_a_grad_scaler_the_norms_are_of_the_unscaled_gradients(tmp_path, read_run):
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    returned = {}
+    with actviz.watch(model, tmp_path, every=2, options=actviz.Options(grad_scaler=scaler)) as viz:
+        for step in range(4):
+            optimizer.zero_grad()
+            scaler.scale(model(torch.randn(8, 6)).square().mean()).backward()
+            scaler.unscale_(optimizer)
+            returned[step] = float(nn.utils.clip_grad_norm_(model.parameters(), 0.05))
+            scaler.step(optimizer)
+            scaler.update()
+        viz.flush()
+    run = read_run(tmp_path)
+    for step in (0, 2):
+        assert run.scalar(PRE, step) == pytest.approx(returned[step], rel=1e-6)  # not 1024 times it
+        assert run.scalar(POST, step) == pytest.approx(0.05, rel=1e-5)
+
+
+def test_a_closure_that_clips_inside_the_optimizer_step_as_lightning_does(tmp_path, read_run):
+    """Lightning's ``gradient_clip_val``: ``optimizer.step(closure)``, the closure runs forward, backward and
+    ``clip_grad_norm_`` inside the step, after its pre-hook."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    returned, after = {}, {}
+    with actviz.watch(model, tmp_path, every=2) as viz:
+        for step in range(4):
+            def closure(step=step):
+                optimizer.zero_grad()
+                loss = model(torch.randn(8, 6)).square().mean()
+                loss.backward()
+                returned[step] = float(nn.utils.clip_grad_norm_(model.parameters(), 0.05))
+                after[step] = float(nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+                return loss
+
+            optimizer.step(closure)
+        viz.flush()
+    run = read_run(tmp_path)
+    for step in (0, 2):
+        assert run.scalar(PRE, step) == pytest.approx(returned[step], rel=1e-6)
+        assert run.scalar(POST, step) == pytest.approx(after[step], rel=1e-6)

@@ -13,7 +13,8 @@ host with the step's one copy; :func:`finish_clip_norms` writes, on the writer t
 * ``gradient_clipping/share/{layer}``: each layer's part of the squared norm before clipping (they sum to 1);
 * the text ``gradient_clipping/top_layers``: the 3 layers with the largest shares.
 
-With ``Options(grad_scaler=...)`` the norms taken while the gradients carried the loss scale are divided by it.
+With ``Options(grad_scaler=...)`` the norms before clipping come divided by the loss scale
+(:mod:`actviz.capture.step_norms`), and the norms after it, read while the gradients still carry it, are divided here.
 """
 
 from __future__ import annotations
@@ -33,16 +34,15 @@ TOP_LAYERS = 3
 
 
 def finish_clip_norms(results: StepResults, host: list[torch.Tensor], layer_of: Sequence[int],
-                      layer_names: Sequence[str], scaled_before: bool, scaled_after: bool) -> None:
+                      layer_names: Sequence[str], scaled_after: bool) -> None:
     """Add ``gradient_clipping/*`` to ``results`` from ``host[0]``, the step's ``(2, n)`` row of norms.
 
-    ``scaled_before`` / ``scaled_after``: the norms before / after clipping carry the loss scale written as
-    ``amp/grad_scale``.
+    ``scaled_after``: the norms after clipping carry the loss scale written as ``amp/grad_scale``.
 
     Example:
         >>> results = StepResults(5)
         >>> row = torch.tensor([[3.0, 4.0], [0.6, 0.8]])  # before: norm 5; clipped to 1
-        >>> finish_clip_norms(results, [row], [0, 1], ["fc1", "fc2"], False, False)
+        >>> finish_clip_norms(results, [row], [0, 1], ["fc1", "fc2"], False)
         >>> {tag: round(value, 4) for tag, value in results.scalars.items()}  # doctest: +NORMALIZE_WHITESPACE
         {'gradient_clipping/pre_clip_norm': 5.0, 'gradient_clipping/post_clip_norm': 1.0,
          'gradient_clipping/coefficient': 0.2, 'gradient_clipping/share/fc1': 0.36, 'gradient_clipping/share/fc2': 0.64}
@@ -52,8 +52,6 @@ def finish_clip_norms(results: StepResults, host: list[torch.Tensor], layer_of: 
     row = host[0].to(torch.float64)
     scale = results.scalars.get(GRAD_SCALE, 1.0)
     before, after = row[0], row[1]
-    if scaled_before and scale not in (0.0, 1.0):
-        before = before / scale
     if scaled_after and scale not in (0.0, 1.0):
         after = after / scale
     squares = torch.zeros(len(layer_names), dtype=torch.float64)

@@ -13,13 +13,17 @@ A training loop clips between its backward pass and its optimizer step (``clip_g
   last one, the complete gradient, stays;
 * **after clipping**, in the optimizer step pre-hook (:mod:`actviz.common.optimizer_steps`): the same
   two ops into the row's second half, then ``torch.linalg.vector_norm`` of both halves (the two global
-  norms) and their copy to the host, started without waiting.
+  norms) and their copy to the host, started without waiting. A step whose closure runs the backward
+  and the clipping inside it (LBFGS, Lightning) is read in the step's post-hook instead.
 
 Each row of the ring (``(RING, 2, n)``, float32, on the gradients' device) holds one optimizer step:
 ``[0]`` the per-parameter norms before clipping, ``[1]`` after. A loop that updates by hand
 (``p.data.add_(p.grad, alpha=-lr)``, no optimizer object) has no optimizer step: its row is committed
 at the next forward, with the norms before clipping only (``[1]`` is NaN): its loop zeroes the
 gradients before that forward, so what it applied is not there to read.
+
+With ``Options(grad_scaler=scaler)`` the norms before clipping are divided by the loss scale the pass's
+gradients carry (one more op per pass); the norms after it are read once ``scaler.step`` has unscaled them.
 
 Cost of a step that logs nothing: 2 ops per backward pass and 4 per optimizer step, no sync
 (docs/performance.md). Under FSDP2 a parameter is a DTensor: its local shard is read, and the
@@ -53,6 +57,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ..common._internals import queue_end_of_backward
+from .amp import loss_scale_of
 from ..common.optimizer_steps import subscribe
 from ..common.safe_warnings import warn_safely
 from ..options import cpu_shortcuts
@@ -88,6 +93,7 @@ class StepNorms:
         self.ring: torch.Tensor | None = None
         self.ring_steps = [-1] * RING
         self.stepped = False
+        self.grad_scaler: Any = None  # Options(grad_scaler=): the norms before clipping are divided by its scale
         self.sharded = any(map(is_sharded, self.params))  # FSDP2: each rank reads its shards only
         self._ids = {id(param) for param in self.params}
         self._current_step = current_step
@@ -104,7 +110,8 @@ class StepNorms:
         self._handles: list[Any] = []
         self._unhooked = list(self.params)  # a lazy module's parameters (nn.LazyLinear) are hooked once they have a value
         self._hook_the_ready()
-        self._subscription = subscribe(self._on_optimizer_step) if self.params else None
+        self._stepping: Any = None  # the optimizer whose step began with no backward's norms: a closure may run one
+        self._subscription = subscribe(self._on_optimizer_step, after=self._on_optimizer_done) if self.params else None
 
     def _hook_the_ready(self) -> None:
         """Put the post-accumulate-grad hook on each parameter not hooked yet that has a value."""
@@ -194,12 +201,32 @@ class StepNorms:
     def _measure_now(self) -> None:
         row = self._row(self._slot)
         torch.stack(self._norms(), out=row[0])
+        scale = loss_scale_of(self.grad_scaler)
+        if scale is not None:  # the pass's gradients carry the loss scale: one op with AMP
+            row[0].div_(scale)
         self._measured, self._measured_step = True, self._current_step()
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._failed or os.getpid() != self._pid or not any(id(param) in self._ids for group in optimizer.param_groups for param in group["params"]):
+        if self._failed or os.getpid() != self._pid or not self._holds(optimizer):
             return
         self.stepped = True
+        if not self._measured:  # a closure (LBFGS, Lightning) runs the backward and the clipping inside the step
+            self._stepping = optimizer
+            return
+        self._record_now(optimizer)
+
+    def _on_optimizer_done(self, optimizer: torch.optim.Optimizer) -> None:
+        """After the step: if its closure ran a backward (or none was seen: FSDP2's sharded parameters, gradients
+        set by hand), its gradients as the closure left them, clipped, are the step's."""
+        if self._stepping is not optimizer or self._failed or os.getpid() != self._pid:
+            return
+        self._stepping = None
+        self._record_now(optimizer)
+
+    def _holds(self, optimizer: torch.optim.Optimizer) -> bool:
+        return any(id(param) in self._ids for group in optimizer.param_groups for param in group["params"])
+
+    def _record_now(self, optimizer: torch.optim.Optimizer) -> None:
         step = self._current_step()
         if step is None or (self._last is not None and self.ring_steps[self._last[1]] == step):
             return  # a second optimizer of the same step (one for matrices, one for the rest): the first's row

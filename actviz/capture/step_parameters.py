@@ -255,7 +255,7 @@ class StepParameters:
         if self._clip_row is not None and norms is not None:
             row, self._clip_row = self._clip_row, None
             self._pending.add_host_work(partial(finish_clip_norms, layer_of=norms.layer_of, layer_names=norms.layer_names,
-                                                scaled_before=self.scale_taken, scaled_after=self._grads_scaled), row)
+                                                scaled_after=self._grads_scaled), row)
         if self._grad_values is not None:
             self._pending.layer_values.extend(self._grad_values)
             self._grad_values = None
