@@ -153,7 +153,8 @@ class SpikeRecorder:
         follow: ``actviz.Spikes()`` was given: the norms are judged at every step, the :data:`FOLLOW` steps
             after a spike log in full (:meth:`forces`) and the ring's norms are written. Without it (the
             default) they are judged at logging steps, or once half the ring waits, a spike is at least
-            :data:`DEFAULT_FLOOR` x the median, and it is an alert.
+            :data:`DEFAULT_FLOOR` x the median, and it is an alert; a norm that is not finite is left to the
+            ``nonfinite`` rule.
 
     Call :meth:`forces` at the start of each step (the watcher's schedule override) and
     :meth:`close` at the end.
@@ -205,7 +206,8 @@ class SpikeRecorder:
         module's docstring)."""
         median, limit = self.baseline()
         if not math.isfinite(norm):
-            if not self._nonfinite_seen:  # NaN from here on: one alert is enough
+            if not self._nonfinite_seen and self.follow:  # NaN from here on: one alert is enough; by default the
+                # nonfinite rule names it, with its layer, at the next logging step
                 self._nonfinite_seen = True
                 self._spike(step, norm, after, median, limit, now)
             return
