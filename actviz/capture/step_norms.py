@@ -249,6 +249,8 @@ class StepNorms:
         self.ring_steps[slot] = step
         self._slot = (slot + 1) % RING
         event = value = None
+        if len(self._waiting) >= RING:  # this slot's last copy was never read (a device far behind): it is gone
+            self._waiting.popleft()
         if self._host is None:
             value = totals  # a CPU tensor: on the host already
         else:
