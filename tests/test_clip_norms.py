@@ -301,3 +301,33 @@ def test_a_closure_that_clips_inside_the_optimizer_step_as_lightning_does(tmp_pa
     for step in (0, 2):
         assert run.scalar(PRE, step) == pytest.approx(returned[step], rel=1e-6)
         assert run.scalar(POST, step) == pytest.approx(after[step], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_lightnings_gradient_clip_val_logs_the_norm_before_and_after_clipping(tmp_path, read_run):
+    pl = pytest.importorskip("lightning.pytorch")
+    from test_integrations import fit, lit_cnn
+
+    from actviz.integrations.lightning import ActvizCallback
+
+    class Norms(pl.Callback):
+        """Lightning calls it after the closure's backward, before clipping; the step's end sees what was applied."""
+
+        def __init__(self) -> None:
+            self.before, self.after = {}, {}
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.before[trainer.global_step] = total_norm(p.grad for p in pl_module.parameters() if p.grad is not None)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            self.after[trainer.global_step - 1] = total_norm(grads)
+
+    norms = Norms()
+    trainer = fit(pl, lit_cnn(pl), tmp_path, [ActvizCallback(every=2), norms], gradient_clip_val=0.05)
+    run = read_run(trainer.logger.log_dir)
+    assert [event.step for event in run.scalar_events(PRE)] == [0, 2, 4]
+    for step in (0, 2, 4):
+        assert run.scalar(PRE, step) == pytest.approx(norms.before[step], rel=1e-5)
+        assert run.scalar(POST, step) == pytest.approx(norms.after[step], rel=1e-5)
+        assert norms.after[step] == pytest.approx(0.05, rel=1e-4)  # clipping acted
