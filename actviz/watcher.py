@@ -2,7 +2,7 @@
 
 Between logging steps the model carries one light forward pre-hook on its root
 (:mod:`actviz.capture.root_hook`), and its parameters the hooks of the gradient norms before clipping
-(:mod:`actviz.capture.step_norms`). On a step the schedule picks, that hook starts
+(:mod:`actviz.diagnosis.step_norms`). On a step the schedule picks, that hook starts
 a :class:`~actviz.capture.step_capture.StepCapture`, which hooks the watched layers, decides when the
 step is over and hands it to ``deliver`` (:mod:`actviz.capture.open_steps`, then the sink on the
 writer thread). Data flows one way: model → hook → capture → deliver → sink.
@@ -26,7 +26,6 @@ from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahea
 from .diagnosis.step_diagnosis import Alert, Diagnosis
 from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
-from .common.safe_warnings import warn_safely
 from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .options import CaptureOptions
@@ -39,7 +38,7 @@ from .capture.probe import ProbeForward, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
-from .capture.step_norms import StepNorms, step_norms_of
+from .diagnosis.step_norms import StepNorms, weak_clock
 from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
@@ -67,14 +66,12 @@ class Watcher:
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
-        self._history = LoopHistory()
-        # every optimizer step's gradient norms before and after clipping, on rank 0: gradient_clipping/*, spikes
-        self._norms = None if diagnosis is None or not (diagnosis.judges_spikes or options.gradient_clipping) else (
-            _step_norms(unwrap_compiled(model), self._layers, _last_started_step_of(self)))
+        self._history = LoopHistory()  # every optimizer step's gradient norms (gradient_clipping/*, spikes), on rank 0
+        self._norms = diagnosis and diagnosis.gradient_norms(
+            unwrap_compiled(model), self._layers, weak_clock(self, "_last_started_step"), options.gradient_clipping,
+            grad_scaler)
         self._history.step_norms = self._norms if options.gradient_clipping else None
-        if self._norms is not None:
-            self._norms.grad_scaler = grad_scaler
-        self._spikes = diagnosis and self._norms and diagnosis.spike_recorder(self._norms)
+        self._spikes = diagnosis and diagnosis.spikes
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks)
         self._stats_schedule = stats_schedule
         self._image_schedule = image_schedule
@@ -392,30 +389,6 @@ def _collect(errors: list[Exception], part: Callable[[], object]) -> None:
         part()
     except Exception as error:  # noqa: BLE001 - close() writes the rest all the same
         errors.append(error)
-
-
-def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
-    """The gradient norms' clock: the watcher's last started step, read through a weak reference, so that
-    the norms (listening to every optimizer step of the process) never keep a dropped watcher alive."""
-    ref = weakref.ref(watcher)
-
-    def last_started_step() -> int | None:
-        found = ref()
-        return None if found is None else found._last_started_step
-
-    return last_started_step
-
-
-def _step_norms(model: nn.Module, layers: list[tuple[str, nn.Module]],
-                current_step: Callable[[], int | None]) -> StepNorms | None:
-    """The gradient norms' reader (:func:`~actviz.capture.step_norms.step_norms_of`), or ``None`` with one warning
-    where the parameters take no hook: the run goes on without the norms and the spike check."""
-    try:
-        return step_norms_of(model, layers, current_step)
-    except Exception as error:  # noqa: BLE001 - watch() must not fail for it
-        warn_safely(f"actviz reads no gradient norms before clipping for this model (no spike check, no "
-                    f"gradient_clipping/*): {type(error).__name__}: {error}", RuntimeWarning)
-        return None
 
 
 def _end_dropped(writer: Writer | None, norms: StepNorms | None) -> None:

@@ -185,7 +185,7 @@ def test_logging_step_budget_on_a_small_resnet():
     everything = count_step(model, inputs, every=1)
     # a step that logs nothing adds the gradient norms before clipping at its backward's end (2 ops); in this loop,
     # which steps no optimizer, the last step's are committed at the forward: no norms after clipping (NaN), both
-    # global norms, their copy (actviz.capture.step_norms)
+    # global norms, their copy (actviz.diagnosis.step_norms)
     extra = list(idle.kernels)
     for op in bare.kernels:
         extra.remove(op)

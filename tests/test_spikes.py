@@ -80,7 +80,7 @@ def test_a_nan_loss_is_a_spike_named_once(tmp_path):
 
 
 def test_the_norms_subscribe_once_and_take_their_hooks_off_at_close_and_are_on_by_default(tmp_path):
-    from actviz.capture.step_norms import StepNorms
+    from actviz.diagnosis.step_norms import StepNorms
     from actviz.common import optimizer_steps
 
     def readers() -> int:  # other parts of a watcher (actviz.diagnosis.silences) listen to optimizer steps too

@@ -1,7 +1,7 @@
 """The norms before and after clipping of a stats step, on the host: ``gradient_clipping/*``.
 
 A stats step whose gradients an optimizer applies takes, in the same optimizer step pre-hook, a copy of
-its row of :class:`~actviz.capture.step_norms.StepNorms`' ring: ``(2, n)``, each trainable parameter's
+its row of :class:`~actviz.diagnosis.step_norms.StepNorms`' ring: ``(2, n)``, each trainable parameter's
 gradient norm at the end of the last backward pass (before clipping) and now (after it). It goes to the
 host with the step's one copy; :func:`finish_clip_norms` writes, on the writer thread:
 
@@ -14,7 +14,7 @@ host with the step's one copy; :func:`finish_clip_norms` writes, on the writer t
 * the text ``gradient_clipping/top_layers``: the 3 layers with the largest shares.
 
 With ``Options(grad_scaler=...)`` the norms before clipping come divided by the loss scale
-(:mod:`actviz.capture.step_norms`), and the norms after it, read while the gradients still carry it, are divided here.
+(:mod:`actviz.diagnosis.step_norms`), and the norms after it, read while the gradients still carry it, are divided here.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from ..common.safe_warnings import warn_safely
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from .clip_norms import finish_clip_norms
-from .step_norms import StepNorms
+from ..diagnosis.step_norms import StepNorms
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
 from ..output.pending_step import LayerValues, PendingStep

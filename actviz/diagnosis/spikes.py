@@ -1,6 +1,6 @@
 """The spike recorder: catch a gradient spike before clipping, name the layers, say how hard clipping acted.
 
-It is on by default (with alerts). :class:`~actviz.capture.step_norms.StepNorms` reads every
+It is on by default (with alerts). :class:`~actviz.diagnosis.step_norms.StepNorms` reads every
 gradient's norm, on the device, at the end of each backward pass (before any clipping) and again
 in the optimizer step pre-hook (after it), and copies the two global norms of each optimizer step
 to the host without waiting. :class:`SpikeRecorder` judges the norm before clipping, so a run that
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import torch
 
 from .alerts import Alert
-from ..capture.step_norms import RING, StepNorms
+from .step_norms import RING, StepNorms
 from ..output.pending_step import HostCopy
 from ..tags import SPIKE_GLOBAL_NORM, SPIKE_NORM
 
@@ -66,7 +66,7 @@ logger = logging.getLogger(__name__)
 
 #: Steps of the baseline, robust deviations above its median (the loss-spike rule of OLMo's and LLM-Foundry's
 #: trainers), steps logged in full after a spike (the ring buffer's steps are
-#: :data:`~actviz.capture.step_norms.RING`).
+#: :data:`~actviz.diagnosis.step_norms.RING`).
 WINDOW, SIGMA, FOLLOW = 128, 6.0, 3
 #: Steps of history before a spike can be called (a deviation of fewer is noise).
 MIN_HISTORY = 16
@@ -90,7 +90,7 @@ class SpikeRecord:
     """A spike found on the training thread, finished on the writer thread by :meth:`resolve`.
 
     ``after`` is the global norm the optimizer applied at that step (after clipping), NaN where no optimizer
-    stepped; ``ring`` the copy of :class:`~actviz.capture.step_norms.StepNorms`' ring, ``(RING, 2, n)``.
+    stepped; ``ring`` the copy of :class:`~actviz.diagnosis.step_norms.StepNorms`' ring, ``(RING, 2, n)``.
     """
 
     step: int
@@ -146,7 +146,7 @@ class SpikeRecord:
 
 class SpikeRecorder:
     """Judges the global gradient norm before clipping of every optimizer step, read by a
-    :class:`~actviz.capture.step_norms.StepNorms`.
+    :class:`~actviz.diagnosis.step_norms.StepNorms`.
 
     Args:
         norms: What reads the norms, on the device, at every step.

@@ -21,7 +21,7 @@ from .flow import FlowHistory
 from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
-from ..capture.step_norms import StepNorms
+from .step_norms import StepNorms, step_norms_of
 from .transformer_alerts import outlier_alerts
 from .trends import health_monitor
 from ..tags import ALERTS
@@ -71,11 +71,23 @@ class Diagnosis:
         """Whether gradient spikes are judged: with ``actviz.Spikes()``, or by default with the alerts on."""
         return self.record_spikes or self.monitor is not None
 
-    def spike_recorder(self, norms: StepNorms) -> SpikeRecorder | None:
-        """Start the spike recorder, if spikes are judged, on the norms ``norms`` reads (see :class:`SpikeRecorder`)."""
-        if self.judges_spikes and self.spikes is None:
+    def gradient_norms(self, model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
+                       current_step: Callable[[], int | None], clipping: bool, grad_scaler: Any) -> StepNorms | None:
+        """Start reading every optimizer step's gradient norms (:class:`StepNorms`) if the spikes are judged or
+        ``clipping`` (``gradient_clipping/*``) is on, and the spike recorder on them if judged (:attr:`spikes`);
+        ``None`` with one warning where the parameters take no hook: the run goes on without them."""
+        if not (self.judges_spikes or clipping) or self.spikes is not None:
+            return None
+        try:
+            norms = step_norms_of(model, layers, current_step)
+        except Exception as error:  # noqa: BLE001 - watch() must not fail for it
+            warn_safely(f"actviz reads no gradient norms before clipping for this model (no spike check, no "
+                        f"gradient_clipping/*): {type(error).__name__}: {error}", RuntimeWarning)
+            return None
+        norms.grad_scaler = grad_scaler
+        if self.judges_spikes:
             self.spikes = SpikeRecorder(norms, follow=self.record_spikes)
-        return self.spikes
+        return norms
 
     @property
     def alerts(self) -> list[Alert]:

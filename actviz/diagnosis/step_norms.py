@@ -56,15 +56,14 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 
-from ..common._internals import queue_end_of_backward
-from .amp import loss_scale_of
+from ..common._internals import grad_scaler_scale, queue_end_of_backward
 from ..common.optimizer_steps import subscribe
 from ..common.safe_warnings import warn_safely
 from ..options import cpu_shortcuts
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard
 
-__all__ = ["RING", "StepNorms", "step_norms_of"]
+__all__ = ["RING", "StepNorms", "step_norms_of", "weak_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +200,8 @@ class StepNorms:
     def _measure_now(self) -> None:
         row = self._row(self._slot)
         torch.stack(self._norms(), out=row[0])
-        scale = loss_scale_of(self.grad_scaler)
+        scaler = self.grad_scaler
+        scale = None if scaler is None or not scaler.is_enabled() else grad_scaler_scale(scaler)  # no sync
         if scale is not None:  # the pass's gradients carry the loss scale: one op with AMP
             row[0].div_(scale)
         self._measured, self._measured_step = True, self._current_step()
@@ -316,3 +316,23 @@ def step_norms_of(model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
             module_name = name.rpartition(".")[0] or name
             layer_of.append(others.setdefault(module_name, len(names) + len(others)))
     return StepNorms(trainable, layer_of, names + list(others), current_step)
+
+
+def weak_clock(owner: Any, attribute: str) -> Callable[[], int | None]:
+    """The norms' clock: ``owner``'s step number ``attribute`` (a watcher's last started step), read through a weak
+    reference, so that the norms (listening to every optimizer step of the process) never keep a dropped owner alive.
+
+    Example:
+        >>> class Owner:
+        ...     step = 3
+        >>> owner = Owner(); clock = weak_clock(owner, "step"); first = clock(); del owner
+        >>> first, clock()
+        (3, None)
+    """
+    ref = weakref.ref(owner)
+
+    def current_step() -> int | None:
+        found = ref()
+        return None if found is None else getattr(found, attribute)
+
+    return current_step
