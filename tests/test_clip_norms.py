@@ -59,7 +59,7 @@ def test_the_norms_equal_what_clip_grad_norm_returns_and_get_total_norm_after_it
         assert run.scalar(POST, step) == pytest.approx(after, rel=1e-6)
         assert run.scalar(COEFFICIENT, step) == pytest.approx(after / before, rel=1e-6)
         for layer, square in squares.items():
-            assert run.scalar(f"gradient_clipping/share/{layer}", step) == pytest.approx(square / before**2, rel=1e-5)
+            assert run.scalar(f"gradient_clipping/share@{layer}", step) == pytest.approx(square / before**2, rel=1e-5)
     if clip == "norm":
         assert run.scalar(POST, 4) == pytest.approx(0.05, rel=1e-5)  # max_norm / norm: clipping acted
     if clip == "none":
@@ -166,7 +166,7 @@ def test_a_nanogpt_loop_logs_the_norm_clip_grad_norm_returns(tmp_path, read_run)
     for step, (before, after) in returned.items():
         assert run.scalar(PRE, step) == pytest.approx(before, rel=1e-6)
         assert run.scalar(POST, step) == pytest.approx(after, rel=1e-6)
-    shares = sum(event.value for tag in run.scalar_tags if tag.startswith("gradient_clipping/share/")
+    shares = sum(event.value for tag in run.scalar_tags if tag.startswith("gradient_clipping/share@")
                  for event in run.scalar_events(tag) if event.step == 4)
     assert shares == pytest.approx(1.0, rel=1e-6)  # the tied weight counted once, as clip_grad_norm_ counts it
 

@@ -10,7 +10,7 @@ host with the step's one copy; :func:`finish_clip_norms` writes, on the writer t
   gradients);
 * ``gradient_clipping/coefficient``: after / before: 1 when clipping did not act, ``max_norm / norm`` when
   ``clip_grad_norm_`` did;
-* ``gradient_clipping/share/{layer}``: each layer's part of the squared norm before clipping (they sum to 1);
+* ``gradient_clipping/share@{layer}``: each layer's part of the squared norm before clipping (they sum to 1);
 * the text ``gradient_clipping/top_layers``: the 3 layers with the largest shares.
 
 With ``Options(grad_scaler=...)`` the norms before clipping come divided by the loss scale
@@ -45,7 +45,7 @@ def finish_clip_norms(results: StepResults, host: list[torch.Tensor], layer_of: 
         >>> finish_clip_norms(results, [row], [0, 1], ["fc1", "fc2"], False)
         >>> {tag: round(value, 4) for tag, value in results.scalars.items()}  # doctest: +NORMALIZE_WHITESPACE
         {'gradient_clipping/pre_clip_norm': 5.0, 'gradient_clipping/post_clip_norm': 1.0,
-         'gradient_clipping/coefficient': 0.2, 'gradient_clipping/share/fc1': 0.36, 'gradient_clipping/share/fc2': 0.64}
+         'gradient_clipping/coefficient': 0.2, 'gradient_clipping/share@fc1': 0.36, 'gradient_clipping/share@fc2': 0.64}
         >>> results.texts["gradient_clipping/top_layers"]
         'fc2 64%, fc1 36% of the squared gradient norm before clipping'
     """
