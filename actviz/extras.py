@@ -53,8 +53,9 @@ class Probe:
 class Spikes:
     """The gradient-spike recorder: ``extras=[actviz.Spikes()]``.
 
-    It checks the global gradient norm at every optimizer step (a few ops, no sync); on a spike it names the
-    layers, writes their last 16 gradient norms and logs the next 3 steps in full (docs/diagnosis.md).
+    Gradient spikes are judged by default (with the alerts on), on the global gradient norm before clipping,
+    from 10x the median. With this extra they are judged at every step and from 4x the median, and a spike
+    also writes its layers' last 16 gradient norms and logs the next 3 steps in full (docs/diagnosis.md).
     Not with ``Options(merge_ranks=True)``: rank 0 alone would log the steps after a spike.
 
     Example:

@@ -167,6 +167,8 @@ class CaptureOptions:
             one where it is on by default, or a tuple of :class:`~actviz.statistics.layer_statistic.LayerStatistic`
             objects, checked by :func:`actviz.statistics.registry.check_statistics`.
         gradient_noise: Log the gradient noise scale from per-example gradient norms (:mod:`actviz.statistics.gradient_noise`).
+        gradient_clipping: Log the global gradient norm before and after clipping, the clip coefficient and each
+            layer's share on stats steps (:mod:`actviz.capture.clip_norms`); on by default.
         with_defaults: With ``statistics`` a tuple: run the built-ins on by default too (``statistics=["default", ...]``).
         loss: Log the value of the tensor each stats step's backward pass starts from as ``loss/backward_root``
             (:mod:`actviz.capture.output_gradients`): ``None`` where actviz writes its own folder (and not into
@@ -199,6 +201,7 @@ class CaptureOptions:
     moe: bool | None = None
     statistics: tuple[Any, ...] | None = None
     gradient_noise: bool = False
+    gradient_clipping: bool = True
     with_defaults: bool = False
     flow_pictures: bool = False
     loss: bool | None = None
@@ -207,7 +210,8 @@ class CaptureOptions:
         check_sizes(self.bins, self.max_channels, self.histogram_sample_size, self.outputs)
         if self.loss not in (None, True, False):
             raise TypeError(f"loss must be None (auto), True or False, got {self.loss!r}")
-        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "with_defaults", "flow_pictures"):
+        for name in ("update_ratio", "merge_ranks", "unit_counts", "gradient_noise", "gradient_clipping", "with_defaults",
+                     "flow_pictures"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.transformer_stats not in (None, True, False):

@@ -83,6 +83,9 @@ UPDATE_RATIO = "update_ratio/{param}"
 UPDATE_STAT = "update_stats/{statistic}@{param}"  # a statistic of target "parameter_update"
 SPIKE_NORM = "spikes/gradient_norm/{layer}"
 SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
+CLIP_NORMS = ("gradient_clipping/pre_clip_norm", "gradient_clipping/post_clip_norm", "gradient_clipping/coefficient")
+CLIP_SHARE = "gradient_clipping/share@{layer}"
+CLIP_TOP_LAYERS = "gradient_clipping/top_layers"
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
 GRADIENT_NOISE = ("gradient_noise/simple", "gradient_noise/grad_squared", "gradient_noise/trace_sigma")
 
@@ -135,8 +138,12 @@ ROWS = (
         "`\"update_lost\"`, `\"adam_epsilon\"`: the RMS of the update the optimizer step applied, the fraction of "
         "elements with a gradient whose update rounding dropped, the fraction where Adam's ε exceeds √v̂ "
         "([diagnosis](diagnosis.md#the-optimizer))"),
-    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms of the steps "
-        "before a spike"),
+    Row("Scalars", CLIP_NORMS, "the global gradient norm before clipping (what backward produced, complete after "
+        "accumulation), after it (what the optimizer applies, as `weight_grads/*` show), and after / before "
+        "(1: no clipping) ([diagnosis](diagnosis.md))"),
+    Row("Scalars", (CLIP_SHARE,), "each layer's share of the squared global gradient norm before clipping"),
+    Row("Scalars", (SPIKE_NORM, SPIKE_GLOBAL_NORM), "with `actviz.Spikes()`: the gradient norms before clipping of "
+        "the steps before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
         "attention health, with `\"attention\"` ([transformers](transformers.md))"),
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
@@ -149,6 +156,7 @@ ROWS = (
     Row("Text", (LAYERS,), "once: each watched layer's tag name, type, output shape and parameter count, and its "
         "module's full name where the tag name is shorter", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
+    Row("Text", (CLIP_TOP_LAYERS,), "the 3 layers with the largest shares of the gradient norm before clipping"),
 )
 
 #: Every tag pattern of :data:`ROWS`, in order.

@@ -1,7 +1,8 @@
 """The watcher: the schedule, the step count and the one hook that stays on the model.
 
 Between logging steps the model carries one light forward pre-hook on its root
-(:mod:`actviz.capture.root_hook`) and nothing else. On a step the schedule picks, that hook starts
+(:mod:`actviz.capture.root_hook`), and its parameters the hooks of the gradient norms before clipping
+(:mod:`actviz.diagnosis.step_norms`). On a step the schedule picks, that hook starts
 a :class:`~actviz.capture.step_capture.StepCapture`, which hooks the watched layers, decides when the
 step is over and hands it to ``deliver`` (:mod:`actviz.capture.open_steps`, then the sink on the
 writer thread). Data flows one way: model → hook → capture → deliver → sink.
@@ -30,6 +31,7 @@ from .capture.open_steps import OpenSteps
 from .output.open_watchers import register, unregister
 from .output.run_notes import RunNotes, end_of_run, subject_of
 from .options import CaptureOptions
+from .output.pending_step import PendingStep
 from .common.results import StepResults
 from .output.sink import Sink
 from .output.step_callbacks import StepCallbacks
@@ -38,7 +40,7 @@ from .capture.probe import ProbeForward, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
-from .diagnosis.spikes import SpikeRecorder
+from .diagnosis.step_norms import StepNorms, weak_clock
 from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
@@ -66,8 +68,13 @@ class Watcher:
         self._layers = self._slots.layers
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
-        self._spikes = diagnosis and diagnosis.spike_recorder(self._layers, self._parameters, _last_started_step_of(self))
-        self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), _last_started_step_of(self))
+        self._history = LoopHistory()  # every optimizer step's gradient norms (gradient_clipping/*, spikes), on rank 0
+        self._norms = diagnosis and diagnosis.gradient_norms(
+            unwrap_compiled(model), self._layers, weak_clock(self, "_last_started_step"), options.gradient_clipping,
+            grad_scaler)
+        self._history.step_norms = self._norms if options.gradient_clipping else None
+        self._spikes = diagnosis and diagnosis.spikes
+        self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), weak_clock(self, "_last_started_step"))
         self._subject = subject_of(type(unwrap_compiled(model)).__name__, sink)  # what its warnings name: "Net → runs/x"
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks,
                                                         subject=self._subject)
@@ -80,7 +87,6 @@ class Watcher:
         self._last_started_step: int | None = None
         self._open = OpenSteps(None if self._writer is None else self._writer.deliver)
         self._notices = Notices(self._subject)
-        self._history = LoopHistory()
         self._layers_described = False
         self._skipped: set[str] = set()
         self._lazy = any(is_lazy(param) for _, param in self._parameters)  # nn.LazyLinear before its first forward
@@ -96,13 +102,12 @@ class Watcher:
         self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
         register(model, self)
         # Dropped without close() (its model gone too): the writer thread writes what is queued and ends.
-        self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._spikes)
+        self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._norms)
         self._finalizer.atexit = False  # at exit, open_watchers closes the watchers still alive
 
     @property
     def layer_names(self) -> list[str]:
-        """Tag names of the watched layers, in model order (:func:`actviz.selection.layer_tag_names`: a
-        ``named_modules()`` name, or a long one's short form, ``0.query`` for ``bert.encoder.layer.0.attention.self.query``)."""
+        """Tag names of the watched layers, in model order (:func:`actviz.selection.layer_tag_names`)."""
         return [name for name, _ in self._layers]
 
     @property
@@ -141,10 +146,9 @@ class Watcher:
 
     @property
     def dropped_steps(self) -> int:
-        """Logging steps not written: a sink that did not return within ``actviz.output.writer_thread.WRITE_TIMEOUT_SECONDS``
-        (warned once, then not waited for), an event file that could not take them (``ENOSPC``, ``EFBIG``, ``EIO``:
-        warned once, naming the folder; later steps are written once there is room), or steps after :meth:`close`.
-        Call :meth:`close` (or :meth:`flush`) first to count the last ones."""
+        """Logging steps not written (a sink that did not return within ``WRITE_TIMEOUT_SECONDS``, an event file that
+        could not take them: ``ENOSPC``, ``EFBIG``, ``EIO``, each warned once; steps after :meth:`close`). Call
+        :meth:`close` (or :meth:`flush`) first to count the last ones."""
         return 0 if self._writer is None else self._writer.dropped_steps
 
     @property
@@ -155,8 +159,7 @@ class Watcher:
 
     @property
     def layer_table(self) -> str | None:
-        """The watched layers as a markdown table (name, type, output shape, parameters), once a step logged; also
-        written as the text summary ``layers`` at the first stats step."""
+        """The watched layers as a markdown table, once a step logged (the text summary ``layers``)."""
         return None if self._writer is None else self._writer.layer_table
 
     def show(self, height: int = 900) -> Any:
@@ -213,8 +216,8 @@ class Watcher:
             return
         errors: list[Exception] = []
         try:  # each part idempotent: a second close() finishes what an interrupted one left
-            for part in (self._remove_root_hook, self._spikes and self._spikes.close, self._audit and self._audit.close,
-                         self._end_open_steps,
+            for part in (self._remove_root_hook, self._audit and self._audit.close, self._end_open_steps,
+                         self._write_last_spikes, self._norms and self._norms.close,
                          lambda: self._silences.check(closing=True)):
                 if part:
                     _collect(errors, part)
@@ -240,6 +243,12 @@ class Watcher:
         self._open.finish_all()
         if errors:
             raise errors[0]
+
+    def _write_last_spikes(self) -> None:
+        """Judge the steps since the last logging step; a spike among them goes with a step of its own: the last."""
+        step = self._last_started_step
+        if self._spikes and step is not None and self._writer is not None and self._spikes.judge_the_rest(step):
+            self._writer.deliver(PendingStep(step, self._options.bins))
 
     def _remove_root_hook(self) -> None:
         if (handle := self._root_handle) is not None:
@@ -308,10 +317,12 @@ class Watcher:
             if forward_depth(model) > 1:
                 return  # the model called itself inside a logging forward: same step
             self._open.end_interrupted()  # a forward that Ctrl-C left: its step is abandoned
+        if self._norms is not None:  # a loop that updates by hand: its last backward's norms, before its step ends
+            self._norms.commit_unstepped()
         if (step := self._count_step()) is None:
             return  # the step goes on: a later micro-batch
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
-        if self._spikes and self._spikes.forces(step):  # the steps after a gradient spike log in full
+        if self._spikes and self._spikes.forces(step, want_stats or want_images):  # the steps after a spike log in full
             want_stats = want_images = True
         self._silences.saw_step(step, want_stats or want_images)
         writes = self._writer is not None  # rank 0, or the only process
@@ -383,20 +394,8 @@ def _collect(errors: list[Exception], part: Callable[[], object]) -> None:
         errors.append(error)
 
 
-def _last_started_step_of(watcher: Watcher) -> Callable[[], int | None]:
-    """The spike recorder's clock: the watcher's last started step, read through a weak reference, so that
-    the recorder (listening to every optimizer step of the process) never keeps a dropped watcher alive."""
-    ref = weakref.ref(watcher)
-
-    def last_started_step() -> int | None:
-        found = ref()
-        return None if found is None else found._last_started_step
-
-    return last_started_step
-
-
-def _end_dropped(writer: Writer | None, spikes: SpikeRecorder | None) -> None:
-    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, stops
-    the spike recorder and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
+def _end_dropped(writer: Writer | None, norms: StepNorms | None) -> None:
+    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, takes
+    the gradient-norm hooks off and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
     if writer is not None:
-        writer.end_when_idle(then=spikes.close if spikes else None)
+        writer.end_when_idle(then=norms.close if norms else None)

@@ -372,11 +372,40 @@ class AttentionLogitGrowth(Sick):
         return f"attention logits reach {self.largest:.3g}" if self.largest > 100 else None
 
 
+class ClippedSpike(Sick):
+    """The GPT of nanoGPT's recipe (AdamW, ``clip_grad_norm_(…, 1.0)``) whose loss is x1000 at step 203, a step that
+    logs nothing: clipping keeps what the optimizer applies at norm 1, so only the norm before clipping shows it."""
+
+    onset, cause, rules = 203, "loss x1000 at step 203 of a clipped run", frozenset({"gradient_spike"})
+
+    def __init__(self) -> None:
+        super().__init__(LanguageModel(spike_at=self.onset))
+
+    def happened(self) -> str | None:
+        norms = self.inner.norms
+        before = sorted(norms[self.onset - 20:self.onset])
+        if len(norms) > self.onset and norms[self.onset] > 100 * before[len(before) // 2]:
+            return f"the norm before clipping is {norms[self.onset]:.3g} at step {self.onset}, clipped to 1"
+        return None
+
+
+class BatchBetweenLogs(Sick):
+    """The mnist CNN given one batch x10^4 at step 57, a step that logs nothing (every=5)."""
+
+    onset, cause, rules = 57, "one batch x10^4 at step 57, between logging steps", DIVERGED
+
+    def __init__(self) -> None:
+        super().__init__(mnist_cnn())
+        original = self.inner.batch_at
+        self.inner.batch_at = lambda step: ((lambda x, y: (x * 1e4, y))(*original(step)) if step == self.onset
+                                            else original(step))
+
+
 #: The sick programs by name: each makes a fresh program.
 SICK = {
     "lr_x1000": LearningRateX1000, "demo_cnn_lr10": DemoCNNLearningRate10, "deep_sigmoid": DeepSigmoid,
     "dying_relu": DyingReLU, "bad_batch": BadBatch, "fp16_overflow": Float16Overflow,
     "tanh_saturation": TanhSaturation, "saturated_generator": SaturatedGenerator, "forgotten_group": ForgottenGroup,
     "nan_in_data": NaNInData, "attention_logit_growth": AttentionLogitGrowth, "frozen_by_mistake": FrozenByMistake,
-    "decayed_layernorm": DecayedLayerNorm,
+    "decayed_layernorm": DecayedLayerNorm, "clipped_spike": ClippedSpike, "mnist_batch_between_logs": BatchBetweenLogs,
 }

@@ -350,25 +350,30 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 class LanguageModel(Program):
     """A GPT trained on a Markov corpus with AdamW (nanoGPT's recipe: betas 0.9/0.99, weight decay 0.1 on the
-    matrices and embeddings alone, clip 1); ``decay_everything`` decays the norms and biases too."""
+    matrices and embeddings alone, clip 1); ``decay_everything`` decays the norms and biases too; ``spike_at``
+    multiplies that step's loss by 1,000."""
 
-    def __init__(self, lr: float = 1e-3, clip: float | None = 1.0, decay_everything: bool = False) -> None:
+    def __init__(self, lr: float = 1e-3, clip: float | None = 1.0, decay_everything: bool = False,
+                 spike_at: int | None = None) -> None:
         torch.manual_seed(0)
         self.model = GPT()
         self.corpus = markov_corpus(64, 8000)
         params = self.model.parameters() if decay_everything else decay_groups(self.model, 0.1)
         self.optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
-        self.clip = clip
+        self.clip, self.spike_at = clip, spike_at
+        self.norms: list[float] = []  # the global gradient norm before clipping, as clip_grad_norm_ returns it
 
     def step(self, step: int) -> float:
         starts = torch.randint(0, len(self.corpus) - 17, (16,))
         chunk = torch.stack([self.corpus[start:start + 17] for start in starts.tolist()])
         logits = self.model(chunk[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, 64), chunk[:, 1:].reshape(-1))
+        if step == self.spike_at:
+            loss = loss * 1000.0
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.clip is not None:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            self.norms.append(float(nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)))
         self.optimizer.step()
         return loss.item()
 

@@ -183,7 +183,14 @@ def test_logging_step_budget_on_a_small_resnet():
     idle = count_step(model, inputs, every=10**9)
     stats = count_step(model, inputs, every=1, image_every=10**9)
     everything = count_step(model, inputs, every=1)
-    assert idle.kernels == bare.kernels  # a step that logs nothing adds no op
+    # a step that logs nothing adds the gradient norms before clipping at its backward's end (2 ops); in this loop,
+    # which steps no optimizer, the last step's are committed at the forward: no norms after clipping (NaN), both
+    # global norms, their copy (actviz.diagnosis.step_norms)
+    extra = list(idle.kernels)
+    for op in bare.kernels:
+        extra.remove(op)
+    assert sorted(extra) == sorted(["aten._foreach_norm.Scalar", "aten.stack.out", "aten.fill_.Scalar",
+                                    "aten.linalg_vector_norm.default", "aten.copy_.default"]), extra
     added = len(stats.kernels) - len(bare.kernels)
     tensors = 2 * 41  # 41 watched layers (20 conv, 20 batch norm, 1 linear): outputs and their gradients
     assert added >= tensors  # the device path ran: at least one copy per tensor

@@ -79,42 +79,52 @@ def test_a_nan_loss_is_a_spike_named_once(tmp_path):
     assert "not finite" in viz.alerts[0].message
 
 
-def test_spikes_subscribe_once_and_unsubscribe_at_close_and_are_off_by_default(tmp_path):
+def test_the_norms_subscribe_once_and_take_their_hooks_off_at_close_and_are_on_by_default(tmp_path):
+    from actviz.diagnosis.step_norms import StepNorms
     from actviz.common import optimizer_steps
-    from actviz.diagnosis.spikes import SpikeRecorder
 
-    def recorders() -> int:  # other parts of a watcher (actviz.diagnosis.silences) listen to optimizer steps too
-        return sum(isinstance(getattr(listener, "__self__", None), SpikeRecorder)
+    def readers() -> int:  # other parts of a watcher (actviz.diagnosis.silences) listen to optimizer steps too
+        return sum(isinstance(getattr(listener, "__self__", None), StepNorms)
                    for listener in optimizer_steps._listeners.values())
 
-    before = recorders()
-    with actviz.watch(small_cnn(), tmp_path, every=1000, extras=[actviz.Spikes()]):
-        assert recorders() == before + 1
-    assert recorders() == before
-    with actviz.watch(small_cnn(), tmp_path / "off", every=1000):
-        assert recorders() == before
+    def hooks(model) -> int:
+        return sum(len(param._post_accumulate_grad_hooks or {}) for param in model.parameters())
+
+    before = readers()
+    for kwargs in ({}, {"extras": [actviz.Spikes()]}, {"alerts": False}):  # on by default, with and without alerts
+        model = small_cnn()
+        with actviz.watch(model, tmp_path / str(len(kwargs)), every=1000, **kwargs):
+            assert readers() == before + 1
+            assert hooks(model) == len(list(model.parameters()))  # one per trainable parameter
+        assert readers() == before and hooks(model) == 0
+    model = small_cnn()
+    with actviz.watch(model, tmp_path / "off", every=1000, alerts=False, statistics=["moments"]):
+        assert readers() == before and hooks(model) == 0  # nothing asks for them: nothing on the model
 
 
-def test_a_step_that_does_not_log_pays_four_ops_and_no_sync(tmp_path, monkeypatch):
+def test_a_step_that_does_not_log_pays_six_ops_and_no_sync(tmp_path, monkeypatch):
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")  # the accelerator path: the copy to the host included
     counts = {}
-    for spikes in (False, True):
+    for norms in (False, True):
         torch.manual_seed(0)
         model = small_cnn()
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-        with actviz.watch(model, tmp_path / str(spikes), every=1000, extras=[*([actviz.Spikes()] if spikes else [])]):
+        off = {} if norms else {"alerts": False, "statistics": ["moments"]}
+        with actviz.watch(model, tmp_path / str(norms), every=1000, **off):
             for _step in range(4):  # step 0 logs; steps 1-3 do not
                 with CountOps() as count:
                     loss = model(torch.randn(4, 3, 8, 8)).square().mean()
                     optimizer.zero_grad()
                     loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                     optimizer.step()
-        counts[spikes] = count
+        counts[norms] = count
     extra = list(counts[True].kernels)
     for op in counts[False].kernels:
         extra.remove(op)
-    assert sorted(extra) == sorted(["aten._foreach_norm.Scalar", "aten.stack.out", "aten.linalg_vector_norm.default",
-                                    "aten.copy_.default"]), extra
+    # before clipping, at the backward's end: 2; after it, at the optimizer step: 2, both norms 1, their copy 1
+    assert sorted(extra) == sorted(["aten._foreach_norm.Scalar", "aten.stack.out"] * 2 + [
+        "aten.linalg_vector_norm.default", "aten.copy_.default"]), extra
     assert counts[True].syncs == counts[False].syncs == []
 
 

@@ -252,7 +252,8 @@ def test_non_logging_steps_carry_no_layer_hooks(tmp_path):
     with actviz.watch(model, tmp_path, every=2):
         for _ in range(4):
             train_step(model, optimizer)  # the optimizer step ends a logging step
-            assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}  # the root's step counter only
+            # the root's step counter, and each parameter's hook of the gradient norms before clipping (step_norms)
+            assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1, "param": len(list(model.parameters()))}
             assert len(model._forward_pre_hooks) == 1
     assert probe.seen == [1, 0, 1, 0]
 
@@ -516,7 +517,7 @@ def test_an_error_in_the_users_forward_leaves_no_layer_hooks(tmp_path, read_run)
     with actviz.watch(model, tmp_path, every=1):
         with pytest.raises(RuntimeError):
             model(torch.randn(2, 5, 8, 8))  # wrong channel count
-        assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}
+        assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1, "param": len(list(model.parameters()))}
         train_step(model)
     assert read_run(tmp_path).histogram_steps("gradients/0") == [1]
 
@@ -642,7 +643,7 @@ def test_watching_the_same_model_twice(tmp_path):
     with pytest.raises(ValueError, match="already watched"):
         actviz.watch(model, tmp_path / "second")
     assert not (tmp_path / "second").exists()
-    assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1}
+    assert hooks_left(model) == {**NO_HOOKS, "forward_pre": 1, "param": len(list(model.parameters()))}  # the first's
     first.close()
     actviz.watch(model, tmp_path / "second").close()  # fine once the first is closed
 

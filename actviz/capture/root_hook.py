@@ -1,4 +1,4 @@
-"""The watcher's root hook: the one thing actviz leaves on a model between logging steps.
+"""The watcher's root hook: the one module hook actviz leaves on a model between logging steps.
 
 It is a named module-level function, made from source text (:data:`_HOOK_SOURCE`) because
 ``torch.jit.script`` compiles a model's hooks from their source and wants the pre-hook's

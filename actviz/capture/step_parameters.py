@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from ..common._internals import forward_hooks
 from ..common.safe_warnings import warn_safely
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
+from .clip_norms import finish_clip_norms
+from ..diagnosis.step_norms import StepNorms
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
 from ..output.pending_step import LayerValues, PendingStep
@@ -92,6 +95,7 @@ class LoopHistory:
     layer_lookup: tuple[list[tuple[str, nn.Module]], dict[int, tuple[Any, ...]], list[dict[int, Any]]] | None = None
     statistic_lookup: tuple[list[tuple[str, nn.Module]], Chosen] | None = None
     noise: NoiseRun | None = None  # statistics=[..., "gradient_noise"]: the model's batch dimension, the causes warned about
+    step_norms: StepNorms | None = None  # the gradient norms before and after clipping of every optimizer step
 
     def noise_run(self, model: nn.Module) -> NoiseRun:
         """The gradient noise scale's state shared by the steps (:class:`~actviz.statistics.gradient_noise.NoiseRun`)."""
@@ -187,6 +191,7 @@ class StepParameters:
         self._rates: dict[str, dict[str, float]] = {}  # learning_rates() of the optimizer that took the gradients
         self._optimizer: torch.optim.Optimizer | None = None  # that optimizer, until the update is done: its state
         self._had_gradient: list[torch.Tensor | None] = []  # per trainable parameter: grad != 0, for "update_lost"
+        self._clip_row: torch.Tensor | None = None  # the step's norms before and after clipping (gradient_clipping)
 
     @property
     def waits_for_update(self) -> bool:
@@ -251,7 +256,7 @@ class StepParameters:
 
     def discard_gradients(self) -> None:
         """Log no gradients for this step: no optimizer applied the ones its backward made."""
-        self._grads, self._grad_refs = {}, []
+        self._grads, self._grad_refs, self._clip_row = {}, [], None
 
     def take_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Reduce the gradients as they are now: as ``optimizer`` is about to apply them, or as a pass left them."""
@@ -261,6 +266,10 @@ class StepParameters:
                 self._rates = learning_rates(optimizer, self.trainable)
             except Exception:  # noqa: BLE001 - an odd optimizer: frozen_parameter names both causes
                 self._rates = {}
+        norms = self._history.step_norms
+        if optimizer is not None and norms is not None and not norms.sharded:
+            row = norms.row_applied_by(optimizer)  # its listener ran first: the norms of this optimizer step
+            self._clip_row = None if row is None else row.clone()  # one op: the ring's row is written again later
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
         if self.waits_for_update and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
@@ -289,7 +298,15 @@ class StepParameters:
             before, self._before = self._before, None
             self._add_updates(before)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
-        self._grads = {}
+        took, self._grads = bool(self._grads), {}
+        norms = self._history.step_norms
+        if took and self._clip_row is None and norms is not None and not self.taken_at_step and not norms.stepped:
+            row = norms.row_committed_for(self._pending.step)  # an update by hand: the norms before clipping alone
+            self._clip_row = None if row is None else row.clone()
+        if self._clip_row is not None and norms is not None:
+            row, self._clip_row = self._clip_row, None
+            self._pending.add_host_work(partial(finish_clip_norms, layer_of=norms.layer_of, layer_names=norms.layer_names,
+                                                scaled_after=self._grads_scaled), row)
         if self._grad_values is not None:
             self._pending.layer_values.extend(self._grad_values)
             self._grad_values = None

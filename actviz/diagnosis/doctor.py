@@ -42,7 +42,7 @@ fraction, NaN/Inf count) and every alert actviz raised while it trained, with it
 
 Alerts are raised during training by actviz.watch(model, "runs/x") (alerts=True is the
 default): non-finite values, vanishing and exploding gradients, dead ReLUs, saturated
-Tanh/Sigmoid, update ratios out of range, gradient spikes (spikes=True), attention
+Tanh/Sigmoid, update ratios out of range, gradient spikes (before clipping), attention
 and outlier alerts of transformers, and experts of a mixture of experts that no token
 chooses (dead_experts).
 """

@@ -23,6 +23,7 @@ from .optimizer_audit import OptimizerAudit
 from ..common.results import StepResults
 from ..common.safe_warnings import warn_safely
 from .spikes import SpikeRecorder
+from .step_norms import StepNorms, step_norms_of
 from .transformer_alerts import outlier_alerts
 from .trends import health_monitor
 from ..selection import parameter_tag_names
@@ -41,7 +42,8 @@ class Diagnosis:
         sink: The sink spike records are written to, as steps of their own (:class:`actviz.output.sink.Sink`).
         monitor: The health rules, or ``None`` with ``alerts=False``.
         flow: The flow pictures' history.
-        spikes: Whether to record gradient spikes (``watch(extras=[Spikes()])``): see :meth:`spike_recorder`.
+        spikes: ``watch(extras=[Spikes()])``: the steps after a spike log in full and its norms are written; without
+            it, with the alerts on, a spike is an alert alone (:meth:`spike_recorder`).
         on_alert: Called with each alert (for spikes when the rules are off).
 
     Example:
@@ -65,6 +67,7 @@ class Diagnosis:
         self._reporter = monitor or HealthMonitor(check_alerts(True) or {}, on_alert=on_alert)
         self._written_until = -1  # the last step the sink got: spike records write no step again, nor one before it
         self._failed: set[str] = set()
+        self._later_spikes: list[Any] = []  # spike records of steps after the last one the writer had
         self._audit_alerts: deque[Alert] = deque()  # the optimizer audit's (training thread), said already
 
     def optimizer_audit(self, model: nn.Module, current_step: Callable[[], int | None]) -> OptimizerAudit | None:
@@ -73,14 +76,28 @@ class Diagnosis:
             return None
         return OptimizerAudit(model, self._audit_alerts.extend, current_step)
 
-    def spike_recorder(
-        self, layers: Sequence[tuple[str, nn.Module]], parameters: Sequence[tuple[str, nn.Parameter]],
-        current_step: Callable[[], int | None],
-    ) -> SpikeRecorder | None:
-        """Start the spike recorder, if asked for, on these layers and parameters (see :class:`SpikeRecorder`)."""
-        if self.record_spikes and self.spikes is None:
-            self.spikes = SpikeRecorder(layers, parameters, current_step)
-        return self.spikes
+    @property
+    def judges_spikes(self) -> bool:
+        """Whether gradient spikes are judged: with ``actviz.Spikes()``, or by default with the alerts on."""
+        return self.record_spikes or self.monitor is not None
+
+    def gradient_norms(self, model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
+                       current_step: Callable[[], int | None], clipping: bool, grad_scaler: Any) -> StepNorms | None:
+        """Start reading every optimizer step's gradient norms (:class:`StepNorms`) if the spikes are judged or
+        ``clipping`` (``gradient_clipping/*``) is on, and the spike recorder on them if judged (:attr:`spikes`);
+        ``None`` with one warning where the parameters take no hook: the run goes on without them."""
+        if not (self.judges_spikes or clipping) or self.spikes is not None:
+            return None
+        try:
+            norms = step_norms_of(model, layers, current_step)
+        except Exception as error:  # noqa: BLE001 - watch() must not fail for it
+            warn_safely(f"actviz reads no gradient norms before clipping for this model (no spike check, no "
+                        f"gradient_clipping/*): {type(error).__name__}: {error}", RuntimeWarning)
+            return None
+        norms.grad_scaler = grad_scaler
+        if self.judges_spikes:
+            self.spikes = SpikeRecorder(norms, follow=self.record_spikes)
+        return norms
 
     @property
     def alerts(self) -> list[Alert]:
@@ -108,11 +125,18 @@ class Diagnosis:
         """Each spike record found since the last step: its ring buffer's norms of steps after the last one
         written, as steps of their own before ``results``; those of ``results``' step with it. Steps already
         written are left out, so that a sink gets each step once, in order. The alert goes with its own step
-        where that is written here, else with ``results``."""
+        where that is written here, else with ``results``. A spike after ``results``' step (found while the
+        writer was behind) waits for a later step."""
         assert self.spikes is not None
-        for record in self.spikes.take_records():
+        found = [*self._later_spikes, *self.spikes.take_records()]
+        self._later_spikes = [record for record in found if record.step > results.step]
+        for record in found:
+            if record.step > results.step:
+                continue
             alert, values = record.resolve()
             self._reporter.report(None, [alert])
+            if not self.spikes.follow:  # the default check: the alert alone
+                values = {}
             carrier = results
             for step, scalars in sorted(values.items()):
                 if step == results.step:

@@ -50,6 +50,7 @@ STEP_WIDE: dict[str, str] = {
     "update_ratio": "update_ratio/{param}, the relative change of each parameter across the next update",
     "gradient_noise": "gradient_noise/simple, the gradient noise scale (docs/gradient-noise.md)",
     "loss": "loss/backward_root, the value of the tensor each logging step's backward pass starts from",
+    "gradient_clipping": "gradient_clipping/*, the global gradient norm before and after clipping (docs/diagnosis.md)",
 }
 
 #: Names that stand for several: ``"default"`` for the default set, ``"transformer"`` for the transformer set.
@@ -63,7 +64,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
     """``watch(statistics=...)`` -> the :class:`~actviz.options.CaptureOptions` fields it sets.
 
     ``None`` and ``["default"]`` are the default set: each built-in layer statistic where it is on by
-    default, attention and outlier statistics on models with an attention module, router statistics on
+    default, the gradient norms before and after clipping, attention and outlier statistics on models with an attention module, router statistics on
     models with a mixture-of-experts module. A name given in the list runs on any model. A list without
     ``"default"`` runs only what it names.
 
@@ -79,7 +80,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
     """
     if value is None:
         return {"statistics": None, "with_defaults": False, "transformer_stats": None, "moe": None,
-                "update_ratio": False, "gradient_noise": False, "loss": None}
+                "update_ratio": False, "gradient_noise": False, "loss": None, "gradient_clipping": True}
     if isinstance(value, (str, LayerStatistic)) or not isinstance(value, Iterable):
         check_statistics(value)  # raises its TypeError
     items = list(value)
@@ -102,6 +103,7 @@ def resolve_statistics(value: Any) -> dict[str, Any]:
         "update_ratio": "update_ratio" in named,
         "gradient_noise": "gradient_noise" in named,
         "loss": True if "loss" in named else None if with_defaults else False,
+        "gradient_clipping": with_defaults or "gradient_clipping" in named,
     }
 
 
