@@ -140,9 +140,7 @@ class Watcher:
         """Every health alert so far, oldest first (:class:`~actviz.diagnosis.alerts.Alert`); call :meth:`flush` first."""
         return [] if self._diagnosis is None else list(self._diagnosis.alerts)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    closed = property(lambda self: self._closed, doc="Whether :meth:`close` ran.")
 
     @property
     def dropped_steps(self) -> int:
@@ -395,7 +393,7 @@ def _collect(errors: list[Exception], part: Callable[[], object]) -> None:
 
 
 def _end_dropped(writer: Writer | None, norms: StepNorms | None) -> None:
-    """A watcher was garbage-collected unclosed: its writer thread writes what is queued, closes the sink, takes
-    the gradient-norm hooks off and ends. This runs inside the garbage collector: it sets flags and waits for nothing."""
+    """A watcher garbage-collected unclosed: its writer thread writes what is queued, closes the sink, takes the
+    norms' hooks off and ends. Inside the garbage collector: it sets flags, waits for nothing."""
     if writer is not None:
         writer.end_when_idle(then=norms.close if norms else None)
