@@ -254,12 +254,13 @@ def test_a_logging_step_makes_few_python_calls_per_hooked_tensor():
         if model is watched:
             viz.flush()
 
-    for model in (bare, watched, bare, watched):  # warm: plans and layouts are made once
+    for model in (bare, watched) * 3:  # warm: plans and layouts are made once, the optimizer audit has judged
         step(model)
     extra = python_calls(lambda: step(watched)) - python_calls(lambda: step(bare))
     viz.close()
     hooked = 2 * 41 + 9  # 41 watched layers' outputs and their gradients; 9 ReLUs' outputs for their dead channels
-    assert hooked * 8 < extra <= hooked * 23, extra  # the hooks ran, and cheaply (2,049 calls: 22.5 each)
+    parameters = len(list(watched.parameters()))  # each has a gradient-norm hook, on every step (gradient_clipping)
+    assert hooked * 8 < extra <= hooked * 23 + parameters * 3, extra  # the hooks ran, and cheaply (2,226 calls)
 
 
 def test_a_logging_step_creates_few_python_objects():

@@ -6,14 +6,15 @@ actviz imports no ``torch.distributed`` internals to check a type (they may be m
 from a build, and importing them costs time at ``import actviz``). A rename in PyTorch
 would turn these checks off silently, which is why they are listed among actviz's side
 effects (docs/how-it-works.md) and ``tests/test_distributed.py`` runs DDP, FSDP1 and FSDP2
-through them. ``tests/test_idioms.py`` checks that no other module compares class names.
+through them. ``tests/test_idioms.py`` checks that no other module compares class names: so the one other
+check by name, of norm layers (:func:`is_norm_by_class_name`), is here too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["is_ddp", "is_dtensor", "is_fsdp_parameter"]
+__all__ = ["is_ddp", "is_dtensor", "is_fsdp_parameter", "is_norm_by_class_name"]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -47,3 +48,16 @@ def is_ddp(model: Any) -> bool:
         False
     """
     return type(model).__name__ == "DistributedDataParallel"
+
+
+def is_norm_by_class_name(module: Any) -> bool:
+    """True for a module whose class name holds ``Norm`` (``LayerNorm``, ``RMSNorm``, the batch norms, Hugging
+    Face's ``LlamaRMSNorm``...): they share no base class, so nanoGPT's parameter groups and the optimizer audit
+    tell them by name.
+
+    Example:
+        >>> import torch
+        >>> is_norm_by_class_name(torch.nn.LayerNorm(2)), is_norm_by_class_name(torch.nn.Linear(2, 2))
+        (True, False)
+    """
+    return "Norm" in type(module).__name__

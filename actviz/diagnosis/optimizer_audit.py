@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common.distributed_types import is_norm_by_class_name
 from ..common.optimizer_steps import subscribe
 from ..common.safe_warnings import warn_once
 from .alerts import Alert
@@ -83,7 +84,7 @@ def parameter_kinds(model: nn.Module) -> dict[int, tuple[str, str]]:
     """
     found: dict[int, tuple[str, str]] = {}
     for prefix, module in model.named_modules():
-        if "Norm" in type(module).__name__:
+        if is_norm_by_class_name(module):
             kind = "norm"
         elif isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
             kind = "embedding"

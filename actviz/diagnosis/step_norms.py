@@ -58,6 +58,7 @@ from torch.nn.parameter import is_lazy
 
 from ..common._internals import grad_scaler_scale, queue_end_of_backward
 from ..common.optimizer_steps import subscribe
+from ..common.owned_hooks import HookHandles
 from ..common.safe_warnings import warn_safely
 from ..options import cpu_shortcuts
 from ..summaries.merge_ranks import is_sharded
@@ -106,7 +107,7 @@ class StepNorms:
         self._waiting: deque[tuple[int, int, Any, Any]] = deque()  # (step, slot, event, CPU value) copies under way
         self._failed = False
         self._pid = os.getpid()  # a forked child (hogwild workers) reads nothing: its parent's watcher is not there
-        self._handles: list[Any] = []
+        self._handles = HookHandles()
         self._unhooked = list(self.params)  # a lazy module's parameters (nn.LazyLinear) are hooked once they have a value
         self._hook_the_ready()
         self._stepping: Any = None  # the optimizer whose step began with no backward's norms: a closure may run one
@@ -123,7 +124,8 @@ class StepNorms:
 
         ready = [param for param in self._unhooked if not is_lazy(param)]
         self._unhooked = [param for param in self._unhooked if is_lazy(param)]
-        self._handles += [param.register_post_accumulate_grad_hook(accumulated) for param in ready]
+        for param in ready:
+            self._handles.add("accumulated", param.register_post_accumulate_grad_hook(accumulated))
 
     @property
     def waiting(self) -> int:
@@ -132,9 +134,8 @@ class StepNorms:
 
     def close(self) -> None:
         """Remove the hooks and stop listening to optimizer steps. Safe to call more than once."""
-        handles, self._handles, self._unhooked = self._handles, [], []
-        for handle in handles:
-            handle.remove()
+        self._unhooked = []
+        self._handles.remove()
         if self._subscription is not None:
             self._subscription.remove()
 
