@@ -75,7 +75,8 @@ def _abbreviated(tag_name: str) -> str:
     parts = tag_name.split(".")
     first_number = next((index for index, part in enumerate(parts[:-1]) if part.isdigit()), 0)
     *middle, last = parts[first_number:]
-    return ".".join([part if part.isdigit() else part[0] for part in middle] + [last])
+    # A wrapper's private attribute (FSDP1's ``_fsdp_wrapped_module``) stays whole: its first letter says nothing.
+    return ".".join([part if part.isdigit() or part.startswith("_") else part[0] for part in middle] + [last])
 
 
 def layer_tag_names(model: nn.Module) -> dict[str, str]:

@@ -207,15 +207,19 @@ def serving(log_dir: Path, *flags: str, images_served: bool = True) -> Iterator[
         server.stop()
 
 
-#: flow/zero_fraction has nothing to show here (no watched layer has an exact zero): it is not drawn.
-FLOW_TAGS = {"~flow/gradient_norm", "~flow/activation_std"}
+#: flow/zero_fraction shows the ReLUs the layers leave out (relu_zeros): no watched layer has an exact zero.
+FLOW_TAGS = {"~flow/gradient_norm", "~flow/activation_std", "~flow/zero_fraction"}
 EXPECTED_TAGS = {
     "images": {f"~feature_maps/{layer}" for layer in (*CONV_OUTPUTS, HEATMAP_LAYER)} | FLOW_TAGS,
     "histograms": {f"~{kind}/{layer}" for kind in ("activations", "gradients") for layer in LAYERS}
     | {f"~{kind}/{param}" for kind in ("weights", "weight_grads") for param in PARAMETERS},
-    # nonfinite and zero_fraction are written once they are not zero: never, on this healthy run before its ReLUs
+    # nonfinite and zero_fraction are written once they are not zero: never, on this healthy run before its ReLUs;
+    # the ReLUs the layers leave out write theirs (relu_zeros); the loss, and the norms before and after clipping
     "scalars": {f"~activation_stats/{stat}@{layer}" for layer in LAYERS for stat in ("mean", "std")}
-    | {f"~gradient_stats/norm@{layer}" for layer in LAYERS},
+    | {f"~gradient_stats/norm@{layer}" for layer in LAYERS}
+    | {"~activation_stats/zero_fraction@relu1", "~activation_stats/zero_fraction@relu2", "~loss/backward_root"}
+    | {f"~gradient_clipping/{name}" for name in ("pre_clip_norm", "post_clip_norm", "coefficient")}
+    | {f"~gradient_clipping/share@{layer}" for layer in LAYERS},
 }
 
 
