@@ -16,7 +16,7 @@ every target's statistics the same way (:func:`take_values`), and nothing in cap
   values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
   alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
   ``activation_stats/{name}@{layer}`` (:meth:`~LayerStatistic.tag`; the pattern is its target's,
-  :data:`TARGET_TAGS`).
+  :data:`TARGET_TAGS`); :meth:`~LayerStatistic.texts` may make texts of the step's values of every layer.
 
 A statistic with ``reads_summary = True`` has no device half: on the writer thread,
 :meth:`~LayerStatistic.from_layer_summary` takes its values of each finished summary of its target, which every
@@ -148,6 +148,11 @@ class LayerStatistic:
         """The host half, on the writer thread: :meth:`device`'s numbers as floats (with the tensor's
         ``numel`` and ``dtype``) → ``{value name: value}``."""
         raise NotImplementedError
+
+    def texts(self, values: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """On the writer thread, once per step: the texts (``{tag: markdown}``) made of this step's values of every
+        layer (``{layer: values}``, as :meth:`host` gave them); none by default."""
+        return {}
 
     def tag(self, layer: str, name: str) -> str:
         """The scalar tag of value ``name`` of ``layer``: its target's pattern (:data:`TARGET_TAGS`), e.g.

@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..common.suggestions import did_you_mean
+from .dormant_units import DormantUnits
 from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
 from .gradient_norms import GradientNorms
 from .layer_statistic import LayerStatistic
@@ -38,8 +39,8 @@ __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choo
 
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (
-    Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), Outliers(), Logits(), GradientKurtosis(),
-    WeightGradKurtosis(), UpdateRMS(), UpdateLost(), AdamEpsilon(),
+    Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), DormantUnits(), Outliers(), Logits(),
+    GradientKurtosis(), WeightGradKurtosis(), UpdateRMS(), UpdateLost(), AdamEpsilon(),
 )
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
