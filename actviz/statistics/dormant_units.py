@@ -65,9 +65,9 @@ def dormant_values(sums: list[float], numel: int) -> dict[str, Any]:
     count at each τ of :data:`TAUS`, and the indices (``dormant_units_{τ}``, tuples, not written as scalars).
 
     Example:
-        >>> values = dormant_values([8.0, 0.1, 0.5, 7.4], 8)  # 4 channels of 2 elements: means 4, 0.05, 0.25, 3.7
-        >>> values["dormant_count_0.025"], values["dormant_fraction_0.1"], values["dormant_units_0.1"]
-        (0.0, 0.5, (1, 2))
+        >>> values = dormant_values([8.0, 0.04, 0.3, 7.66], 8)  # 4 channels of 2 elements: means 4, 0.02, 0.15, 3.83
+        >>> values["dormant_count_0.025"], values["dormant_fraction_0.1"], values["dormant_units_0.1"]  # mean 2
+        (1.0, 0.5, (1, 2))
     """
     channels = len(sums)
     per_channel = numel / channels

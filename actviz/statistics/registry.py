@@ -25,6 +25,7 @@ from torch import nn
 
 from ..common.suggestions import did_you_mean
 from .dormant_units import DormantUnits
+from .fp8_readiness import Fp8GradientReadiness, Fp8Readiness
 from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
 from .gradient_norms import GradientNorms
 from .layer_statistic import LayerStatistic
@@ -40,7 +41,8 @@ __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choo
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (
     Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), DormantUnits(), Outliers(), Logits(),
-    GradientKurtosis(), WeightGradKurtosis(), UpdateRMS(), UpdateLost(), AdamEpsilon(),
+    GradientKurtosis(), WeightGradKurtosis(), Fp8Readiness(), Fp8GradientReadiness(), UpdateRMS(), UpdateLost(),
+    AdamEpsilon(),
 )
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
