@@ -16,13 +16,13 @@ from actviz.statistics.fp8_readiness import BLOCK, FORMATS, SAMPLE, Fp8Readiness
 CASTS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
-def planted(seed: int) -> dict[str, torch.Tensor]:
+def planted(seed: int, rows: int = 128) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
-    normal = torch.randn(128, 128, generator=generator)
-    heavy = torch.randn(128, 128, generator=generator)
-    heavy.view(-1)[torch.randperm(heavy.numel(), generator=generator)[:80]] *= 1000.0  # 0.5 % outliers
-    exponents = torch.rand(128, 128, generator=generator) * 40 - 30
-    wide = torch.exp2(exponents) * torch.randn(128, 128, generator=generator).sign()
+    normal = torch.randn(rows, 128, generator=generator)
+    heavy = torch.randn(rows, 128, generator=generator)
+    heavy.view(-1)[torch.randperm(heavy.numel(), generator=generator)[: heavy.numel() // 200]] *= 1000.0  # 0.5 %
+    exponents = torch.rand(rows, 128, generator=generator) * 40 - 30
+    wide = torch.exp2(exponents) * torch.randn(rows, 128, generator=generator).sign()
     return {"normal": normal, "heavy": heavy, "wide": wide}
 
 
@@ -65,8 +65,10 @@ class Planted(nn.Module):
         return [getattr(self, name)(tensor) for name, tensor in tensors.items()]
 
 
-def test_planted_outputs_and_gradients_read_back_within_the_samples_error(tmp_path, read_run):
-    outputs, gradients = planted(1), planted(2)
+@pytest.mark.usefixtures("both_paths")
+@pytest.mark.parametrize("rows", [128, 1024])  # batched with the step's small tensors; summarized by the one-pass op
+def test_planted_outputs_and_gradients_read_back_within_the_samples_error(tmp_path, read_run, rows):
+    outputs, gradients = planted(1, rows), planted(2, rows)
     inputs = {name: tensor.clone().requires_grad_() for name, tensor in outputs.items()}
     model = Planted()
     with actviz.watch(model, tmp_path, every=1, layers=["normal", "heavy", "wide"],

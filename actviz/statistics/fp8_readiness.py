@@ -24,9 +24,12 @@ underflow under per-tensor scaling in e4m3 (e5m2 for gradients, the format they 
 The fractions are **estimated from a sample** of whole 32-element blocks: :data:`SAMPLE` (4,096) elements, evenly
 strided rows of the tensor (all of it when smaller), so a fraction ``p`` carries a sampling error of about
 ``sqrt(p(1 − p) / 4096)`` (0.16 percentage points at 1 %); ``amax`` is of the whole tensor. NaN elements are left
-out; a tensor whose ``amax`` is NaN or ±Inf gets no per-tensor fractions. The device half is one reduction of the
-whole tensor (``vector_norm`` of order ∞: one read, no copy) and three or four small ops gathering the sample, no
-sync; the host half, on the writer thread, computes the fractions in float64. Off by default:
+out; a tensor whose ``amax`` is ±Inf gets no per-tensor fractions. Where the one-pass op summarizes the tensor
+(:mod:`actviz.summaries.one_pass`), ``amax`` is its row's ``max_abs`` (NaN left out), from the read it makes anyway,
+and the device half is two or three small ops gathering the sample; a small tensor batched with the step's others
+(or on the CPU shortcut) takes one more, a reduction of the whole tensor (``vector_norm`` of order ∞, NaN
+propagating: no per-tensor fractions then). No sync; the host half, on the writer thread, computes the fractions
+in float64. Off by default:
 ``statistics=["default", "fp8_readiness", "fp8_gradients"]``.
 """
 
@@ -41,6 +44,7 @@ import torch
 from torch import nn
 
 from ..common.distributed_types import is_dtensor
+from ..summaries.one_pass import OUTLIER_FIELDS
 from .layer_statistic import LayerStatistic
 
 __all__ = ["BLOCK", "FORMATS", "KEEP_IN_BF16", "SAMPLE", "Fp8Format", "Fp8GradientReadiness", "Fp8Readiness",
@@ -146,8 +150,9 @@ class Fp8Readiness(LayerStatistic):
     name = "fp8_readiness"
     names = tuple(f"{kind}_{form.name}_{what}" for form in FORMATS
                   for kind, what in (("fp8", "underflow"), ("mx", "underflow"), ("mx", "saturated")))
-    cost = ("1 kernel reading the whole tensor (its amax) and 3 or 4 small ones gathering a 4,096-element sample, "
-            "copied with the step's numbers; no sync")
+    cost = ("2 or 3 small kernels gathering a 4,096-element sample, copied with the step's numbers, and the summary's "
+            "max |x|; 1 more reading the whole tensor where it is batched with others; no sync")
+    summary_fields = OUTLIER_FIELDS  # max |x| (NaN left out) from the summary's read
     keep_format = "e4m3"  # the format the keep-in-bf16 list judges by
     keep_tag = "fp8_readiness/keep_in_bf16"
 
@@ -161,6 +166,11 @@ class Fp8Readiness(LayerStatistic):
         values = values.to_local() if is_dtensor(values) else values
         amax = torch.linalg.vector_norm(values, math.inf, dtype=torch.float32)
         return torch.cat([amax.view(1), block_sample(values)])
+
+    def from_summary_and_tensor(self, fields: torch.Tensor, sample: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        values = tensor.detach()
+        values = values.to_local() if is_dtensor(values) else values
+        return torch.cat([fields[:1].float(), block_sample(values)])  # the summary's max |x|: no read of its own
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return readiness(numbers[0], np.asarray(numbers[1:], dtype=np.float64))

@@ -139,6 +139,11 @@ class LayerStatistic:
         :meth:`device` would give."""
         raise NotImplementedError
 
+    def from_summary_and_tensor(self, fields: torch.Tensor, sample: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """:meth:`from_summary`, for a statistic that also takes a few elements of the ``tensor`` itself (a sample of
+        its blocks, say) besides the numbers of its summary's read; by default :meth:`from_summary`."""
+        return self.from_summary(fields, sample)
+
     def from_layer_summary(self, summary: Summary) -> dict[str, float]:
         """For ``reads_summary = True``, on the writer thread: the layer's finished summary ->
         ``{value name: value}``, as :meth:`host` gives."""
@@ -205,7 +210,7 @@ def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.M
         try:
             fields = reduction.extra_fields(statistic.summary_fields) if summarized else None
             if fields is not None:
-                numbers = statistic.from_summary(fields, reduction.sample_values())
+                numbers = statistic.from_summary_and_tensor(fields, reduction.sample_values(), tensor)
             else:
                 numbers = statistic.device(tensor, module, options)
         except Exception as error:  # noqa: BLE001 - a statistic must never stop training
