@@ -95,4 +95,8 @@ def test_nonfinite_amax_gives_no_per_tensor_fraction_and_the_cost_has_no_sync():
     assert count.syncs == [] and len(count.kernels) <= 5, count.kernels
     values = Fp8Readiness().host(numbers.tolist(), x.numel(), x.dtype)
     assert "fp8_e4m3_underflow" not in values and "mx_e4m3_underflow" in values
+    assert Fp8Readiness().texts({"inf": values}) == {}  # no layer judged: no claim that every layer is fine
+    healthy = Fp8Readiness().texts({"inf": values, "ok": {"fp8_e4m3_underflow": 0.001}})
+    assert healthy == {"fp8_readiness/keep_in_bf16": "none: the e4m3 underflow with per-tensor scaling of each of the "
+                                                     "1 layers with a finite amax is at most 1%"}
     assert values["mx_e4m3_saturated"] > 0  # the blocks without the Inf

@@ -177,12 +177,13 @@ class Fp8Readiness(LayerStatistic):
 
     def texts(self, values: dict[str, dict[str, Any]]) -> dict[str, str]:
         key = f"fp8_{self.keep_format}_underflow"
-        kept = [(layer, found[key]) for layer, found in values.items() if found.get(key, 0.0) > KEEP_IN_BF16]
-        if not values:
+        judged = {layer: found[key] for layer, found in values.items() if key in found}  # a finite, non-zero amax
+        kept = [(layer, fraction) for layer, fraction in judged.items() if fraction > KEEP_IN_BF16]
+        if not judged:
             return {}
         if not kept:
-            return {self.keep_tag: f"none: every layer's {self.keep_format} underflow with per-tensor scaling is at "
-                                   f"most {KEEP_IN_BF16:.0%}"}
+            return {self.keep_tag: f"none: the {self.keep_format} underflow with per-tensor scaling of each of the "
+                                   f"{len(judged)} layers with a finite amax is at most {KEEP_IN_BF16:.0%}"}
         listed = ", ".join(f"`{layer}` ({fraction:.1%})" for layer, fraction in kept)
         return {self.keep_tag: f"over {KEEP_IN_BF16:.0%} {self.keep_format} underflow with per-tensor scaling: {listed}"}
 
