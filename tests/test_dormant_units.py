@@ -85,3 +85,17 @@ def test_the_dormant_units_cost_one_kernel_and_no_sync():
     with CountOps() as count:
         DormantUnits().device(tensor, nn.SiLU(), None)
     assert count.kernels == ["aten.linalg_vector_norm.default"] and count.syncs == []
+
+
+def test_a_1d_convolutions_channels_are_its_units_when_named_alone(tmp_path, read_run):
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv1d(3, 6, 3), nn.ReLU())
+    with torch.no_grad():
+        model[0].weight[4] *= 0.001
+        model[0].bias[4] = 0
+    with actviz.watch(model, tmp_path, every=1, statistics=["dormant_units"]):
+        output = model(torch.randn(4, 3, 10))  # (batch, channels, length): channels in dimension 1
+        output.sum().backward()
+    truth = dormant_by_hand(output.detach().double().numpy())
+    assert 4 in truth[0.025]
+    assert read_run(tmp_path).scalar("activation_stats/dormant_count_0.025@1", 0) == len(truth[0.025])

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..common.distributed_types import is_dtensor
 from .layer_statistic import LayerStatistic
-from .unit_counts import _sequence, note_layouts
+from .unit_counts import _sequence
 
 __all__ = ["ACTIVATIONS", "TAUS", "DormantUnits", "channel_dim", "dormant_values"]
 
@@ -108,7 +108,6 @@ class DormantUnits(LayerStatistic):
     unwatched_layers = True  # a conv → BN → ReLU network's ReLUs, which the default layers leave out
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
-        note_layouts(model)  # asked once per watcher: which 3-D outputs are (batch, channels, length)
         return False
 
     def applies_to(self, module: nn.Module) -> bool:

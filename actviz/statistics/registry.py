@@ -33,7 +33,7 @@ from .logits import Logits
 from .moments import Moments
 from .outliers import Outliers
 from .relu_zeros import ReluZeros
-from .unit_counts import DeadChannels, Saturation
+from .unit_counts import DeadChannels, Saturation, note_layouts
 from .updates import AdamEpsilon, UpdateLost, UpdateRMS
 
 __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
@@ -198,6 +198,7 @@ class Chosen:
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:
         running = choose(model, options)
+        note_layouts(model)  # which 3-D outputs are (batch, channels, length), for the unit counts, named or default
         of_summaries: dict[str, tuple[LayerStatistic, ...]] = {}
         for statistic in running:
             if statistic.reads_summary:
