@@ -86,6 +86,7 @@ SPIKE_GLOBAL_NORM = "spikes/global_gradient_norm"
 CLIP_NORMS = ("gradient_clipping/pre_clip_norm", "gradient_clipping/post_clip_norm", "gradient_clipping/coefficient")
 CLIP_SHARE = "gradient_clipping/share@{layer}"
 CLIP_TOP_LAYERS = "gradient_clipping/top_layers"
+FP8_KEEP_IN_BF16 = ("fp8_readiness/keep_in_bf16", "fp8_readiness/keep_in_bf16_gradients")
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
 GRADIENT_NOISE = ("gradient_noise/simple", "gradient_noise/grad_squared", "gradient_noise/trace_sigma")
 
@@ -153,10 +154,25 @@ ROWS = (
         "router health of a mixture of experts, with `\"moe\"` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),
         "outliers of the layer's output, with `\"outliers\"`"),
+    Row("Scalars", _stats(ACTIVATION_STAT, "dormant_fraction_0.025", "dormant_fraction_0.1", "dormant_count_0.025",
+                          "dormant_count_0.1"),
+        "with `\"dormant_units\"`: the fraction and count of τ-dormant units of each activation's output, τ = 0.025 "
+        "and 0.1 ([diagnosis](diagnosis.md#dormant-units))"),
+    Row("Scalars", _stats(ACTIVATION_STAT, "fp8_e4m3_underflow", "fp8_e5m2_underflow", "mx_e4m3_underflow",
+                          "mx_e4m3_saturated", "mx_e5m2_underflow", "mx_e5m2_saturated"),
+        "with `\"fp8_readiness\"`: the fractions of the layer's output that underflow or saturate in FP8 under "
+        "per-tensor and MX block scaling ([transformers](transformers.md#fp8-and-mx-readiness))"),
+    Row("Scalars", _stats(GRADIENT_STAT, "fp8_e4m3_underflow", "fp8_e5m2_underflow", "mx_e4m3_underflow",
+                          "mx_e4m3_saturated", "mx_e5m2_underflow", "mx_e5m2_saturated"),
+        "with `\"fp8_gradients\"`: the same of the output gradient"),
     Row("Text", (LAYERS,), "once: each watched layer's tag name, type, output shape and parameter count, and its "
         "module's full name where the tag name is shorter", readme=True),
     Row("Text", (ALERTS,), "health alerts, each at its step", readme=True),
     Row("Text", (CLIP_TOP_LAYERS,), "the 3 layers with the largest shares of the gradient norm before clipping"),
+    Row("Text", (ACTIVATION_STAT.replace("{statistic}", "dormant_units"),), "with `\"dormant_units\"`: the indices of "
+        "the layer's dormant units at each τ, on steps where it has some"),
+    Row("Text", FP8_KEEP_IN_BF16, "with `\"fp8_readiness\"` (`\"fp8_gradients\"`): the layers whose outputs "
+        "(output gradients) underflow over 1 % in e4m3 (e5m2) with per-tensor scaling"),
 )
 
 #: Every tag pattern of :data:`ROWS`, in order.

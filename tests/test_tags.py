@@ -91,7 +91,8 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with actviz.watch(model, folder / "cnn", every=1000, layers="all",
-                          statistics=["default", "update_ratio", "gradient_kurtosis", "weight_grad_kurtosis"],
+                          statistics=["default", "update_ratio", "gradient_kurtosis", "weight_grad_kurtosis",
+                                      "dormant_units", "fp8_readiness", "fp8_gradients"],
             extras=[actviz.Probe(torch.randn(1, 3, 8, 8), gradcam=True), actviz.Spikes()],
             options=actviz.Options(grad_scaler=scaler, flow_pictures=True)) as viz:
             for step in range(20):  # a spike at step 18 logs 19 in full, where a NaN comes in
@@ -113,7 +114,13 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         router = TopTwo()
         with actviz.watch(router, folder / "moe", every=1, statistics=["default", "moe"]):
             router(torch.randn(8, 16)).sum().backward()
-    return all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer")) | all_tags(Run(folder / "moe"))
+        mlp = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+        with torch.no_grad():
+            mlp[0].weight[1], mlp[0].bias[1] = 0.0, -1.0  # unit 1 dormant: the text of dormant units
+        with actviz.watch(mlp, folder / "dormant", every=1, statistics=["dormant_units"]):
+            mlp(torch.randn(8, 4)).sum().backward()
+    return (all_tags(Run(folder / "cnn")) | all_tags(Run(folder / "transformer")) | all_tags(Run(folder / "moe"))
+            | all_tags(Run(folder / "dormant")))
 
 
 def test_every_tag_written_is_in_the_vocabulary(written):

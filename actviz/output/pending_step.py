@@ -151,7 +151,8 @@ class LayerValues:
 
     :meth:`finish`, on the writer thread, gives each statistic's host half its numbers, or each output's finished
     summary (``reads_summary``): the named values go into ``results.layer_values[statistic.name][layer]``, and
-    those it writes into ``results.scalars`` under their tags (:func:`record_values`).
+    those it writes into ``results.scalars`` under their tags (:func:`record_values`); then each statistic's texts of
+    the step (:meth:`~actviz.statistics.layer_statistic.LayerStatistic.texts`) into ``results.texts``.
     A host half that raises loses its own values, warned once per statistic; the step keeps the rest.
     """
 
@@ -194,6 +195,11 @@ class LayerValues:
                 _warn_once(statistic, error, self.warned)
                 continue
             record_values(results, statistic, layer, values)
+        for statistic in dict.fromkeys(self.statistics):  # each once, in order
+            try:
+                results.texts.update(statistic.texts(results.layer_values.get(statistic.name, {})))
+            except Exception as error:  # noqa: BLE001 - one statistic must not lose the step
+                _warn_once(statistic, error, self.warned)
 
 
 def _from_summaries(statistic: Any, summaries: dict[str, Any], results: StepResults, warned: set[str]) -> None:

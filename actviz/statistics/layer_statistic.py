@@ -16,7 +16,7 @@ every target's statistics the same way (:func:`take_values`), and nothing in cap
   values. Each step's values are in ``results.layer_values[statistic.name][layer]`` (what the
   alerts read), and the ones in :attr:`~LayerStatistic.written` become the scalars
   ``activation_stats/{name}@{layer}`` (:meth:`~LayerStatistic.tag`; the pattern is its target's,
-  :data:`TARGET_TAGS`).
+  :data:`TARGET_TAGS`); :meth:`~LayerStatistic.texts` may make texts of the step's values of every layer.
 
 A statistic with ``reads_summary = True`` has no device half: on the writer thread,
 :meth:`~LayerStatistic.from_layer_summary` takes its values of each finished summary of its target, which every
@@ -139,6 +139,11 @@ class LayerStatistic:
         :meth:`device` would give."""
         raise NotImplementedError
 
+    def from_summary_and_tensor(self, fields: torch.Tensor, sample: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+        """:meth:`from_summary`, for a statistic that also takes a few elements of the ``tensor`` itself (a sample of
+        its blocks, say) besides the numbers of its summary's read; by default :meth:`from_summary`."""
+        return self.from_summary(fields, sample)
+
     def from_layer_summary(self, summary: Summary) -> dict[str, float]:
         """For ``reads_summary = True``, on the writer thread: the layer's finished summary ->
         ``{value name: value}``, as :meth:`host` gives."""
@@ -148,6 +153,11 @@ class LayerStatistic:
         """The host half, on the writer thread: :meth:`device`'s numbers as floats (with the tensor's
         ``numel`` and ``dtype``) → ``{value name: value}``."""
         raise NotImplementedError
+
+    def texts(self, values: dict[str, dict[str, Any]]) -> dict[str, str]:
+        """On the writer thread, once per step: the texts (``{tag: markdown}``) made of this step's values of every
+        layer (``{layer: values}``, as :meth:`host` gave them); none by default."""
+        return {}
 
     def tag(self, layer: str, name: str) -> str:
         """The scalar tag of value ``name`` of ``layer``: its target's pattern (:data:`TARGET_TAGS`), e.g.
@@ -200,7 +210,7 @@ def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.M
         try:
             fields = reduction.extra_fields(statistic.summary_fields) if summarized else None
             if fields is not None:
-                numbers = statistic.from_summary(fields, reduction.sample_values())
+                numbers = statistic.from_summary_and_tensor(fields, reduction.sample_values(), tensor)
             else:
                 numbers = statistic.device(tensor, module, options)
         except Exception as error:  # noqa: BLE001 - a statistic must never stop training

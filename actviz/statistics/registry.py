@@ -24,6 +24,8 @@ from typing import Any
 from torch import nn
 
 from ..common.suggestions import did_you_mean
+from .dormant_units import DormantUnits
+from .fp8_readiness import Fp8GradientReadiness, Fp8Readiness
 from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
 from .gradient_norms import GradientNorms
 from .layer_statistic import LayerStatistic
@@ -31,15 +33,16 @@ from .logits import Logits
 from .moments import Moments
 from .outliers import Outliers
 from .relu_zeros import ReluZeros
-from .unit_counts import DeadChannels, Saturation
+from .unit_counts import DeadChannels, Saturation, note_layouts
 from .updates import AdamEpsilon, UpdateLost, UpdateRMS
 
 __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choose", "resolve_statistics"]
 
 #: Every built-in statistic, in the order their values are written.
 BUILT_IN: tuple[LayerStatistic, ...] = (
-    Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), Outliers(), Logits(), GradientKurtosis(),
-    WeightGradKurtosis(), UpdateRMS(), UpdateLost(), AdamEpsilon(),
+    Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), DormantUnits(), Outliers(), Logits(),
+    GradientKurtosis(), WeightGradKurtosis(), Fp8Readiness(), Fp8GradientReadiness(), UpdateRMS(), UpdateLost(),
+    AdamEpsilon(),
 )
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
@@ -195,6 +198,7 @@ class Chosen:
     @classmethod
     def of(cls, model: nn.Module, layers: Sequence[tuple[str, nn.Module]], options: Any) -> Chosen:
         running = choose(model, options)
+        note_layouts(model)  # which 3-D outputs are (batch, channels, length), for the unit counts, named or default
         of_summaries: dict[str, tuple[LayerStatistic, ...]] = {}
         for statistic in running:
             if statistic.reads_summary:
