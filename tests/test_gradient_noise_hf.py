@@ -87,6 +87,7 @@ def written(model: nn.Module, ids: torch.Tensor) -> dict[str, float]:
     return {tag: viz.latest.scalars.get(tag) for tag in (*GRADIENT_NOISE, NOISE_COUNTED_FRACTION)}
 
 
+@pytest.mark.slow  # imports transformers and maps torch.func over GPT-2: about 5 s
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("make", [gpt2, llama], ids=["gpt2 Conv1D, tied head", "llama RMSNorm"])
 def test_hugging_face_layers_count_as_torch_func_says(make):
