@@ -528,3 +528,33 @@ def test_a_sigmoid_routers_entropy_follows_its_normalized_scores_as_they_sharpen
         logged.append(read_run(tmp_path / str(step)).scalar("moe/router_entropy@gate", 0))
     assert truths[0] > 2.0 and truths[-1] < 0.15  # the truth falls from about log(8) to near 0
     assert logged == pytest.approx(truths, abs=1e-5)
+
+
+@pytest.mark.slow  # builds a Hugging Face model: about 8 s with the import on 2 cores
+def test_hugging_face_phimoe_routes_with_max_and_logs_its_first_choice(tmp_path, read_run):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.PhimoeConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=64, max_position_embeddings=64,
+                                       num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model, ids = transformers.PhimoeForCausalLM(config).train(), torch.randint(0, 64, (2, 16))
+    router = model.model.layers[0].mlp.router
+    seen = []
+    router.register_forward_hook(lambda module, args, output: seen.append((output[0].detach(), output[2])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head"):
+            model(input_ids=ids, labels=ids).loss.backward()
+    (logits, selected), = seen
+    p = torch.softmax(logits.double(), -1)
+    # sparsemixer's first max over the logits (in training it then draws its first expert with Gumbel noise)
+    load = torch.bincount(logits.argmax(-1), minlength=4).double()
+    assert selected.shape == (32, 2)
+    ranked = p.sort(-1, descending=True).values
+    want = {"load_max_over_mean": float(load.max() / load.mean()), "dead_experts": float((load == 0).sum()),
+            "router_entropy": float(torch.special.entr(p).sum(-1).mean()), "topk_margin": float((ranked[:, 0] - ranked[:, 1]).mean())}
+    run = read_run(tmp_path)
+    name = layer_tag_names(model)["model.layers.0.mlp.router"]
+    assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {f"moe/{s}@{name}" for s in STATISTICS}
+    for statistic in STATISTICS:
+        assert run.scalar(f"moe/{statistic}@{name}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6), statistic

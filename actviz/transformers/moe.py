@@ -20,7 +20,8 @@ softmax, goes to ``torch.topk`` during the forward. :class:`RouterCalls` is told
   Of a router's calls in one forward the first over the most experts is kept (DeepSeek-V3's
   router takes a topk over groups of experts before the one over every expert); a call named after
   the innermost module over fewer experts than a later one of a router inside it is dropped;
-* a ``max(x, dim=-1)`` of a module's output is a top-1 router's call (Phi-3.5-MoE's ``sparsemixer``).
+* a ``max(x, dim=-1)`` of a module's output, or in a candidate named router or gate, is a top-1 router's call
+  (Phi-3.5-MoE's ``sparsemixer``).
 
 With ``watch(moe=None)`` (the default) only the modules whose class name says MoE, router,
 gate or expert (:func:`is_moe_module`), and the modules inside them, can be routers, the model
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 _MOE_NAME = re.compile(r"(?i:moe|router|expert)|(?:^|(?<=[^a-z]))[Gg]ate(?!d)")  # not Aggregate, not GatedMLP
+_ROUTER_NAME = re.compile(r"(?i:router|gate)")
 _TOPK = frozenset({torch.topk, torch.Tensor.topk})
 _MAX = frozenset({torch.max, torch.Tensor.max})  # Phi-3.5-MoE's sparsemixer routes with max(dim=-1)
 _SOFTMAX = frozenset({F.softmax, torch.softmax, torch.Tensor.softmax})
@@ -261,11 +263,14 @@ class RouterCalls:
 
     def _max(self, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
              innermost: str | None) -> None:
-        """``x.max(dim=-1)``: a top-1 router's call, where ``x`` is a module's output (Phi-3.5-MoE's logits)."""
+        """``x.max(dim=-1)``: a top-1 router's call, where ``x`` is a module's output, or inside a router candidate
+        named router or gate (Phi-3.5-MoE's ``PhimoeTopKRouter`` calls ``sparsemixer`` on its own logits)."""
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         if isinstance(dim, int) and isinstance(result, tuple) and len(result) == 2 and x.shape[-1] > 1:
             origin = self._origin(x)
-            if origin is not None and origin[0] is not None:  # not every max over a last dimension routes
+            in_router = (innermost is not None and self.candidates is not None and innermost in self.candidates
+                         and _ROUTER_NAME.search(innermost.rsplit(".", 1)[-1]) is not None)
+            if (origin is not None and origin[0] is not None) or in_router:  # not every max over a last dim routes
                 self._call(x, 1, dim, result[1], innermost)
 
     def _call(self, x: torch.Tensor, k: int, dim: Any, indices: torch.Tensor, innermost: str | None) -> None:
