@@ -558,3 +558,21 @@ def test_hugging_face_phimoe_routes_with_max_and_logs_its_first_choice(tmp_path,
     assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {f"moe/{s}@{name}" for s in STATISTICS}
     for statistic in STATISTICS:
         assert run.scalar(f"moe/{statistic}@{name}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6), statistic
+
+
+def test_scores_cost_four_kernels_more_than_probabilities_and_no_sync():
+    # sigmoid scores: clamp, sum, clamp, divide to normalize them; probabilities go to router_vector as they are
+    def kernels(make) -> CountOps:
+        calls = RouterCalls(None)
+        with AttentionMode(attention=False, routers=calls) as mode:
+            mode.enter("router")
+            x = make(torch.randn(64, EXPERTS))
+            with CountOps() as counted:
+                x.topk(TOP_K)
+        assert len(calls.calls) == 1 and counted.syncs == []
+        return counted
+
+    scores, probabilities = kernels(torch.sigmoid), kernels(lambda logits: logits.softmax(-1))
+    logits = kernels(lambda logits: logits)
+    assert len(scores.kernels) - len(probabilities.kernels) == 4
+    assert len(logits.kernels) - len(probabilities.kernels) == 1  # the softmax of logits
