@@ -576,3 +576,20 @@ def test_scores_cost_four_kernels_more_than_probabilities_and_no_sync():
     logits = kernels(lambda logits: logits)
     assert len(scores.kernels) - len(probabilities.kernels) == 4
     assert len(logits.kernels) - len(probabilities.kernels) == 1  # the softmax of logits
+
+
+@pytest.mark.parametrize("edit", ["+=", "masked_fill_"])
+def test_probabilities_edited_in_place_are_scores_too(edit):
+    calls, logits, bias = RouterCalls(None), torch.randn(6, EXPERTS), 0.1 * torch.rand(EXPERTS)
+    with AttentionMode(attention=False, routers=calls) as mode:
+        mode.enter("router")
+        p = logits.softmax(-1)
+        if edit == "+=":
+            p += bias
+        else:
+            p.masked_fill_(logits < 0, 0.0)
+        p.topk(TOP_K)
+    q = logits.double().softmax(-1)
+    q = q + bias.double() if edit == "+=" else q.masked_fill(logits < 0, 0.0)
+    q = q / q.sum(-1, keepdim=True)
+    assert float(calls.calls[0].vector[-2]) == pytest.approx(float(torch.special.entr(q).sum()), rel=1e-5)

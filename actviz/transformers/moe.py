@@ -60,7 +60,8 @@ _SIGMOID = frozenset({torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid, torch.spec
 #: Ops that edit scores before the topk: a bias added (Ernie 4.5, DeepSeek-V3), a mask (DeepSeek-V2's groups).
 _EDITS = frozenset({
     torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.add, torch.add, torch.Tensor.__sub__,
-    torch.Tensor.sub, torch.sub, torch.Tensor.masked_fill, torch.masked_fill,
+    torch.Tensor.sub, torch.sub, torch.Tensor.masked_fill, torch.masked_fill, torch.Tensor.__iadd__,
+    torch.Tensor.add_, torch.Tensor.__isub__, torch.Tensor.sub_, torch.Tensor.masked_fill_,
 })
 #: What a tracked tensor holds: logits (softmax them), probabilities (a softmax's output, rows sum to 1), or scores
 #: (a sigmoid's output, or probabilities or scores edited: nonnegative weights whose rows need not sum to 1).
