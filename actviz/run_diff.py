@@ -2,12 +2,15 @@
 
 Each run folder is read back step by step (:mod:`actviz.run_reader`): per logged step, per watched layer,
 the numbers of :data:`STATISTICS`. :func:`compare_runs` goes through the steps both runs logged, in order,
-and compares every statistic both have with ``|a - b| <= atol + rtol * max(|a|, |b|)`` (NaN equals NaN;
-an infinity equals only itself). At the first step where one differs, the layer named is
+and compares every statistic both have with ``|a - b| <= atol + rtol * max(|a|, |b|, scale)``, ``scale`` the
+statistic's own (its largest ``|value|`` so far in either run; NaN equals NaN, an infinity only itself). At the
+first step where one differs, the layer named is
 
-* the first layer in forward order whose output differs, since every later layer's output follows from it;
-* where only gradients differ, the *last* layer in forward order whose gradient differs: the backward pass
-  runs from the last layer to the first, so that is where it parts first.
+* the first layer in forward order whose output moved (by more than rounding, :data:`ROUNDING` and
+  :func:`rounding_floor`, even within the tolerances), since every later layer's output follows from it;
+* where no output moved, the *last* layer in forward order whose gradient moved: the backward pass runs from
+  the last layer to the first, so that is where it parts first. A sum that is 0 up to rounding (a cross-entropy
+  gradient's sum) is named only where nothing else moved.
 
 Forward order is the order of the run's ``layers`` text (the model's), else the order the layers' output
 tags first appear in. :func:`diff` is the command: its text or JSON and its exit status
@@ -37,9 +40,9 @@ from typing import Any
 from .run_reader import STATISTICS, NoRunToCompare, RunStatistics, RunStream, _shown, read_run
 
 __all__ = [
-    "DIFF_DESCRIPTION", "DIFF_EPILOG", "EXIT_DAMAGED", "EXIT_NO_RUN", "EXIT_PARTED", "EXIT_SAME", "STATISTICS",
+    "DIFF_DESCRIPTION", "DIFF_EPILOG", "EXIT_DAMAGED", "EXIT_NO_RUN", "EXIT_PARTED", "EXIT_SAME", "ROUNDING", "STATISTICS",
     "Comparison", "Difference", "NoRunToCompare", "RunStatistics", "RunStream", "add_diff_parser", "agree",
-    "compare_runs", "diff", "format_comparison", "read_run",
+    "compare_runs", "diff", "format_comparison", "read_run", "rounding_floor",
 ]
 
 #: ``actviz diff``'s exit statuses: every common step agrees, the runs part, a folder holds no run or no common step,
@@ -55,7 +58,8 @@ actviz.watch(model, "runs/a") wrote; no TensorBoard server and no training code 
 
 Compared per layer at every step both runs logged: the output's mean, std, sum, sum of
 squares and NaN/Inf count, and the output gradient's norm, sum, sum of squares and NaN/Inf
-count. Two values agree when |a - b| <= atol + rtol * max(|a|, |b|).
+count. Two values agree when |a - b| <= atol + rtol * max(|a|, |b|, scale), scale the largest
+|value| that statistic of that layer took so far in either run.
 """
 
 DIFF_EPILOG = """\
@@ -66,9 +70,10 @@ examples:
   actviz diff runs/a runs/b --json                   # {"first_divergence": {"step": ..., "layer": ...}}
 
 which layer is named:
-  the first layer in forward order whose output differs: every later output follows from it;
-  where only gradients differ, the LAST layer in forward order whose gradient differs: the
-  backward pass starts there. Forward order is the run's `layers` text (the model's order).
+  the first layer in forward order whose output moved (past rounding, even within the
+  tolerances): every later output follows from it; where no output moved, the LAST layer in
+  forward order whose gradient moved: the backward pass starts there. A sum that is 0 up to
+  rounding (a cross-entropy gradient's sum) is named only where nothing else moved. Forward order is the run's `layers` text (the model's order).
   A change that starts at a logged step shows there, at its layer. One that starts between
   logged steps shows at the next one, maybe in earlier layers too (their weights were
   updated differently since): log every step (watch(..., every=1)) to find step and layer.
@@ -107,32 +112,65 @@ class Comparison:
     differing: list[Difference]
 
 
-def agree(a: float, b: float, rtol: float, atol: float) -> bool:
-    """``|a - b| <= atol + rtol * max(|a|, |b|)``; NaN agrees only with NaN, an infinity only with itself.
+def agree(a: float, b: float, rtol: float, atol: float, scale: float = 0.0) -> bool:
+    """``|a - b| <= atol + rtol * max(|a|, |b|, scale)``; NaN agrees only with NaN, an infinity only with itself.
+
+    ``scale`` is the statistic's own scale (:func:`compare_runs`: the largest value it took so far).
 
     Example:
         >>> agree(1.0, 1.0005, 1e-3, 0.0), agree(0.0, 1e-9, 1e-3, 0.0), agree(0.0, 1e-9, 1e-3, 1e-6)
         (True, False, True)
+        >>> agree(0.0, 1e-9, 1e-3, 0.0, scale=1.0)  # a mean near 0 whose values reach 1 elsewhere
+        True
     """
     if a == b or (math.isnan(a) and math.isnan(b)):
         return True
     if not (math.isfinite(a) and math.isfinite(b)):
         return False
-    return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
+    return abs(a - b) <= atol + rtol * max(abs(a), abs(b), scale)
+
+
+#: A statistic that moved by less than this, relative to its own scale, moved by rounding alone (16 float32 ulps).
+ROUNDING = 16 * 2.0 ** -23
+_EPS32 = 2.0 ** -23
+_SUMS = ("activation_sum", "activation_mean", "gradient_sum")
+
+
+def rounding_floor(values: dict[tuple[str, str], float], layer: str, statistic: str) -> float:
+    """How far from 0 a sum (or mean) of a layer's float32 numbers lands by rounding alone; 0 for other statistics.
+
+    A sum of ``N`` numbers is off by about ``eps · Σ|x| <= eps · sqrt(N · Σx²)`` (``eps`` = 2⁻²³): a cross-entropy
+    gradient's sum, 0 in exact arithmetic, is that rounding. From the histogram's count and sum of squares.
+
+    Example:
+        >>> values = {("fc", "gradient_count"): 100.0, ("fc", "gradient_sum_squares"): 1.0}
+        >>> round(rounding_floor(values, "fc", "gradient_sum") / 2.0 ** -23, 6)  # eps · sqrt(100 · 1)
+        10.0
+    """
+    if statistic not in _SUMS:
+        return 0.0
+    kind = statistic.split("_")[0]
+    count, squares = values.get((layer, f"{kind}_count")), values.get((layer, f"{kind}_sum_squares"))
+    if not count or squares is None or not math.isfinite(squares):
+        return 0.0
+    floor = _EPS32 * math.sqrt(count * squares)
+    return floor / count if statistic == "activation_mean" else floor
 
 
 def compare_runs(run_a: RunStatistics | RunStream, run_b: RunStatistics | RunStream, rtol: float = 1e-3,
-                 atol: float = 0.0) -> Comparison:
+                 atol: float = 0.0, scales: dict[tuple[str, str], float] | None = None) -> Comparison:
     """The first step both runs logged where a statistic differs, and the layer where they part (module docstring).
 
     Walks both runs side by side in step order (:meth:`RunStream.walk`), one step of each in memory; once they
     part, the rest of each run is read for its damage alone. Raises :class:`NoRunToCompare` when the runs share
-    no logged step, or no statistic of a layer.
+    no logged step, or no statistic of a layer. ``scales``: each ``(layer, statistic)``'s largest ``|value|`` at
+    earlier steps not given here (the tab's comparison, :mod:`actviz.view.run_compare`); updated in place.
     """
     walks = run_a.walk(), run_b.walk()
     common: list[int] = []
     shared = False
     found: Comparison | None = None
+    scales = {} if scales is None else scales  # each statistic's own scale: its largest |value| so far, in either run
     a, b = next(walks[0], None), next(walks[1], None)
     while a is not None and b is not None and found is None:
         if a[0] != b[0]:
@@ -146,10 +184,9 @@ def compare_runs(run_a: RunStatistics | RunStream, run_b: RunStatistics | RunStr
         layers = [layer for layer in dict.fromkeys([*run_a.layers, *run_b.layers])
                   if layer in run_a.layers and layer in run_b.layers]
         shared = shared or bool(layers)
-        differing = _differing(step, layers, a[1], b[1], rtol, atol)
-        if differing:
-            outputs = [difference for difference in differing if difference.statistic.startswith("activation_")]
-            found = Comparison(common, layers, outputs[0] if outputs else differing[-1], differing)
+        parted, differing = _differing(step, layers, a[1], b[1], rtol, atol, scales)
+        if parted:
+            found = Comparison(common, layers, _named(differing), [entry for entry, _ in differing])
         a, b = next(walks[0], None), next(walks[1], None)
     for walk in walks:  # the rest: its damage, and whether it holds a run at all
         for _ in walk:
@@ -168,16 +205,48 @@ def compare_runs(run_a: RunStatistics | RunStream, run_b: RunStatistics | RunStr
 
 
 def _differing(step: int, layers: list[str], values_a: dict[tuple[str, str], float],
-               values_b: dict[tuple[str, str], float], rtol: float, atol: float) -> list[Difference]:
-    """Each layer's first statistic that differs at ``step``, in forward order; outputs come before gradients."""
+               values_b: dict[tuple[str, str], float], rtol: float, atol: float,
+               scales: dict[tuple[str, str], float]) -> tuple[bool, list[tuple[Difference, bool]]]:
+    """Whether the runs part at ``step`` (a statistic outside the tolerances), and each layer's first statistic that
+    moved, in forward order (outputs before gradients), with whether it moved past rounding.
+
+    A statistic is judged against its own scale (``scales``, updated here). It moved when it changed by more than
+    its rounding (:data:`ROUNDING` of its scale, and :func:`rounding_floor` for a sum); a sum that is 0 up to
+    rounding in both runs parts the runs but names no layer while another statistic moved.
+    """
+    parted = False
     differing = []
     for layer in layers:
+        first: tuple[Difference, bool] | None = None
         for statistic in STATISTICS:
             a, b = values_a.get((layer, statistic)), values_b.get((layer, statistic))
-            if a is not None and b is not None and not agree(a, b, rtol, atol):
-                differing.append(Difference(step, layer, statistic, a, b))
-                break
-    return differing
+            if a is None or b is None:
+                continue
+            key = (layer, statistic)
+            scale = max([scales.get(key, 0.0), *(abs(value) for value in (a, b) if math.isfinite(value))])
+            scales[key] = scale
+            floor = max(rounding_floor(values_a, layer, statistic), rounding_floor(values_b, layer, statistic))
+            if agree(a, b, rtol, atol, max(scale, floor)):
+                if first is None and not agree(a, b, 0.0, atol + max(ROUNDING * scale, floor)):
+                    first = (Difference(step, layer, statistic, a, b), True)  # moved, within the tolerances
+                continue
+            parted = True
+            noise = floor > 0 and max(abs(a), abs(b)) <= floor
+            if first is None or (first[1] is False and not noise):
+                first = (Difference(step, layer, statistic, a, b), not noise)
+        if first is not None:
+            differing.append(first)
+    return parted, differing
+
+
+def _named(differing: list[tuple[Difference, bool]]) -> Difference:
+    """The first layer in forward order whose output moved; else the last whose gradient moved; else the last
+    that differs (a sum that is only rounding)."""
+    moved = [entry for entry, real in differing if real]
+    outputs = [entry for entry in moved if entry.statistic.startswith("activation_")]
+    if outputs:
+        return outputs[0]
+    return moved[-1] if moved else differing[-1][0]
 
 
 def _steps(run: RunStatistics | RunStream) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from .output.run_folders import EVENT_FILE_PREFIX, DamagedEventFile, is_event_file, read_records
 from .tags import LAYERS, TENSORBOARD_PREFIX
 
-__all__ = ["STATISTICS", "NoRunToCompare", "RunStatistics", "RunStream", "read_run"]
+__all__ = ["COUNTS", "STATISTICS", "NoRunToCompare", "RunStatistics", "RunStream", "read_run"]
 
 #: The statistics compared, in the order a layer's are checked: name -> (tag prefix, what is read).
 #: ``stat:`` reads the scalar ``{prefix}{stat}@{layer}``, ``histo:`` a field of the histogram ``{prefix}{layer}``.
@@ -33,6 +33,9 @@ STATISTICS = {
     "gradient_sum_squares": ("gradients/", "histo:sum_squares"),
     "gradient_nonfinite": ("gradient_stats/", "stat:nonfinite"),
 }
+#: The number of elements each histogram's sums add, kept with the statistics (not compared): what tells a sum
+#: that is 0 up to rounding (:func:`actviz.run_diff.rounding_floor`).
+COUNTS = {"activations/": "activation_count", "gradients/": "gradient_count"}
 _BY_SOURCE = {(prefix, source): name for name, (prefix, source) in STATISTICS.items()}
 
 
@@ -198,6 +201,7 @@ def _read_value(value: Any, values: dict[tuple[str, str], float], outputs: dict[
     if value.HasField("histo"):
         for field_name in ("sum", "sum_squares"):
             values[(rest, _BY_SOURCE[(prefix, f"histo:{field_name}")])] = getattr(value.histo, field_name)
+        values[(rest, COUNTS[prefix])] = value.histo.num  # not compared: how many numbers the sums add
         if prefix == "activations/":
             outputs.setdefault(rest)
         return True

@@ -89,6 +89,7 @@ CLIP_TOP_LAYERS = "gradient_clipping/top_layers"
 FP8_KEEP_IN_BF16 = ("fp8_readiness/keep_in_bf16", "fp8_readiness/keep_in_bf16_gradients")
 LOGITS = ("logits/max", "logits/logsumexp", "logits/entropy")
 GRADIENT_NOISE = ("gradient_noise/simple", "gradient_noise/grad_squared", "gradient_noise/trace_sigma")
+NOISE_COUNTED_FRACTION = "gradient_noise/counted_fraction"
 
 #: Written only from the first step where they are not zero (with ``shown``): a healthy run never shows
 #: a card that stays at zero.
@@ -150,6 +151,8 @@ ROWS = (
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
     Row("Scalars", GRADIENT_NOISE, "with `\"gradient_noise\"`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
+    Row("Scalars", (NOISE_COUNTED_FRACTION,), "with `\"gradient_noise\"` and `\"gradient_clipping\"`: the share of the "
+        "squared gradient norm that the noise scale counts ([gradient noise](gradient-noise.md))"),
     Row("Scalars", _stats(MOE, "load_max_over_mean", "dead_experts", "router_entropy", "topk_margin"),
         "router health of a mixture of experts, with `\"moe\"` ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "max_abs", "kurtosis", "outlier_fraction", "headroom_bits"),

@@ -7,6 +7,7 @@ layer's output (a forward hook) or the gradient a layer passes back (a backward 
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import partial
 import subprocess
@@ -266,3 +267,40 @@ def test_a_users_own_value_at_an_earlier_step_is_no_damage(runs: Path, tmp_path:
         out = capsys.readouterr().out
         assert out.startswith("the runs agree: 4 common logged step(s)") and "damaged" not in out
         assert ("note: " in out) == (name == "late_statistic"), out
+
+
+def train_classifier(log_dir: Path, nudge_at: int | None = None) -> None:
+    """A seeded cross-entropy MLP logged every step; ``nudge_at``: layer 2's weight is scaled by 1 + 1e-4 then."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, log_dir, every=1):
+            for step in range(5):
+                x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+                if step == nudge_at:
+                    with torch.no_grad():
+                        model[2].weight.mul_(1 + 1e-4)
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+
+def test_a_nudge_below_rtol_names_its_layer_not_a_gradient_sum_that_is_rounding(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Layer 2's output moves by ~1e-4 of its scale (under rtol); the last layer's gradient sum is 0 up to rounding
+    (a cross-entropy gradient sums to 0 over the classes) and differs in relative terms by 100 %."""
+    train_classifier(tmp_path / "a")
+    train_classifier(tmp_path / "b", nudge_at=3)
+    first = compare_runs(read_run(tmp_path / "a"), read_run(tmp_path / "b")).first_divergence
+    assert first is not None and (first.step, first.layer) == (3, "2")
+    assert first.statistic.startswith("activation_")
+    assert abs(first.a - first.b) < 1e-3 * max(abs(first.a), abs(first.b))  # not past rtol itself
+    runs = [read_run(tmp_path / name) for name in ("a", "b")]
+    sums = [run.steps[3][("4", "gradient_sum")] for run in runs]  # what the old rule named: rounding around 0
+    norm = runs[0].steps[3][("4", "gradient_norm")]
+    assert max(map(abs, sums)) < 1e-5 * norm and not math.isclose(*sums, rel_tol=1e-3)
+    status, found = diff_json(str(tmp_path / "a"), str(tmp_path / "b"), capsys=capsys)
+    assert (status, found["first_divergence"]["step"], found["first_divergence"]["layer"]) == (1, 3, "2")

@@ -404,3 +404,192 @@ def test_a_dense_router_is_named_once_with_its_entropy(tmp_path, read_run):
         p = torch.softmax(model[1].router(model[0](batches[1])).double(), -1)
     assert run.scalar("moe/router_entropy@1.router", 1) == pytest.approx(float(-(p * p.log()).sum(-1).mean()), rel=1e-5)
     assert [alert for alert in viz.alerts if alert.rule == "dead_experts"] == []
+
+
+# Routers written as Hugging Face writes them (transformers' modeling_ernie4_5_moe.py, modeling_deepseek_v2.py's
+# group_limited_greedy, modeling_deepseek_v3.py, modeling_phimoe.py's sparsemixer), small and random: what their
+# topk (or max) saw is their own tensor, so the truth is computed from it here, in float64.
+GROUPS = 4
+
+
+class ErnieStatics(nn.Module):
+    """Ernie4_5_MoeStatics: the gate's correction bias, added to the probabilities in its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.e_score_correction_bias = nn.Parameter(0.05 * torch.rand(1, EXPERTS), requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states + self.e_score_correction_bias.squeeze()
+
+
+class EditedRouterMoe(nn.Module):
+    """``style``: "ernie" (softmax, a bias added, topk), "deepseek_v2" (softmax, groups masked with masked_fill,
+    topk), "deepseek_v3" (sigmoid, a bias added, groups by their top-2 sum masked, topk), "phimoe" (max of the
+    logits: sparsemixer's first expert). ``seen`` keeps what the choice was made over, and the indices chosen."""
+
+    def __init__(self, style: str, sharpness: float = 3.0, groups: int = GROUPS, topk_group: int = 2) -> None:
+        super().__init__()
+        self.style, self.groups, self.topk_group = style, groups, topk_group
+        self.gate = nn.Linear(WIDTH, EXPERTS, bias=False)
+        with torch.no_grad():
+            self.gate.weight.mul_(sharpness)
+        self.moe_statics = ErnieStatics()
+        self.register_buffer("e_score_correction_bias", 0.05 * torch.rand(EXPERTS))
+        self.expert = nn.Linear(WIDTH, WIDTH)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def route(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        router_logits = self.gate(hidden_states.float())
+        tokens = hidden_states.shape[0]
+        if self.style == "ernie":
+            routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+            chosen_over = self.moe_statics(routing_weights)
+            _, selected_experts = torch.topk(chosen_over, TOP_K, dim=-1)
+            return torch.gather(routing_weights, dim=-1, index=selected_experts), (chosen_over, selected_experts)
+        if self.style == "deepseek_v2":
+            scores = router_logits.softmax(dim=-1, dtype=torch.float32)
+            group_scores = scores.view(tokens, self.groups, -1).max(dim=-1).values
+            group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores)
+            group_mask.scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(tokens, self.groups, EXPERTS // self.groups).reshape(tokens, -1)
+            tmp_scores = scores.masked_fill(~score_mask.bool(), 0.0)
+            topk_weight, topk_idx = torch.topk(tmp_scores, k=TOP_K, dim=-1, sorted=False)
+            return topk_weight, (tmp_scores, topk_idx)
+        if self.style == "deepseek_v3":
+            router_logits = router_logits.sigmoid()
+            scores_for_choice = router_logits.view(-1, EXPERTS) + self.e_score_correction_bias.unsqueeze(0)
+            per_group = EXPERTS // self.groups
+            group_scores = scores_for_choice.view(-1, self.groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
+            group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+            group_mask = torch.zeros_like(group_scores)
+            group_mask.scatter_(1, group_idx, 1)
+            score_mask = group_mask.unsqueeze(-1).expand(-1, self.groups, per_group).reshape(-1, EXPERTS)
+            scores_for_choice = scores_for_choice.masked_fill(~score_mask.bool(), 0.0)
+            topk_indices = torch.topk(scores_for_choice, k=TOP_K, dim=-1, sorted=False)[1]
+            return router_logits.gather(1, topk_indices), (scores_for_choice, topk_indices)
+        with torch.no_grad():  # phimoe's sparsemixer, first expert
+            mask_logits_threshold, max_ind = router_logits.max(dim=-1, keepdim=True)
+        masked_gates = torch.softmax(router_logits.masked_fill(router_logits < mask_logits_threshold - 1, float("-inf")), -1)
+        return masked_gates.gather(-1, max_ind), (router_logits, max_ind)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden_states = x.view(-1, WIDTH)
+        weights, seen = self.route(hidden_states)
+        self.seen.append(tuple(tensor.detach() for tensor in seen))
+        return (self.expert(hidden_states) * weights.sum(-1, keepdim=True)).view_as(x)
+
+
+def choice_truth(chosen_over: torch.Tensor, indices: torch.Tensor, style: str) -> dict[str, float]:
+    """Entropy and margin of the distribution the choice was made over (the logits' softmax for a max over logits,
+    else the scores normalized to sum to 1), and the load of the indices chosen, in float64."""
+    seen = chosen_over.double()
+    p = torch.softmax(seen, -1) if style == "phimoe" else seen.clamp(min=0) / seen.clamp(min=0).sum(-1, keepdim=True)
+    k = indices.shape[-1]
+    load = torch.bincount(indices.reshape(-1), minlength=EXPERTS).double()
+    ranked = p.sort(dim=-1, descending=True).values
+    return {"load_max_over_mean": float(load.max() / load.mean()), "dead_experts": float((load == 0).sum()),
+            "router_entropy": float(torch.special.entr(p).sum(-1).mean()),
+            "topk_margin": float((ranked[:, k - 1] - ranked[:, k]).mean())}
+
+
+@pytest.mark.parametrize("style", ["ernie", "deepseek_v2", "deepseek_v3", "phimoe"])
+def test_a_router_that_edits_its_scores_or_routes_with_max_logs_what_its_choice_saw(tmp_path, read_run, style):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), EditedRouterMoe(style))
+    train(model, tmp_path, [torch.randn(4, 16, WIDTH)])
+    (chosen_over, indices), = model[1].seen
+    want = choice_truth(chosen_over, indices, style)
+    run = read_run(tmp_path)
+    router = "1.moe_statics" if style == "ernie" else "1.gate"  # the module whose output the choice was made over
+    assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {f"moe/{s}@{router}" for s in STATISTICS}
+    for statistic in STATISTICS:
+        assert run.scalar(f"moe/{statistic}@{router}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6), statistic
+    if style != "phimoe":  # a second softmax of scores near 0..1 reads near log(8) whatever the router learned
+        again = torch.softmax(chosen_over.double(), -1)
+        assert abs(float(torch.special.entr(again).sum(-1).mean()) - want["router_entropy"]) > 0.2
+
+
+def test_a_sigmoid_routers_entropy_follows_its_normalized_scores_as_they_sharpen(tmp_path, read_run):
+    # DeepSeek-V3's router with one group, no bias: the normalized sigmoid scores go from near uniform to one expert.
+    truths, logged = [], []
+    for step, sharpness in enumerate([0.01, 1.0, 3.0, 10.0, 40.0]):
+        torch.manual_seed(0)
+        block = EditedRouterMoe("deepseek_v3", sharpness, groups=1, topk_group=1)
+        block.e_score_correction_bias.zero_()
+        with torch.no_grad():  # each token's strongest expert by a margin that grows with the sharpness
+            block.gate.weight.copy_(sharpness * torch.eye(EXPERTS, WIDTH))
+        x = torch.randn(64, WIDTH).abs() * torch.eye(EXPERTS, WIDTH)[torch.arange(64) % EXPERTS] * 3 - 1
+        train(block, tmp_path / str(step), [x])
+        scores = torch.sigmoid(block.gate(x).double())
+        p = scores / scores.sum(-1, keepdim=True)
+        truths.append(float(torch.special.entr(p).sum(-1).mean()))
+        logged.append(read_run(tmp_path / str(step)).scalar("moe/router_entropy@gate", 0))
+    assert truths[0] > 2.0 and truths[-1] < 0.15  # the truth falls from about log(8) to near 0
+    assert logged == pytest.approx(truths, abs=1e-5)
+
+
+@pytest.mark.slow  # builds a Hugging Face model: about 8 s with the import on 2 cores
+def test_hugging_face_phimoe_routes_with_max_and_logs_its_first_choice(tmp_path, read_run):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.PhimoeConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                       num_key_value_heads=4, vocab_size=64, max_position_embeddings=64,
+                                       num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model, ids = transformers.PhimoeForCausalLM(config).train(), torch.randint(0, 64, (2, 16))
+    router = model.model.layers[0].mlp.router
+    seen = []
+    router.register_forward_hook(lambda module, args, output: seen.append((output[0].detach(), output[2])))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tmp_path, every=1, layers="lm_head"):
+            model(input_ids=ids, labels=ids).loss.backward()
+    (logits, selected), = seen
+    p = torch.softmax(logits.double(), -1)
+    # sparsemixer's first max over the logits (in training it then draws its first expert with Gumbel noise)
+    load = torch.bincount(logits.argmax(-1), minlength=4).double()
+    assert selected.shape == (32, 2)
+    ranked = p.sort(-1, descending=True).values
+    want = {"load_max_over_mean": float(load.max() / load.mean()), "dead_experts": float((load == 0).sum()),
+            "router_entropy": float(torch.special.entr(p).sum(-1).mean()), "topk_margin": float((ranked[:, 0] - ranked[:, 1]).mean())}
+    run = read_run(tmp_path)
+    name = layer_tag_names(model)["model.layers.0.mlp.router"]
+    assert {tag for tag in run.scalar_tags if tag.startswith("moe/")} == {f"moe/{s}@{name}" for s in STATISTICS}
+    for statistic in STATISTICS:
+        assert run.scalar(f"moe/{statistic}@{name}", 0) == pytest.approx(want[statistic], rel=1e-5, abs=1e-6), statistic
+
+
+def test_scores_cost_four_kernels_more_than_probabilities_and_no_sync():
+    # sigmoid scores: clamp, sum, clamp, divide to normalize them; probabilities go to router_vector as they are
+    def kernels(make) -> CountOps:
+        calls = RouterCalls(None)
+        with AttentionMode(attention=False, routers=calls) as mode:
+            mode.enter("router")
+            x = make(torch.randn(64, EXPERTS))
+            with CountOps() as counted:
+                x.topk(TOP_K)
+        assert len(calls.calls) == 1 and counted.syncs == []
+        return counted
+
+    scores, probabilities = kernels(torch.sigmoid), kernels(lambda logits: logits.softmax(-1))
+    logits = kernels(lambda logits: logits)
+    assert len(scores.kernels) - len(probabilities.kernels) == 4
+    assert len(logits.kernels) - len(probabilities.kernels) == 1  # the softmax of logits
+
+
+@pytest.mark.parametrize("edit", ["+=", "masked_fill_"])
+def test_probabilities_edited_in_place_are_scores_too(edit):
+    calls, logits, bias = RouterCalls(None), torch.randn(6, EXPERTS), 0.1 * torch.rand(EXPERTS)
+    with AttentionMode(attention=False, routers=calls) as mode:
+        mode.enter("router")
+        p = logits.softmax(-1)
+        if edit == "+=":
+            p += bias
+        else:
+            p.masked_fill_(logits < 0, 0.0)
+        p.topk(TOP_K)
+    q = logits.double().softmax(-1)
+    q = q + bias.double() if edit == "+=" else q.masked_fill(logits < 0, 0.0)
+    q = q / q.sum(-1, keepdim=True)
+    assert float(calls.calls[0].vector[-2]) == pytest.approx(float(torch.special.entr(q).sum()), rel=1e-5)

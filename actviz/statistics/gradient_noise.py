@@ -9,15 +9,14 @@ Sufficient to Predict Gradient Noise Scale in Transformers" (NeurIPS 2024), take
     |G_1|² = mean_b ‖∇ℓ_b‖²           |G_B|² = ‖mean_b ∇ℓ_b‖²
     |G|²   ≈ (B·|G_B|² − |G_1|²) / (B − 1)        tr(Σ) ≈ (|G_1|² − |G_B|²) / (1 − 1/B)
 
-A step writes ``gradient_noise/simple`` (their ratio), ``gradient_noise/grad_squared`` (``|G|²``) and
-``gradient_noise/trace_sigma`` (``tr(Σ)``).
+A step writes ``gradient_noise/simple`` (their ratio), ``/grad_squared`` (``|G|²``), ``/trace_sigma`` (``tr(Σ)``)
+and ``/counted_fraction`` (the counted share of the squared gradient norm, :func:`~.noise_layers.counted_fraction`).
 
-**Which parameters count.** The weight and bias of each watched ``nn.Linear``, ``nn.LayerNorm`` and ``nn.RMSNorm``
-(subclasses included) that require grad, in the layer's first call of the step's forward. Other layers'
-parameters (convolutions, embeddings, BatchNorm, whose batch statistics tie the examples together) are not in the
-sums: the estimate is that of the counted parameters' gradient. A layer called again in the same forward (tied
-weights) counts its first call only, a layer run without grad (``checkpoint``) and one whose input's first
-dimension is not the step's batch size ``B`` (that of the first counted layer) are left out.
+**Which parameters count.** Those that require grad of each watched layer :func:`~.noise_layers.layer_kind`
+counts (``nn.Linear``, the norms, Hugging Face's ``Conv1D`` and ``*RMSNorm``), in its first call of the forward;
+a tied embedding through its head alone. Others (convolutions, embeddings, BatchNorm, whose batch statistics tie
+the examples together) are not in the sums. A layer run without grad (``checkpoint``) or whose input's first
+dimension is not the step's batch size ``B`` (that of the first counted layer) is left out.
 
 **Per-example norms, no per-example gradient.** A layer's forward hook keeps its input ``x``, the tensor autograd
 keeps for the layer's own backward anyway, until the pre-hook on its output's gradient ``g`` (the step's existing
@@ -64,13 +63,13 @@ from torch import nn
 
 from ..common.distributed_types import is_dtensor
 from ..common.safe_warnings import warn_once
-from ..tags import GRAD_SCALE, GRADIENT_NOISE
+from ..tags import CLIP_NORMS, GRAD_SCALE, GRADIENT_NOISE, NOISE_COUNTED_FRACTION
+from .noise_layers import counted_fraction, layer_kind, rms_epsilon
 
 __all__ = ["COUNTED", "FAILED", "GradientNoise", "NoiseRun", "linear_route", "noise_scale", "squared_norms"]
 
 _NORMS = (nn.LayerNorm, nn.RMSNorm)
-#: The layer types whose parameters count.
-COUNTED = (nn.Linear, *_NORMS)
+COUNTED = (nn.Linear, *_NORMS)  #: PyTorch's layer types whose parameters count (and HF's: :func:`layer_kind`)
 SIMPLE, GRAD_SQUARED, TRACE_SIGMA = GRADIENT_NOISE
 #: The name a failure is reported under (the watcher turns the option off for its later steps).
 FAILED = "(gradient_noise)"
@@ -82,7 +81,7 @@ def _trainable(parameter: Any) -> bool:
 
 def counts(module: nn.Module) -> tuple[bool, bool]:
     """Whether ``module``'s weight and its bias count (see the module docstring)."""
-    if not isinstance(module, COUNTED):
+    if layer_kind(module) is None:
         return False, False
     return _trainable(getattr(module, "weight", None)), _trainable(getattr(module, "bias", None))
 
@@ -110,13 +109,15 @@ def squared_norms(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor,
         g = g.movedim(batch_dim, 0)
         x = x.movedim(batch_dim, 0) if x is not None else None
     batch = g.shape[0]
-    width = math.prod(module.normalized_shape) if isinstance(module, _NORMS) else g.shape[-1]
+    kind = layer_kind(module)
+    norm = kind != "linear"
+    width = g.shape[-1] if not norm else math.prod(getattr(module, "normalized_shape", module.weight.shape))
     g = g.reshape(batch, -1, width).to(dtype)
     if weight:
         assert x is not None
-        x = x.reshape(batch, -1, width if isinstance(module, _NORMS) else x.shape[-1]).to(dtype)
-    if isinstance(module, _NORMS):
-        return _norm_layer(module, x, g, weight, bias)
+        x = x.reshape(batch, -1, width if norm else x.shape[-1]).to(dtype)
+    if norm:
+        return _norm_layer(module, kind == "layer_norm", x, g, weight, bias)
     return _linear(x, g, weight, bias)
 
 
@@ -211,14 +212,14 @@ def _weight_norms(x: torch.Tensor | None, g: torch.Tensor, bias: bool) -> tuple[
     return (per_example,)
 
 
-def _norm_layer(module: nn.Module, x: torch.Tensor | None, g: torch.Tensor, weight: bool,
+def _norm_layer(module: nn.Module, layer_norm: bool, x: torch.Tensor | None, g: torch.Tensor, weight: bool,
                 bias: bool) -> tuple[torch.Tensor, torch.Tensor]:
     parts = []
     if weight:
         assert x is not None
         width = (x.shape[-1],)
-        normalised = (F.layer_norm(x, width, eps=module.eps) if isinstance(module, nn.LayerNorm)
-                      else F.rms_norm(x, width, eps=module.eps))
+        normalised = (F.layer_norm(x, width, eps=module.eps) if layer_norm
+                      else F.rms_norm(x, width, eps=rms_epsilon(module)))
         parts.append(g * normalised)
     if bias:
         parts.append(g)
@@ -256,6 +257,8 @@ def finish_on_host(results: Any, carried: list[torch.Tensor]) -> None:
     batch = sum(float(norm) for norm in carried[1::2])
     scale = results.scalars.get(GRAD_SCALE, 1.0)
     results.scalars.update(noise_scale(per_example.tolist(), batch, scale))
+    if (fraction := counted_fraction(batch, results.scalars.get(CLIP_NORMS[0]), scale)) is not None:
+        results.scalars[NOISE_COUNTED_FRACTION] = fraction
 
 
 #: What a step that counted nothing says, when no layer gave a more precise cause.

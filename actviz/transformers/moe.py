@@ -14,9 +14,14 @@ softmax, goes to ``torch.topk`` during the forward. :class:`RouterCalls` is told
   ``logits = self.router(h)``, an ``nn.Linear``, then softmax and topk in the block's forward),
   **else the innermost running module** (Hugging Face's ``MixtralTopKRouter``,
   ``Qwen2MoeTopKRouter`` and ``OlmoeTopKRouter`` call softmax and topk in their own forward).
-  The probabilities are ``x`` where ``x`` is a softmax's output, else ``softmax(x)`` in float32.
+  The probabilities are ``x`` where ``x`` is a softmax's output; ``x`` normalized where it is scores
+  (a sigmoid's output, or probabilities or scores edited by an add or a ``masked_fill``: Ernie 4.5's
+  bias, DeepSeek-V2's group mask); else ``softmax(x)`` in float32 (:func:`_what_topk_saw`).
   Of a router's calls in one forward the first over the most experts is kept (DeepSeek-V3's
-  router takes a topk over groups of experts before the one over every expert).
+  router takes a topk over groups of experts before the one over every expert); a call named after
+  the innermost module over fewer experts than a later one of a router inside it is dropped;
+* a ``max(x, dim=-1)`` of a module's output, or in a candidate named router or gate, is a top-1 router's call
+  (Phi-3.5-MoE's ``sparsemixer``).
 
 With ``watch(moe=None)`` (the default) only the modules whose class name says MoE, router,
 gate or expert (:func:`is_moe_module`), and the modules inside them, can be routers, the model
@@ -47,15 +52,27 @@ __all__ = [
 ]
 
 _MOE_NAME = re.compile(r"(?i:moe|router|expert)|(?:^|(?<=[^a-z]))[Gg]ate(?!d)")  # not Aggregate, not GatedMLP
+_ROUTER_NAME = re.compile(r"(?i:router|gate)")
 _TOPK = frozenset({torch.topk, torch.Tensor.topk})
+_MAX = frozenset({torch.max, torch.Tensor.max})  # Phi-3.5-MoE's sparsemixer routes with max(dim=-1)
 _SOFTMAX = frozenset({F.softmax, torch.softmax, torch.Tensor.softmax})
+_SIGMOID = frozenset({torch.sigmoid, torch.Tensor.sigmoid, F.sigmoid, torch.special.expit})
+#: Ops that edit scores before the topk: a bias added (Ernie 4.5, DeepSeek-V3), a mask (DeepSeek-V2's groups).
+_EDITS = frozenset({
+    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.add, torch.add, torch.Tensor.__sub__,
+    torch.Tensor.sub, torch.sub, torch.Tensor.masked_fill, torch.masked_fill, torch.Tensor.__iadd__,
+    torch.Tensor.add_, torch.Tensor.__isub__, torch.Tensor.sub_, torch.Tensor.masked_fill_,
+})
+#: What a tracked tensor holds: logits (softmax them), probabilities (a softmax's output, rows sum to 1), or scores
+#: (a sigmoid's output, or probabilities or scores edited: nonnegative weights whose rows need not sum to 1).
+LOGITS, PROBABILITIES, SCORES = "logits", "probabilities", "scores"
 #: Ops that keep a tensor's values and its last dimension: the router's output through them is still its output.
 _SAME_VALUES = frozenset({
     torch.Tensor.float, torch.Tensor.to, torch.Tensor.type_as, torch.Tensor.view, torch.Tensor.reshape,
     torch.reshape, torch.Tensor.flatten, torch.flatten, torch.Tensor.contiguous, torch.Tensor.detach,
 })
 #: The calls :class:`RouterCalls` is told of; every other op passes through the mode untouched.
-ROUTER_FUNCTIONS = _TOPK | _SOFTMAX | _SAME_VALUES
+ROUTER_FUNCTIONS = _TOPK | _MAX | _SOFTMAX | _SIGMOID | _EDITS | _SAME_VALUES
 
 
 def is_moe_module(module: nn.Module) -> bool:
@@ -184,9 +201,10 @@ class RouterCalls:
         self.calls: list[RouterCall] = []
         self.failed: BaseException | None = None
         self.dense: set[str] = set()  # routers whose topk takes every expert (k == experts)
-        # id(tensor) -> (weak reference to it, the module whose output it was or None, whether probabilities)
-        self._origins: dict[int, tuple[weakref.ref[torch.Tensor], str | None, bool]] = {}
+        # id(tensor) -> (weak reference to it, the module whose output it was or None, LOGITS, PROBABILITIES or SCORES)
+        self._origins: dict[int, tuple[weakref.ref[torch.Tensor], str | None, str]] = {}
         self._kept: dict[str, int] = {}  # router -> its call's place in calls
+        self._innermost: set[str] = set()  # routers named after the innermost running module (their input's unknown)
         self._unnamed = 0
 
     def made_by(self, name: str, output: Any) -> None:
@@ -195,8 +213,8 @@ class RouterCalls:
         if isinstance(output, (tuple, list)):  # Hugging Face's routers return (logits, weights, indices)
             first = next((item for item in output if isinstance(item, torch.Tensor)), None)
         if isinstance(first, torch.Tensor) and first.dim() > 0:
-            origin = self._origin(first)  # a router that returns its softmax: still probabilities
-            self._remember(first, name, origin is not None and origin[1])
+            origin = self._origin(first)  # a router that returns its softmax (or scores): still what it was
+            self._remember(first, name, origin[1] if origin else LOGITS)
 
     def see(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
             innermost: str | None) -> None:
@@ -205,23 +223,32 @@ class RouterCalls:
             return
         try:
             source = args[0] if args else kwargs.get("input", kwargs.get("self"))
+            if func in _EDITS and len(args) > 1 and self._origin(args[1]) is not None \
+                    and (not isinstance(source, torch.Tensor) or self._origin(source) is None):
+                source = args[1]  # bias + scores
             if not isinstance(source, torch.Tensor) or source.dim() == 0:
                 return
             if func in _TOPK:
                 self._topk(source, args, kwargs, result, innermost)
+            elif func in _MAX:
+                self._max(source, args, kwargs, result, innermost)
             elif isinstance(result, torch.Tensor) and result.dim() > 0 and result.shape[-1] == source.shape[-1]:
                 origin = self._origin(source)
                 if func in _SOFTMAX and _last_dimension(args, kwargs, source.dim()):
-                    self._remember(result, origin[0] if origin else None, True)
+                    self._remember(result, origin[0] if origin else None, PROBABILITIES)
+                elif func in _SIGMOID:
+                    self._remember(result, origin[0] if origin else None, SCORES)
+                elif origin is not None and func in _EDITS:  # edited probabilities are scores; logits stay logits
+                    self._remember(result, origin[0], LOGITS if origin[1] == LOGITS else SCORES)
                 elif origin is not None and func not in _SOFTMAX:
                     self._remember(result, *origin)
         except Exception as error:  # noqa: BLE001 - kept and warned once by the step; training goes on
             self.failed = error
 
-    def _remember(self, tensor: torch.Tensor, name: str | None, probabilities: bool) -> None:
-        self._origins[id(tensor)] = (weakref.ref(tensor), name, probabilities)
+    def _remember(self, tensor: torch.Tensor, name: str | None, kind: str) -> None:
+        self._origins[id(tensor)] = (weakref.ref(tensor), name, kind)
 
-    def _origin(self, tensor: torch.Tensor) -> tuple[str | None, bool] | None:
+    def _origin(self, tensor: Any) -> tuple[str | None, str] | None:
         found = self._origins.get(id(tensor))
         if found is None or found[0]() is not tensor:  # an id reused by a tensor made since
             return None
@@ -232,9 +259,25 @@ class RouterCalls:
         k = args[1] if len(args) > 1 else kwargs.get("k")
         dim = args[2] if len(args) > 2 else kwargs.get("dim", -1)
         largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+        if largest and isinstance(k, int) and isinstance(result, tuple) and len(result) == 2:
+            self._call(x, k, dim, result[1], innermost)
+
+    def _max(self, x: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+             innermost: str | None) -> None:
+        """``x.max(dim=-1)``: a top-1 router's call, where ``x`` is a module's output, or inside a router candidate
+        named router or gate (Phi-3.5-MoE's ``PhimoeTopKRouter`` calls ``sparsemixer`` on its own logits)."""
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        if isinstance(dim, int) and isinstance(result, tuple) and len(result) == 2 and x.shape[-1] > 1:
+            origin = self._origin(x)
+            in_router = (innermost is not None and self.candidates is not None and innermost in self.candidates
+                         and _ROUTER_NAME.search(innermost.rsplit(".", 1)[-1]) is not None)
+            if (origin is not None and origin[0] is not None) or in_router:  # not every max over a last dim routes
+                self._call(x, 1, dim, result[1], innermost)
+
+    def _call(self, x: torch.Tensor, k: int, dim: Any, indices: torch.Tensor, innermost: str | None) -> None:
+        """A top-``k`` choice over ``x``'s last dimension, with the ``indices`` chosen: a router's call."""
         experts = x.shape[-1]
-        if (not isinstance(k, int) or not 0 < k <= experts or dim not in (-1, x.dim() - 1) or not largest
-                or not x.is_floating_point()):
+        if not 0 < k <= experts or dim not in (-1, x.dim() - 1) or not x.is_floating_point():
             return
         origin = self._origin(x)
         name = origin[0] if origin and origin[0] is not None else innermost
@@ -244,12 +287,15 @@ class RouterCalls:
             name, self._unnamed = f"topk.{self._unnamed}", self._unnamed + 1
         elif self.candidates is not None and name not in self.candidates:
             return
+        if origin and origin[0] is not None:
+            self._drop_group_choices(name, experts)
+        else:
+            self._innermost.add(name)
         kept = self._kept.get(name)
         if kept is not None and self.calls[kept].vector.numel() >= experts + 2:
             return
         with torch.no_grad():
-            probabilities = x if origin and origin[1] else torch.softmax(x.detach().float(), dim=-1)
-            call = RouterCall(name, k, router_vector(probabilities, result[1], k))
+            call = RouterCall(name, k, router_vector(_what_topk_saw(x, origin[1] if origin else LOGITS), indices, k))
         if k == experts:  # every expert chosen by every row: a dense layer, named once by the step
             self.dense.add(name)
         if kept is None:
@@ -257,6 +303,37 @@ class RouterCalls:
             self.calls.append(call)
         else:  # a topk over groups of experts came first (DeepSeek-V3's group-limited routing)
             self.calls[kept] = call
+
+
+    def _drop_group_choices(self, name: str, experts: int) -> None:
+        """Drop the calls over fewer experts named after a module around router ``name`` for want of a source: a
+        choice of groups of experts before the choice over every expert (DeepSeek-V2's group-limited greedy)."""
+        dropped = [kept for kept in self._innermost if name.startswith(f"{kept}.") and kept in self._kept
+                   and self.calls[self._kept[kept]].vector.numel() < experts + 2]
+        if dropped:
+            self.calls = [call for call in self.calls if call.name not in dropped]
+            self._kept = {call.name: index for index, call in enumerate(self.calls)}
+            self.dense.difference_update(dropped)
+
+
+def _what_topk_saw(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """The distribution of a router's choice over its experts: a softmax's output as it is, logits' softmax in
+    float32, and scores (a sigmoid's, or probabilities with a bias added or a mask) normalized to sum to 1 per row,
+    negative ones as 0: the choice topk made, with no second softmax.
+
+    Example:
+        >>> _what_topk_saw(torch.tensor([[0.6, 0.2, 0.0, 0.2]]), SCORES)  # probabilities with one expert masked
+        tensor([[0.6000, 0.2000, 0.0000, 0.2000]])
+        >>> _what_topk_saw(torch.tensor([[0.9, 0.3, 0.3, 0.3]]), SCORES)  # sigmoid scores
+        tensor([[0.5000, 0.1667, 0.1667, 0.1667]])
+    """
+    x = x.detach()
+    if kind == PROBABILITIES:
+        return x
+    if kind == LOGITS:
+        return torch.softmax(x.float(), dim=-1)
+    scores = x.float().clamp(min=0.0)
+    return scores / scores.sum(-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
 
 
 def _last_dimension(args: tuple[Any, ...], kwargs: dict[str, Any], dims: int) -> bool:

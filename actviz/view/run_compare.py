@@ -5,8 +5,9 @@ statistic of every layer in Python: about a second per million values. The tab h
 as a :class:`ScalarTable` (a row per step, a column per ``(layer, statistic)``) and checks a block of rows at once
 with numpy: a value within half the tolerance of the other (``|a - b| <= (atol + rtol * max(|a|, |b|)) / 2``,
 both finite) agrees by that rule too, since halving is exact in floating point. Only the rows where some value
-is not that close go to ``compare_runs``, in step order, and the first row it finds a difference in is its
-answer over every step: every row before agrees.
+is not that close go to ``compare_runs``, in step order, each with every statistic's scale (its largest ``|value|``
+at the rows before), and the first row it finds a difference in is its answer over every step: every row before
+agrees.
 
 Example:
     >>> steps = np.arange(4)
@@ -92,6 +93,8 @@ def compare_tables(first: ScalarTable, second: ScalarTable, rtol: float = 1e-3, 
     shared = [(column, where[key]) for column, key in enumerate(first.columns) if key in where]
     columns_a = np.array([column for column, _ in shared], dtype=np.intp)
     columns_b = np.array([column for _, column in shared], dtype=np.intp)
+    keys = [first.columns[column] for column in columns_a]
+    running = np.zeros(len(shared))  # each column's scale: its largest |value| at the rows before, as compare_runs
     for start in range(0, common.size, rows_at_once):
         block_a, block_b = rows_a[start:start + rows_at_once], rows_b[start:start + rows_at_once]
         a, b = first.values[np.ix_(block_a, columns_a)], second.values[np.ix_(block_b, columns_b)]
@@ -99,11 +102,16 @@ def compare_tables(first: ScalarTable, second: ScalarTable, rtol: float = 1e-3, 
         with np.errstate(invalid="ignore"):
             close = np.abs(a - b) <= 0.5 * (atol + rtol * np.maximum(np.abs(a), np.abs(b)))
         unsure = np.flatnonzero((held & ~(close & np.isfinite(a) & np.isfinite(b))).any(axis=1))
-        if unsure.size:
-            found = compare_runs(first.statistics(block_a[unsure]), second.statistics(block_b[unsure]), rtol, atol)
+        sizes = np.where(held, np.fmax(np.where(np.isfinite(a), np.abs(a), 0.0), np.where(np.isfinite(b), np.abs(b), 0.0)), 0.0)
+        before = np.maximum.accumulate(np.vstack([running, sizes]), axis=0)  # row i: the scales before block row i
+        for row in unsure.tolist():  # each with the scales of every row before it, the close ones too
+            scales = {key: float(scale) for key, scale in zip(keys, before[row]) if scale > 0}
+            found = compare_runs(first.statistics(block_a[[row]]), second.statistics(block_b[[row]]), rtol, atol,
+                                 scales=scales)
             if found.first_divergence is not None:
                 compared = common[common <= found.first_divergence.step].tolist()  # as compare_runs: up to where they part
                 return Comparison(compared, found.layers, found.first_divergence, found.differing)
+        running = before[-1]
     # every common step agrees: compare_runs on the first names the shared layers (or raises: none shared)
     found = compare_runs(first.statistics(rows_a[:1]), second.statistics(rows_b[:1]), rtol, atol)
     return Comparison(common.tolist(), found.layers, None, [])
