@@ -78,6 +78,7 @@ PROBE_INPUT = "probe/input"
 GRADCAM = "gradcam/{layer}"
 ATTENTION_MAPS = "attention_maps/{layer}"
 ATTENTION = "attention/{statistic}@{layer}"
+RESIDUAL = "residual/{statistic}@{layer}"  # {layer}: a residual block (actviz.statistics.residual)
 MOE = "moe/{statistic}@{layer}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
 UPDATE_STAT = "update_stats/{statistic}@{param}"  # a statistic of target "parameter_update"
@@ -146,6 +147,9 @@ ROWS = (
         "the steps before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
         "attention health, with `\"attention\"` ([transformers](transformers.md))"),
+    Row("Scalars", _stats(RESIDUAL, "rms", "growth", "write_ratio", "effective_rank", "mean_cosine"),
+        "with `\"residual\"`: each residual block's output RMS, its growth over the block's input, its write "
+        "ratio ‖y − x‖ / ‖x‖, and the effective rank and mean cosine of its token rows ([transformers](transformers.md))"),
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
     Row("Scalars", GRADIENT_NOISE, "with `\"gradient_noise\"`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),
