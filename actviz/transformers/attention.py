@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
+from ..common._internals import attention_kernel_calls
+from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats, logit_bound
 from .moe import ROUTER_FUNCTIONS, RouterCalls
 from ..summaries.one_tensor import local_shard
 
@@ -132,6 +133,9 @@ class AttentionMode(TorchFunctionMode):
         [('attn', (2, 16))]
     """
 
+    #: Whether to keep each call's logit bound, from its kernel's log-sum-exp (:func:`logit_bound`).
+    logit_bound = True
+
     def __init__(self, rows: int | None = DEFAULT_ROWS, attention: bool = True,
                  routers: RouterCalls | None = None) -> None:
         super().__init__()
@@ -139,6 +143,8 @@ class AttentionMode(TorchFunctionMode):
         self.attention = attention
         self.routers = routers
         self.calls: list[tuple[str, torch.Tensor]] = []
+        #: Per call whose kernel returned a log-sum-exp: its name, its keys, its scale and :func:`logit_bound`.
+        self.bounds: list[tuple[str, int, float, torch.Tensor]] = []
         self.failed: BaseException | None = None
         self._stack: list[str] = []
         self._names: set[str] = set()
@@ -155,7 +161,12 @@ class AttentionMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if (func is _SDPA or func is _MHA) and self.attention and self.failed is None:
-            self._record(func, args, kwargs)
+            name = self._record(func, args, kwargs)
+            if name is not None and self.logit_bound:
+                with attention_kernel_calls() as kernels:
+                    result = func(*args, **kwargs)
+                self._bound(name, kernels.found)
+                return result
         if self.routers is not None and func in ROUTER_FUNCTIONS:
             result = func(*args, **kwargs)
             self.routers.see(func, args, kwargs, result, self._stack[-1] if self._stack else None)
@@ -166,19 +177,20 @@ class AttentionMode(TorchFunctionMode):
         """What one call leaves: :func:`attention_stats` of its sampled rows."""
         return attention_stats(attention_logits(query, key, rows=self.rows, **options))
 
-    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Keep the call's sampled rows' statistics; its name, or ``None`` for a name already called."""
         if self._stack:
             name = self._stack[-1]
         else:
             name, self._unnamed = f"sdpa.{self._unnamed}", self._unnamed + 1
         if name in self._names:
-            return
+            return None
         self._names.add(name)
         try:
             with torch.no_grad():
                 call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
                 if call is None:
-                    return
+                    return name
                 # DTensors' local shards: an op on a DTensor could wait on a collective other ranks never run
                 query, key = local_shard(call[0]), local_shard(call[1])
                 options = dict(call[2], masks=[local_shard(mask) for mask in call[2].get("masks", ())])
@@ -186,3 +198,17 @@ class AttentionMode(TorchFunctionMode):
         except Exception as error:
             self.failed = error
             logger.debug("attention statistics failed for %s", name, exc_info=True)
+        return name
+
+    def _bound(self, name: str, found: tuple[torch.Tensor, torch.Tensor, float | None, torch.Tensor] | None) -> None:
+        """Keep the logit bound of the call's kernel (:func:`logit_bound`), where its kernel returned a log-sum-exp."""
+        if found is None:
+            return
+        try:
+            with torch.no_grad():
+                query, key, scale, logsumexp = found
+                self.bounds.append((name, key.shape[-2], scale if scale is not None else query.shape[-1] ** -0.5,
+                                    logit_bound(query, key, logsumexp)))
+        except Exception as error:
+            self.failed = error
+            logger.debug("attention logit bound failed for %s", name, exc_info=True)
