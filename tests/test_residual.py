@@ -86,6 +86,7 @@ def test_many_rows_are_sampled_evenly_and_match_numpy():
     unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     cosine = unit @ unit.T
     assert len(rows) <= ROWS and values["write_ratio"] == 0.0
+    assert values["rms"] == pytest.approx(float(np.sqrt(np.mean(rows**2))), rel=1e-5)  # of the sampled rows
     assert values["effective_rank"] == pytest.approx(float(np.exp(-(p * np.log(p)).sum())), rel=1e-5)
     assert values["mean_cosine"] == pytest.approx((cosine.sum() - len(rows)) / (len(rows) * (len(rows) - 1)), abs=1e-6)
 

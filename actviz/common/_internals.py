@@ -35,7 +35,7 @@ function                               private API
 :func:`traced_here`                    ``torch._guards.CompileContext.try_get``
 :func:`frame_outside`                  ``sys._getframe``
 :func:`backward_root`                  ``torch.autograd.backward``'s frame and its ``tensors`` (``sys._current_frames``)
-:func:`attention_kernel_calls`         ``torch.utils._python_dispatch.TorchDispatchMode``; the SDPA kernels' aten ops
+:func:`attention_kernels`              ``torch.utils._python_dispatch.TorchDispatchMode``; the SDPA kernels' aten ops
 =====================================  ===========================================
 
 The summaries also call ``_foreach`` ops (``torch._foreach_norm``, ``_foreach_max``...) directly: aten operators
@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "attention_kernel_calls", "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
+    "attention_kernels", "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
     "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "traced_here", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
@@ -378,45 +378,11 @@ def flatten_copy(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch._C._nn.flatten_dense_tensors(list(tensors))
 
 
-def _attention_kernels() -> tuple[Any, ...]:
-    """The aten ops of the SDPA kernels that return the log-sum-exp of each query row's logits as output 1."""
+
+def attention_kernels() -> tuple[tuple[Any, ...], type]:
+    """The aten ops of SDPA's fused kernels, whose output 1 is each query row's log-sum-exp, and
+    ``TorchDispatchMode``, the base of a mode that sees them: public APIs see only SDPA's output."""
     names = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
-    return tuple(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))
-
-
-class _KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """Keeps ``(query, key, scale, logsumexp)`` of the first attention kernel call dispatched while it is on."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: tuple[torch.Tensor, torch.Tensor, float | None, torch.Tensor] | None = None
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        result = func(*args, **kwargs)
-        if self.found is None and func in _ATTENTION_KERNELS:
-            query, key, logsumexp = args[0], args[1], result[1]
-            # Plain tensors only (a tensor subclass's op could wait on other ranks); an empty one was not asked for.
-            if all(type(tensor) is torch.Tensor for tensor in (query, key, logsumexp)) and logsumexp.numel():
-                self.found = (query, key, kwargs.get("scale"), logsumexp)
-        return result
-
-
-_ATTENTION_KERNELS = _attention_kernels()
-
-
-def attention_kernel_calls() -> _KernelCalls:
-    """A context manager whose ``found`` is, after an attention call ran inside it, ``(query, key, scale,
-    logsumexp)`` of the first SDPA kernel that returned a log-sum-exp (``None`` where none did: the math
-    backend). Public APIs see only SDPA's output; the log-sum-exp every fused kernel computes is an aten op's
-    second output, seen by a dispatch mode entered for the one call only.
-
-    Example:
-        >>> q = torch.randn(1, 2, 3, 4)
-        >>> with attention_kernel_calls() as calls:
-        ...     _ = torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        >>> tuple(calls.found[3].shape) if calls.found is not None else "math backend"
-        (1, 2, 3)
-    """
-    return _KernelCalls()
+    ops = tuple(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))
+    return ops, torch.utils._python_dispatch.TorchDispatchMode

@@ -1,8 +1,8 @@
 """The residual stream, per block: the statistic :class:`Residual` (``statistics=["default", "residual"]``).
 
 A transformer block writes ``y = x + f(x)`` into the stream it reads. For each block, its input ``x`` (the first
-tensor of the block's positional arguments) and its output ``y`` (the first tensor of its output), of
-``N`` elements each, it writes:
+tensor of the block's positional arguments) and its output ``y`` (the first tensor of its output), it writes,
+of the same sampled token rows of each (below; all of them up to :data:`ROWS`, ``N`` elements):
 
 * ``residual/rms@{block}``: the RMS of the output, ``‖y‖ / √N``; over the blocks, the stream's norm growth;
 * ``residual/growth@{block}``: ``rms(y) / rms(x)``, the growth across the block (its input is the previous
@@ -19,7 +19,8 @@ tensor of the block's positional arguments) and its output ``y`` (the first tens
 The rows are the output's last dimension as features and every other dimension as tokens (``B·T`` rows of a
 ``(B, T, D)`` output), at most :data:`ROWS` of them, every ``s``-th from row 0 with ``s = ceil(B·T / ROWS)``.
 On the device it takes the three norms and the ``R × R`` Gram matrix of those rows (one small matrix product),
-about ten kernels per block and no sync; the writer thread takes the Gram matrix's eigenvalues in float64.
+ten kernels per block, reading only the sampled rows, and no sync; the writer thread takes the Gram matrix's
+eigenvalues in float64.
 
 Blocks (:func:`residual_blocks`) are the outermost modules that are children of an ``nn.ModuleList``, or repeated
 children (two or more of one class) of an ``nn.Sequential``, and not ``torch.nn``'s own leaf layers or containers
@@ -108,7 +109,7 @@ class Residual(LayerStatistic):
     names = ("rms", "growth", "write_ratio", "effective_rank", "mean_cosine")
     reads_input = True
     unwatched_layers = True
-    cost = "about ten kernels per block (three norms, a difference, a matrix product of at most 256 rows), no sync"
+    cost = "ten kernels per block (three norms, a difference, a matrix product), on at most 256 rows; no sync"
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return False
@@ -124,17 +125,15 @@ class Residual(LayerStatistic):
         if (layer_input is None or tensor.dim() not in (2, 3) or not tensor.is_floating_point()
                 or not layer_input.is_floating_point() or tensor.numel() == 0 or layer_input.numel() == 0):
             return None
-        y, x = tensor.detach(), layer_input.detach()
-        norm_y = torch.linalg.vector_norm(y, dtype=torch.float32)
-        norm_x = torch.linalg.vector_norm(x, dtype=torch.float32)
-        if y.shape == x.shape:
-            written = torch.linalg.vector_norm(y - x, dtype=torch.float32)
+        rows_y, rows_x = _sampled_rows(tensor.detach()), _sampled_rows(layer_input.detach())  # the same rows
+        norm_y, norm_x = torch.linalg.vector_norm(rows_y), torch.linalg.vector_norm(rows_x)
+        if rows_y.shape == rows_x.shape and tensor.shape == layer_input.shape:
+            written = torch.linalg.vector_norm(rows_y - rows_x)
         else:
             written = torch.full_like(norm_y, math.nan)
-        rows = _sampled_rows(y)
-        gram = rows @ rows.T
-        return torch.cat([torch.stack([norm_y * (1 / math.sqrt(y.numel())), norm_x * (1 / math.sqrt(x.numel())),
-                                       written / norm_x]), gram.flatten()])
+        gram = rows_y @ rows_y.T
+        return torch.cat([torch.stack([norm_y * (1 / math.sqrt(rows_y.numel())),
+                                       norm_x * (1 / math.sqrt(rows_x.numel())), written / norm_x]), gram.flatten()])
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         rms, input_rms, write_ratio = numbers[:3]

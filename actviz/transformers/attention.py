@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..common._internals import attention_kernel_calls
+from ..common._internals import attention_kernels
 from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats, logit_bound
 from .moe import ROUTER_FUNCTIONS, RouterCalls
 from ..summaries.one_tensor import local_shard
 
-__all__ = ["AttentionMode", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
+__all__ = ["AttentionMode", "KernelCalls", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,35 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tenso
         mask = mask.view(1, 1, -1) if padding else (mask[:heads] if mask.dim() == 3 else mask)
         masks.append(~mask if mask.dtype == torch.bool else mask)  # MHA's True means "left out"
     return q, k, {"masks": masks}
+
+
+_FUSED_KERNELS, _DispatchMode = attention_kernels()
+
+
+class KernelCalls(_DispatchMode):
+    """Entered for one attention call: ``found`` is then ``(query, key, scale, logsumexp)`` of the first fused SDPA
+    kernel it ran, whose log-sum-exp the kernel returned anyway, or ``None`` (the math backend computes none).
+
+    Example:
+        >>> q = torch.randn(1, 2, 3, 4)
+        >>> with KernelCalls() as calls:
+        ...     _ = F.scaled_dot_product_attention(q, q, q)
+        >>> tuple(calls.found[3].shape) if calls.found is not None else "math backend"
+        (1, 2, 3)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: tuple[torch.Tensor, torch.Tensor, float | None, torch.Tensor] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if self.found is None and func in _FUSED_KERNELS:
+            query, key, logsumexp = args[0], args[1], result[1]
+            # Plain tensors only (a tensor subclass's op could wait on other ranks); an empty one was not asked for.
+            if all(type(tensor) is torch.Tensor for tensor in (query, key, logsumexp)) and logsumexp.numel():
+                self.found = (query, key, (kwargs or {}).get("scale"), logsumexp)
+        return result
 
 
 def is_attention_module(module: torch.nn.Module) -> bool:
@@ -163,7 +192,7 @@ class AttentionMode(TorchFunctionMode):
         if (func is _SDPA or func is _MHA) and self.attention and self.failed is None:
             name = self._record(func, args, kwargs)
             if name is not None and self.logit_bound:
-                with attention_kernel_calls() as kernels:
+                with KernelCalls() as kernels:
                     result = func(*args, **kwargs)
                 self._bound(name, kernels.found)
                 return result
