@@ -104,3 +104,15 @@ def test_a_block_adds_ten_kernels_and_no_sync():
     with CountOps() as counted:  # 3 norms, sub, mm, 2 scales, div, stack, cat
         Residual().device_with_input(y, x, nn.Identity(), None)
     assert len(counted.kernels) == 10 and counted.syncs == [], counted.kernels
+
+
+def test_a_cnns_blocks_are_skipped_with_no_op():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.resnet18(num_classes=4)
+    blocks = residual_blocks(model)
+    assert "layer1.0" in blocks and len(blocks) == 8  # BasicBlocks, repeated in each nn.Sequential stage
+    x = torch.randn(1, 64, 8, 8)
+    y = blocks["layer1.0"](x)
+    with CountOps() as counted:
+        assert Residual().device_with_input(y, x, blocks["layer1.0"], None) is None
+    assert counted.kernels == []
