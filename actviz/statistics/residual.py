@@ -58,7 +58,7 @@ from .layer_statistic import LayerStatistic
 __all__ = ["ROWS", "Residual", "residual_blocks"]
 
 #: The most token rows of a block's output its effective rank and mean cosine are taken of.
-ROWS = 256
+ROWS = 128
 
 #: float32's machine epsilon, the Gram matrix's precision.
 FLOAT32_EPSILON = 2.0**-23
@@ -109,7 +109,7 @@ class Residual(LayerStatistic):
     names = ("rms", "growth", "write_ratio", "effective_rank", "mean_cosine")
     reads_input = True
     unwatched_layers = True
-    cost = "ten kernels per block (three norms, a difference, a matrix product), on at most 256 rows; no sync"
+    cost = "ten kernels per block (three norms, a difference, a matrix product), on at most 128 rows; no sync"
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         return False
