@@ -110,6 +110,19 @@ class KernelCalls(_DispatchMode):
         return result
 
 
+def _may_fuse(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call may run a fused kernel, which returns a log-sum-exp: not with dropout on a CPU, where
+    SDPA takes the math backend (whose ops would then run inside :class:`KernelCalls` for nothing)."""
+    if func is _SDPA:
+        bound = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+        dropout, query = bound.get("dropout_p", 0.0), bound.get("query")
+    else:
+        call = _MHA_SIGNATURE.bind(*args, **kwargs)
+        dropout = call.arguments.get("dropout_p", 0.0) if call.arguments.get("training", True) else 0.0
+        query = call.arguments.get("query")
+    return not (dropout and isinstance(query, torch.Tensor) and query.device.type == "cpu")
+
+
 def is_attention_module(module: torch.nn.Module) -> bool:
     """``nn.MultiheadAttention``, or a module whose class name contains ``Attention`` (any case)."""
     return isinstance(module, torch.nn.MultiheadAttention) or "attention" in type(module).__name__.lower()
@@ -193,7 +206,7 @@ class AttentionMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if (func is _SDPA or func is _MHA) and self.attention and self.failed is None:
             name = self._record(func, args, kwargs)
-            if name is not None and self.logit_bound:
+            if name is not None and self.logit_bound and _may_fuse(func, args, kwargs):
                 with KernelCalls() as kernels:
                     result = func(*args, **kwargs)
                 self._bound(name, kernels.found)
