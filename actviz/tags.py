@@ -78,6 +78,7 @@ PROBE_INPUT = "probe/input"
 GRADCAM = "gradcam/{layer}"
 ATTENTION_MAPS = "attention_maps/{layer}"
 ATTENTION = "attention/{statistic}@{layer}"
+RESIDUAL = "residual/{statistic}@{layer}"  # {layer}: a residual block (actviz.statistics.residual)
 MOE = "moe/{statistic}@{layer}"  # {layer}: a router (actviz.transformers.moe)
 UPDATE_RATIO = "update_ratio/{param}"
 UPDATE_STAT = "update_stats/{statistic}@{param}"  # a statistic of target "parameter_update"
@@ -123,6 +124,8 @@ ROWS = (
     Row("Histograms", (GRADIENTS,), "the gradient of the loss with respect to that output", readme=True),
     Row("Histograms", (WEIGHTS, WEIGHT_GRADS), "each parameter of the watched layers, and its gradient", readme=True),
     Row("Histograms", _stats(ATTENTION, "head_max_logit"), "each attention head's largest logit"),
+    Row("Histograms", _stats(ATTENTION, "head_logit_bound"), "each attention head's largest log-sum-exp, a bound "
+        "on its largest logit"),
     Row("Histograms", _stats(MOE, "expert_load"), "a router's tokens per expert ([mixture of experts](moe.md))"),
     Row("Scalars", _stats(ACTIVATION_STAT, "mean", "std", *ONCE_NOT_ZERO), "of the layer's output; `nonfinite` "
         "counts NaN and ±Inf, the others use the finite values", readme=True),
@@ -148,6 +151,13 @@ ROWS = (
         "the steps before a spike"),
     Row("Scalars", _stats(ATTENTION, "max_logit", "entropy_min", "entropy_mean", "sink_fraction"),
         "attention health, with `\"attention\"` ([transformers](transformers.md))"),
+    Row("Scalars", _stats(ATTENTION, "logit_bound", "logit_bound_low", "bound_head", "q_norm_max", "k_norm_max",
+                          "qk_alignment"), "the largest attention logit of the whole batch bracketed by the kernel's "
+        "log-sum-exp, and its head's split into ‖q‖, ‖k‖ and their alignment, with `\"attention\"` where SDPA runs a "
+        "fused kernel ([transformers](transformers.md))"),
+    Row("Scalars", _stats(RESIDUAL, "rms", "growth", "write_ratio", "effective_rank", "mean_cosine"),
+        "with `\"residual\"`: each residual block's output RMS, its growth over the block's input, its write "
+        "ratio ‖y − x‖ / ‖x‖, and the effective rank and mean cosine of its token rows ([transformers](transformers.md))"),
     Row("Scalars", LOGITS, "the output logits' size and entropy, with `\"logits\"`"),
     Row("Scalars", GRADIENT_NOISE, "with `\"gradient_noise\"`: the noise scale B_simple = tr(Σ) / ‖G‖², and its "
         "two estimates, from per-example gradient norms ([gradient noise](gradient-noise.md))"),

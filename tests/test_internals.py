@@ -342,3 +342,13 @@ def test_scalar_arrays_send_the_grpc_providers_request_and_give_its_points_as_ar
         assert steps.tolist() == [datum.step for datum in public["a"][tag]]
         assert repr(values.tolist()) == repr([datum.value for datum in public["a"][tag]])  # NaN too
     assert _tensorboard_internals.scalar_arrays(object(), "", "a", tags, 1000) is None  # another provider: read_scalars
+
+
+def test_the_cpu_flash_kernel_returns_each_query_rows_logsumexp_as_output_one():
+    kernels, mode = _internals.attention_kernels()
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in kernels
+    assert issubclass(mode, torch.utils._python_dispatch.TorchDispatchMode)
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 7, 4), torch.randn(2, 3, 7, 4)
+    logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)[1]
+    exact = (q.double() @ k.double().transpose(-2, -1) / 2.0).logsumexp(-1)  # scale 1/√4
+    torch.testing.assert_close(logsumexp.double(), exact, rtol=1e-5, atol=1e-5)

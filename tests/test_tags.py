@@ -83,7 +83,8 @@ class TopTwo(torch.nn.Module):
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every tag of two runs that turn everything on: a CNN (probe, Grad-CAM, AMP, update ratio, a spike, a NaN)
-    and a transformer (attention, logits, outliers, attention maps, gradient noise), and a mixture of experts' router."""
+    and a transformer (attention and its logit bound, logits, outliers, attention maps, gradient noise, the residual
+    stream), and a mixture of experts' router."""
     folder = tmp_path_factory.mktemp("runs")
     model = small_cnn(inplace=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -103,9 +104,11 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 scaler.step(optimizer)
                 scaler.update()
         assert {"gradient_spike", "nonfinite"} <= {alert.rule for alert in viz.alerts}
-        transformer = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1)
+        # No dropout: SDPA's fused kernel, whose log-sum-exp gives attention/logit_bound@
+        transformer = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 1, enable_nested_tensor=False)
         with actviz.watch(transformer, folder / "transformer", every=1, statistics=[
-                "default", "gradient_noise", "update_rms", "update_lost", "adam_epsilon"],
+                "default", "gradient_noise", "update_rms", "update_lost", "adam_epsilon", "residual"],
             extras=[actviz.Probe(torch.randn(1, 6, 16))]):
             with torch.autocast("cpu", dtype=torch.bfloat16):  # low precision: headroom_bits
                 output = transformer(torch.randn(2, 6, 16))

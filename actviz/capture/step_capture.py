@@ -163,6 +163,7 @@ class StepCapture:
         self._layer_statistics: dict[int, tuple[LayerStatistic, ...]] = {}  # id(module) -> its statistics (want_stats)
         self._output_statistics: tuple[LayerStatistic, ...] = ()  # taken of the model's output
         self._statistics_only: set[str] | frozenset[str] = frozenset()  # hooked for their statistics alone
+        self._layer_input: Any = None  # the hooked call's positional arguments, for statistics that read the input
         self._eager: EagerStance | None = stance or EagerStance()  # torch.compile never traces actviz's hooks
         try:
             if register is not None:  # the watcher knows the step before any hook is on: close() finds them all
@@ -234,7 +235,11 @@ class StepCapture:
             self._seen.add(name)
             if name in self._statistics_only:  # not watched: its statistics alone
                 if first is not None:
-                    self._run_statistics(self._layer_statistics[id(module)], name, module, first)
+                    self._layer_input = inputs
+                    try:
+                        self._run_statistics(self._layer_statistics[id(module)], name, module, first)
+                    finally:
+                        self._layer_input = None  # no batch outlives its step
                 continue
             if self._shapes is not None and first is not None:
                 self._shapes[name] = _shape_of(first)
@@ -243,6 +248,7 @@ class StepCapture:
             # A norm layer's grid would repeat its input's, pixel for pixel: not drawn again.
             draw = self.want_images and not (isinstance(module, PER_CHANNEL_AFFINE)
                                              and self._drawn.would_repeat(module, inputs))
+            self._layer_input = inputs
             try:
                 if self._noise is not None and first is not None and first.requires_grad:
                     self._noise.take_input(name, module, inputs, first)
@@ -252,6 +258,8 @@ class StepCapture:
                     self._capture_output(name, batch_dim, module, output, draw)
             except Exception as error:  # noqa: BLE001 - a hook must never stop training
                 self._on_error(name, error)
+            finally:
+                self._layer_input = None  # no batch outlives its step
 
     def _capture_output(self, name: str, batch_dim: int, module: nn.Module, output: Any, draw: bool) -> None:
         tensors = (("", output),) if isinstance(output, torch.Tensor) else output_tensors(output, self.options.outputs)
@@ -303,7 +311,8 @@ class StepCapture:
     def _run_statistics(self, statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module,
                         tensor: torch.Tensor, summary: PendingSummary | None = None) -> None:
         """Each statistic's device half of one tensor (:func:`~actviz.statistics.layer_statistic.take_values`)."""
-        take_values(statistics, layer, module, tensor, summary, self._pending.layer_values, self.options)
+        take_values(statistics, layer, module, tensor, summary, self._pending.layer_values, self.options,
+                    self._layer_input)
 
     def _on_forward_done(self, model: nn.Module, args: Any, output: Any) -> None:
         try:

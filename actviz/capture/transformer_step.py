@@ -13,6 +13,12 @@ the host in the step's one copy; :func:`finish_on_host` writes the tags on the w
 ``attention/entropy_mean@{layer}``          mean softmax entropy of the sampled rows, all heads
 ``attention/sink_fraction@{layer}``         fraction of heads with > 0.3 of their weight on key 0
 ``attention/head_max_logit@{layer}``        histogram: each head's max logit
+``attention/logit_bound@{layer}``           max log-sum-exp of the kernel's rows: ≥ the max logit
+``attention/logit_bound_low@{layer}``       that − log(keys): ≤ the max logit
+``attention/bound_head@{layer}``            the head with the largest bound
+``attention/q_norm_max@{layer}``            that head's largest ‖q‖ (``k_norm_max@``: ‖k‖)
+``attention/qk_alignment@{layer}``          bound / (‖q‖max · ‖k‖max · scale) of that head
+``attention/head_logit_bound@{layer}``      histogram: each head's bound
 ==========================================  =================================================
 
 Models with an attention module (``nn.MultiheadAttention``, or a class named ``*Attention*``)
@@ -50,7 +56,7 @@ from torch import nn
 
 from ..selection import layer_tag_names
 from ..transformers.attention import AttentionMode, attention_modules, may_attend
-from ..transformers.attention_stats import entropy_fractions, head_numbers
+from ..transformers.attention_stats import bound_numbers, entropy_fractions, head_numbers
 from ..transformers.moe import RouterCalls, moe_modules, router_numbers
 from .compiled_model import outside_graphs
 from ..output.pending_step import PendingStep
@@ -169,10 +175,13 @@ class TransformerStep:
         """The forward ended (``output`` is ``None`` if it raised): leave the mode and hand the step its work."""
         self.remove()
         routers = self._routers.calls if self._routers is not None else []
-        carried = [stats for _, stats in self._mode.calls] + [call.vector for call in routers]
+        bounds = self._mode.bounds
+        carried = ([stats for _, stats in self._mode.calls] + [bound for *_, bound in bounds]
+                   + [call.vector for call in routers])
         if carried:
             work = partial(finish_on_host, [name for name, _ in self._mode.calls], self._info, self._pending.bins,
-                           routers=[(call.name, call.k) for call in routers])
+                           routers=[(call.name, call.k) for call in routers],
+                           bounds=[(name, keys, scale) for name, keys, scale, _ in bounds])
             self._pending.add_host_work(work, *carried)
         for failed in (self._mode.failed, self._routers and self._routers.failed):
             if failed is not None:
@@ -208,7 +217,8 @@ def _finite(values: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor]
 
 
 def finish_on_host(calls: list[str], info: _ModelInfo, bins: int, results: StepResults,
-                   host: list[torch.Tensor], routers: list[tuple[str, int]] = ()) -> None:
+                   host: list[torch.Tensor], routers: list[tuple[str, int]] = (),
+                   bounds: list[tuple[str, int, float]] = ()) -> None:
     """On the writer thread: the step's tags (see the module docstring), its alerts into ``alerts``.
 
     If it fails, the step keeps everything else and the failure is warned once.
@@ -216,9 +226,18 @@ def finish_on_host(calls: list[str], info: _ModelInfo, bins: int, results: StepR
     try:
         found = iter(host)
         _finish(calls, info.alerts, bins, results, found)
+        _finish_bounds(bounds, bins, results, found)
         _finish_routers(routers, info.dead_experts, bins, results, found)
     except Exception as error:  # noqa: BLE001 - the rest of the step must still be written
         _warn_once(error, info.warned)
+
+
+def _finish_bounds(bounds: list[tuple[str, int, float]], bins: int, results: StepResults, found: Any) -> None:
+    """Each call's logit bound from its kernel's log-sum-exp (:func:`~actviz.transformers.attention_stats.bound_numbers`)."""
+    for name, keys, scale in bounds:
+        numbers, heads = bound_numbers(next(found), keys, scale)
+        results.scalars.update({ATTENTION.format(layer=name, statistic=key): value for key, value in numbers.items()})
+        results.histograms[ATTENTION.format(layer=name, statistic="head_logit_bound")] = _histogram(heads, bins)
 
 
 def _finish_routers(routers: list[tuple[str, int]], dead_experts: DeadExperts, bins: int, results: StepResults,

@@ -35,6 +35,7 @@ function                               private API
 :func:`traced_here`                    ``torch._guards.CompileContext.try_get``
 :func:`frame_outside`                  ``sys._getframe``
 :func:`backward_root`                  ``torch.autograd.backward``'s frame and its ``tensors`` (``sys._current_frames``)
+:func:`attention_kernels`              ``torch.utils._python_dispatch.TorchDispatchMode``; the SDPA kernels' aten ops
 =====================================  ===========================================
 
 The summaries also call ``_foreach`` ops (``torch._foreach_norm``, ``_foreach_max``...) directly: aten operators
@@ -54,7 +55,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
+    "attention_kernels", "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
     "child_modules", "compiled_call", "compiled_original", "compiler_stance",
     "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "traced_here", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
@@ -375,3 +376,13 @@ def flatten_copy(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """
     with torch.no_grad():
         return torch._C._nn.flatten_dense_tensors(list(tensors))
+
+
+
+def attention_kernels() -> tuple[tuple[Any, ...], type]:
+    """The aten ops of SDPA's fused kernels, whose output 1 is each query row's log-sum-exp, and
+    ``TorchDispatchMode``, the base of a mode that sees them: public APIs see only SDPA's output."""
+    names = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    ops = tuple(getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name))
+    return ops, torch.utils._python_dispatch.TorchDispatchMode

@@ -94,6 +94,8 @@ class LayerStatistic:
             the one-pass op summarizes the output, it adds them to the row it reads anyway, and
             :meth:`from_summary` takes them from there: no second read of the tensor. Elsewhere (a small
             output batched with the step's others, the CPU shortcut) :meth:`device` runs.
+        reads_input: Its device half also takes the layer's input, the first tensor of its positional arguments
+            (:meth:`device_with_input`, instead of :meth:`device`): a residual block's ``x`` of ``y = x + f(x)``.
         reads_summary: Its values come from the layer's finished :class:`~actviz.common.results.Summary`, on the
             writer thread (:meth:`from_layer_summary`): no device half, no op, nothing copied. It runs on every
             summarized output (:meth:`applies_to` is not asked) and never on the modules of ``unwatched_layers``.
@@ -109,6 +111,7 @@ class LayerStatistic:
     unwatched_layers: bool = False
     watched_layers: bool = True
     reads_summary: bool = False
+    reads_input: bool = False
 
     def on_by_default(self, model: nn.Module, options: Any) -> bool:
         """Whether ``watch(statistics=None)`` (the default) runs it on ``model``. Asked once per watcher."""
@@ -118,6 +121,11 @@ class LayerStatistic:
         """Whether it runs on this watched layer's outputs. Asked once per watcher and layer."""
         return True
 
+    def applies_in(self, model: nn.Module, module: nn.Module) -> bool:
+        """Whether it runs on ``module`` of ``model``; :meth:`applies_to` unless a statistic needs to see the model
+        (the residual blocks are the repeated children of a ``ModuleList``). Asked once per watcher and module."""
+        return self.applies_to(module)
+
     def select(self, model: nn.Module, output: Any) -> torch.Tensor | None:
         """``target = "model_output"``: the tensor of the model's ``output`` it is taken of, or ``None`` for none."""
         return output if isinstance(output, torch.Tensor) else None
@@ -126,6 +134,11 @@ class LayerStatistic:
         """The device half: a few numbers of ``tensor`` (detach it first), a tensor of its target of ``module`` (the
         model, for ``target = "model_output"``; ``None`` for the parameter targets), as one small tensor on its
         device, never read on the host; ``None`` for a tensor it does not take (an integer one, say). ``options`` is the watcher's :class:`~actviz.options.CaptureOptions`."""
+        raise NotImplementedError
+
+    def device_with_input(self, tensor: torch.Tensor, layer_input: torch.Tensor | None, module: nn.Module,
+                          options: Any) -> torch.Tensor | None:
+        """For ``reads_input = True``: :meth:`device` with the layer's input too (``None`` where it has none)."""
         raise NotImplementedError
 
     def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
@@ -198,12 +211,13 @@ def summary_request(statistics: tuple[LayerStatistic, ...] | None, tensor: torch
 
 
 def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.Module, tensor: torch.Tensor,
-                reduction: Any, layer_values: Any, options: Any) -> None:
+                reduction: Any, layer_values: Any, options: Any, layer_input: Any = None) -> None:
     """Each statistic's device half of one tensor of its target, kept with the step's results (``layer_values``, a
     :class:`~actviz.output.pending_step.LayerValues`): from the numbers the summary's row holds where it has them
     (``reduction``, the tensor's :class:`~actviz.summaries.one_tensor.PendingSummary`, whose reduction made in the
     hook has the fields of :func:`summary_request`), else by its own ops. One that raises is warned about once;
-    training goes on."""
+    training goes on. ``layer_input``: the layer's positional arguments, for those with
+    :attr:`~LayerStatistic.reads_input`."""
     reduction = reduction.made if reduction is not None else None  # a row of the small batch has no fields
     summarized = reduction is not None and reduction.extra
     for statistic in statistics:
@@ -211,6 +225,8 @@ def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.M
             fields = reduction.extra_fields(statistic.summary_fields) if summarized else None
             if fields is not None:
                 numbers = statistic.from_summary_and_tensor(fields, reduction.sample_values(), tensor)
+            elif statistic.reads_input:
+                numbers = statistic.device_with_input(tensor, first_input(layer_input), module, options)
             else:
                 numbers = statistic.device(tensor, module, options)
         except Exception as error:  # noqa: BLE001 - a statistic must never stop training
@@ -218,6 +234,21 @@ def take_values(statistics: tuple[LayerStatistic, ...], layer: str, module: nn.M
             continue
         if numbers is not None:
             layer_values.add(statistic, layer, numbers, tensor.numel(), tensor.dtype)
+
+
+def first_input(inputs: Any) -> torch.Tensor | None:
+    """The first tensor of a module's positional arguments, or ``None``.
+
+    Example:
+        >>> first_input((3, torch.ones(2))).shape, first_input(())
+        (torch.Size([2]), None)
+    """
+    if isinstance(inputs, torch.Tensor):
+        return inputs
+    for item in inputs if isinstance(inputs, (tuple, list)) else ():
+        if isinstance(item, torch.Tensor):
+            return item
+    return None
 
 
 def warn_statistic_failed(statistic: LayerStatistic, error: BaseException, warned: set[str]) -> None:

@@ -33,6 +33,7 @@ from .logits import Logits
 from .moments import Moments
 from .outliers import Outliers
 from .relu_zeros import ReluZeros
+from .residual import Residual
 from .unit_counts import DeadChannels, Saturation, note_layouts
 from .updates import AdamEpsilon, UpdateLost, UpdateRMS
 
@@ -42,7 +43,7 @@ __all__ = ["BUILT_IN", "Chosen", "NAMES", "STEP_WIDE", "check_statistics", "choo
 BUILT_IN: tuple[LayerStatistic, ...] = (
     Moments(), GradientNorms(), DeadChannels(), Saturation(), ReluZeros(), DormantUnits(), Outliers(), Logits(),
     GradientKurtosis(), WeightGradKurtosis(), Fp8Readiness(), Fp8GradientReadiness(), UpdateRMS(), UpdateLost(),
-    AdamEpsilon(),
+    AdamEpsilon(), Residual(),
 )
 
 #: The statistics of a whole step, not of one layer's tensor, each with what it writes: named in
@@ -210,7 +211,7 @@ class Chosen:
         of_gradients: dict[int, tuple[LayerStatistic, ...]] = {}
         for _, module in layers:
             applying = tuple(statistic for statistic in per_layer
-                             if statistic.watched_layers and statistic.applies_to(module))
+                             if statistic.watched_layers and statistic.applies_in(model, module))
             if applying:
                 by_module[id(module)] = applying
             applying = tuple(statistic for statistic in of_gradient if statistic.applies_to(module))
@@ -223,7 +224,7 @@ class Chosen:
             for name, module in model.named_modules():
                 if id(module) in watched or id(module) in by_module or not name:
                     continue
-                applying = tuple(statistic for statistic in reaching if statistic.applies_to(module))
+                applying = tuple(statistic for statistic in reaching if statistic.applies_in(model, module))
                 if applying:
                     by_module[id(module)] = applying
                     unwatched.append((name, module))

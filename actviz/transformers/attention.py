@@ -22,11 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats
+from ..common._internals import attention_kernels
+from .attention_stats import DEFAULT_ROWS, attention_logits, attention_stats, logit_bound
 from .moe import ROUTER_FUNCTIONS, RouterCalls
 from ..summaries.one_tensor import local_shard
 
-__all__ = ["AttentionMode", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
+__all__ = ["AttentionMode", "KernelCalls", "attention_modules", "is_attention_module", "may_attend", "mha_call", "sdpa_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,50 @@ def mha_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tenso
         mask = mask.view(1, 1, -1) if padding else (mask[:heads] if mask.dim() == 3 else mask)
         masks.append(~mask if mask.dtype == torch.bool else mask)  # MHA's True means "left out"
     return q, k, {"masks": masks}
+
+
+_FUSED_KERNELS, _DispatchMode = attention_kernels()
+
+
+class KernelCalls(_DispatchMode):
+    """Entered for one attention call: ``found`` is then ``(query, key, scale, logsumexp)`` of the first fused SDPA
+    kernel it ran, whose log-sum-exp the kernel returned anyway, or ``None`` (the math backend computes none).
+
+    Example:
+        >>> q = torch.randn(1, 2, 3, 4)
+        >>> with KernelCalls() as calls:
+        ...     _ = F.scaled_dot_product_attention(q, q, q)
+        >>> tuple(calls.found[3].shape) if calls.found is not None else "math backend"
+        (1, 2, 3)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: tuple[torch.Tensor, torch.Tensor, float | None, torch.Tensor] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if self.found is None and func in _FUSED_KERNELS:
+            query, key, logsumexp = args[0], args[1], result[1]
+            # Plain (N, H, L, E) tensors only (a tensor subclass's op could wait on other ranks); an empty
+            # log-sum-exp was not asked for (the efficient kernel without a gradient).
+            if (all(type(tensor) is torch.Tensor for tensor in (query, key, logsumexp)) and logsumexp.numel()
+                    and query.dim() == key.dim() == 4 and logsumexp.dim() >= 3):
+                self.found = (query, key, (kwargs or {}).get("scale"), logsumexp)
+        return result
+
+
+def _may_fuse(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the call may run a fused kernel, which returns a log-sum-exp: not with dropout on a CPU, where
+    SDPA takes the math backend (whose ops would then run inside :class:`KernelCalls` for nothing)."""
+    if func is _SDPA:
+        bound = {**dict(zip(_SDPA_ARGS, args)), **kwargs}
+        dropout, query = bound.get("dropout_p", 0.0), bound.get("query")
+    else:
+        call = _MHA_SIGNATURE.bind(*args, **kwargs)
+        dropout = call.arguments.get("dropout_p", 0.0) if call.arguments.get("training", True) else 0.0
+        query = call.arguments.get("query")
+    return not (dropout and isinstance(query, torch.Tensor) and query.device.type == "cpu")
 
 
 def is_attention_module(module: torch.nn.Module) -> bool:
@@ -132,6 +177,9 @@ class AttentionMode(TorchFunctionMode):
         [('attn', (2, 16))]
     """
 
+    #: Whether to keep each call's logit bound, from its kernel's log-sum-exp (:func:`logit_bound`).
+    logit_bound = True
+
     def __init__(self, rows: int | None = DEFAULT_ROWS, attention: bool = True,
                  routers: RouterCalls | None = None) -> None:
         super().__init__()
@@ -139,6 +187,8 @@ class AttentionMode(TorchFunctionMode):
         self.attention = attention
         self.routers = routers
         self.calls: list[tuple[str, torch.Tensor]] = []
+        #: Per call whose kernel returned a log-sum-exp: its name, its keys, its scale and :func:`logit_bound`.
+        self.bounds: list[tuple[str, int, float, torch.Tensor]] = []
         self.failed: BaseException | None = None
         self._stack: list[str] = []
         self._names: set[str] = set()
@@ -155,7 +205,12 @@ class AttentionMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if (func is _SDPA or func is _MHA) and self.attention and self.failed is None:
-            self._record(func, args, kwargs)
+            name = self._record(func, args, kwargs)
+            if name is not None and self.logit_bound and _may_fuse(func, args, kwargs):
+                with KernelCalls() as kernels:
+                    result = func(*args, **kwargs)
+                self._bound(name, kernels.found)
+                return result
         if self.routers is not None and func in ROUTER_FUNCTIONS:
             result = func(*args, **kwargs)
             self.routers.see(func, args, kwargs, result, self._stack[-1] if self._stack else None)
@@ -166,19 +221,20 @@ class AttentionMode(TorchFunctionMode):
         """What one call leaves: :func:`attention_stats` of its sampled rows."""
         return attention_stats(attention_logits(query, key, rows=self.rows, **options))
 
-    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _record(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Keep the call's sampled rows' statistics; its name, or ``None`` for a name already called."""
         if self._stack:
             name = self._stack[-1]
         else:
             name, self._unnamed = f"sdpa.{self._unnamed}", self._unnamed + 1
         if name in self._names:
-            return
+            return None
         self._names.add(name)
         try:
             with torch.no_grad():
                 call = sdpa_call(args, kwargs) if func is _SDPA else mha_call(args, kwargs)
                 if call is None:
-                    return
+                    return name
                 # DTensors' local shards: an op on a DTensor could wait on a collective other ranks never run
                 query, key = local_shard(call[0]), local_shard(call[1])
                 options = dict(call[2], masks=[local_shard(mask) for mask in call[2].get("masks", ())])
@@ -186,3 +242,16 @@ class AttentionMode(TorchFunctionMode):
         except Exception as error:
             self.failed = error
             logger.debug("attention statistics failed for %s", name, exc_info=True)
+        return name
+
+    def _bound(self, name: str, found: tuple[torch.Tensor, torch.Tensor, float | None, torch.Tensor] | None) -> None:
+        """Keep the logit bound of the call's kernel (:func:`logit_bound`), where its kernel returned a log-sum-exp."""
+        if found is None:
+            return
+        try:
+            with torch.no_grad():
+                query, key, scale, logsumexp = found
+                self.bounds.append((name, key.shape[-2], scale if scale is not None else query.shape[-1] ** -0.5,
+                                    logit_bound(query, key, logsumexp)))
+        except Exception:  # the bound only is lost: the sampled rows' statistics are kept
+            logger.debug("attention logit bound failed for %s", name, exc_info=True)

@@ -46,6 +46,8 @@ class ProbeMode(AttentionMode):
     :data:`MAX_ROLLOUT_TOKENS` tokens its whole map averaged over the heads (in :attr:`rollout_maps`).
     """
 
+    logit_bound = False
+
     def __init__(self) -> None:
         super().__init__(rows=None)
         self.rollout_maps: list[torch.Tensor] = []

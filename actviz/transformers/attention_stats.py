@@ -35,8 +35,8 @@ from collections.abc import Sequence
 import torch
 
 __all__ = [
-    "DEFAULT_ROWS", "LEFT_OUT", "STATS", "attention_logits", "attention_stats", "entropy_fractions", "head_numbers",
-    "sampled_rows",
+    "DEFAULT_ROWS", "LEFT_OUT", "STATS", "attention_logits", "attention_stats", "bound_numbers", "entropy_fractions",
+    "head_numbers", "logit_bound", "sampled_rows",
 ]
 
 #: Query rows sampled per call.
@@ -209,3 +209,54 @@ def entropy_fractions(stats: torch.Tensor) -> torch.Tensor:
     counts = kept.sum(-1)
     mean = torch.where(kept, fraction, 0.0).sum(-1) / counts
     return torch.where(counts > 0, mean, math.nan)
+
+
+@torch.no_grad()
+def logit_bound(query: torch.Tensor, key: torch.Tensor, logsumexp: torch.Tensor) -> torch.Tensor:
+    """The device half of the logit bound, from an SDPA kernel's own ``(N, H, L, E)`` query and ``(N, Hk, S, E)`` key
+    and its log-sum-exp of each query row's logits, ``(N, H, L)`` (an efficient kernel's padded rows cut off):
+    per head, over every batch element and row, ``[max LSE, max ‖q‖, max ‖k‖]``, a float32 ``(3, H)`` tensor.
+
+    The log-sum-exp is what the kernel wrote anyway; the norms read ``q`` and ``k`` once each. Five kernels and a
+    stack; no sync.
+
+    Example:
+        >>> q, k = torch.zeros(1, 2, 3, 4), torch.ones(1, 1, 5, 4)
+        >>> logit_bound(q, k, torch.full((1, 2, 3), math.log(5))).tolist()[1:]   # ‖q‖ = 0, ‖k‖ = 2
+        [[0.0, 0.0], [2.0, 2.0]]
+    """
+    heads, kv_heads = query.shape[1], key.shape[1]
+    rows = logsumexp.reshape(logsumexp.shape[0], logsumexp.shape[1], -1)[..., : query.shape[-2]]
+    largest = rows.amax(dim=(0, 2)).float()
+    q_norm = torch.linalg.vector_norm(query, dim=-1, dtype=torch.float32).amax(dim=(0, 2))
+    k_norm = torch.linalg.vector_norm(key, dim=-1, dtype=torch.float32).amax(dim=(0, 2))
+    if kv_heads != heads:  # grouped queries: query head h reads key head h // (H / Hk)
+        k_norm = k_norm.repeat_interleave(heads // kv_heads)
+    return torch.stack([largest, q_norm, k_norm])
+
+
+def bound_numbers(bound: torch.Tensor, keys: int, scale: float) -> tuple[dict[str, float], torch.Tensor]:
+    """The host half of :func:`logit_bound` for a call with ``keys`` keys and ``scale``: its scalars and each head's
+    upper bound, in float64.
+
+    Each row's log-sum-exp bounds its largest logit, ``LSE − log(keys) ≤ max ≤ LSE``, so over the call the largest
+    logit ``M`` lies in ``[max LSE − log S, max LSE]`` (``logit_bound_low``, ``logit_bound``). And ``M ≤ max‖q‖ ·
+    max‖k‖ · scale``: of the head with the largest bound (``bound_head``), ``q_norm_max`` and ``k_norm_max`` say
+    which of q and k grew, and ``qk_alignment = max LSE / (max‖q‖ · max‖k‖ · scale)`` how far the two point the
+    same way (at most 1 but for the LSE's excess over the max, ``log S`` at most).
+
+    Example:
+        >>> bound = torch.tensor([[2.0, 9.0], [1.0, 3.0], [1.0, 2.0]])   # head 1: LSE 9, ‖q‖ 3, ‖k‖ 2
+        >>> numbers, heads = bound_numbers(bound, 4, 1.0)
+        >>> numbers["bound_head"], numbers["qk_alignment"], round(numbers["logit_bound_low"], 3)
+        (1.0, 1.5, 7.614)
+    """
+    bound = bound.double()
+    upper, q_norm, k_norm = bound
+    finite = torch.where(torch.isnan(upper), -math.inf, upper)
+    head = int(finite.argmax())
+    top = float(upper[head])
+    product = float(q_norm[head] * k_norm[head]) * scale
+    return {"logit_bound": top, "logit_bound_low": top - math.log(max(keys, 1)), "bound_head": float(head),
+            "q_norm_max": float(q_norm[head]), "k_norm_max": float(k_norm[head]),
+            "qk_alignment": top / product if product > 0 else math.nan}, upper
