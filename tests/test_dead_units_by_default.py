@@ -63,7 +63,8 @@ def test_a_healthy_network_raises_nothing_and_alerts_false_counts_nothing():
 
 
 def test_an_unwatched_relu_costs_three_small_ops_and_no_sync(monkeypatch):
-    # On the accelerator path: one read of its output (amax over all but the channels), then two ops on C numbers.
+    # On the accelerator path: one read of its output (the sums of |x| over all but the channels), then two ops on C
+    # numbers.
     # The step's statistics join the cat that packs the step's other tensors for the copy to the host: no op more.
     monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
     model = conv_bn_relu(dead=0)
@@ -81,7 +82,24 @@ def test_an_unwatched_relu_costs_three_small_ops_and_no_sync(monkeypatch):
     added = list(counts[True])
     for kernel in counts[False]:
         added.remove(kernel)
-    assert sorted(added) == sorted(["aten.amax.default", "aten.eq.Scalar", "aten.mean.default"] * 2), added
+    assert sorted(added) == sorted(["aten.linalg_vector_norm.default", "aten.eq.Scalar", "aten.mean.default"] * 2), added
+
+
+def test_dormant_units_of_an_unwatched_relu_share_the_dead_channel_counts_read(monkeypatch):
+    # Both statistics of the unwatched ReLU take its per-channel sums of |x|: named together, one read, not two.
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    model = conv_bn_relu(dead=0)
+    inputs = torch.randn(8, 3, 12, 12)
+    reads = {}
+    for statistics in (["default"], ["default", "dormant_units"]):
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, statistics=statistics) as viz:
+            with CountOps() as count:
+                model(inputs).sum().backward()
+                viz.flush()
+        reads[len(statistics)] = count.kernels.count("aten.linalg_vector_norm.default")
+        assert count.syncs == []
+    assert reads[2] == reads[1] >= 1  # dormant units add no read of their own (they would add one per ReLU output)
+    assert "2" in viz.latest.layer_values["dormant_units"]
 
 
 def sequence_mlp(dead: int) -> nn.Sequential:

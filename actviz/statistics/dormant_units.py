@@ -33,7 +33,7 @@ from torch import nn
 
 from ..common.distributed_types import is_dtensor
 from .layer_statistic import LayerStatistic
-from .unit_counts import _sequence
+from .unit_counts import _sequence, channel_abs_sums
 
 __all__ = ["ACTIVATIONS", "TAUS", "DormantUnits", "channel_dim", "dormant_values"]
 
@@ -122,7 +122,7 @@ class DormantUnits(LayerStatistic):
         if channel is None:
             return None
         dims = [dim for dim in range(values.dim()) if dim != channel]
-        return torch.linalg.vector_norm(values, 1, dim=dims, dtype=torch.float32)
+        return channel_abs_sums(tensor, values, dims)  # a ReLU's dead-channel count read them already: no second read
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, Any]:
         return dormant_values(numbers, numel)

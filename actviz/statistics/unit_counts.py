@@ -2,7 +2,8 @@
 
 * :class:`DeadChannels`, on ReLU-family outputs with channels (3-D and up): the fraction of channels
   that are zero for the whole batch; on every ReLU-family module of the model, watched or not (one
-  not watched counts its first call of a logging step, reading its output once: ``amax``, ``eq``, ``mean``).
+  not watched counts its first call of a logging step, reading its output once: the per-channel sums of ``|x|``,
+  ``eq``, ``mean``; :mod:`~actviz.statistics.dormant_units` reuses those sums).
   The channels of a 4-D output are its dimension 1; those of a 3-D output its last dimension, the features
   of a ``(batch, positions, features)`` sequence (a transformer's MLP, an RNN's), except after a 1-D
   convolution-family sibling (``Conv1d``, ``BatchNorm1d``... then ReLU: ``(batch, channels, length)``);
@@ -29,11 +30,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..common._internals import tensor_version
 from ..common.distributed_types import is_dtensor
 from ..summaries.one_pass import UNIT_FIELDS, channel_layout
 from .layer_statistic import LayerStatistic
 
-__all__ = ["ONE_D_CHANNELS", "SATURATION_MARGIN", "DeadChannels", "Saturation", "is_relu_family", "note_layouts"]
+__all__ = ["ONE_D_CHANNELS", "SATURATION_MARGIN", "DeadChannels", "Saturation", "channel_abs_sums", "is_relu_family",
+           "note_layouts"]
 
 #: Distance from a Tanh's (±1) or Sigmoid's (0, 1) bound counted as saturated: the slope there is
 #: below 0.06 (Tanh) or 0.03 (Sigmoid), under a sixteenth of its slope at 0.
@@ -58,6 +61,31 @@ def _values(tensor: torch.Tensor) -> torch.Tensor | None:
         return None
     values = tensor.detach()
     return values.to_local() if is_dtensor(values) else values
+
+
+#: The last output's per-channel sums of ``|x|``: (the output, weakly; its version; the dims summed; the sums).
+_last_sums: tuple[Any, int, tuple[int, ...], torch.Tensor] | None = None
+
+
+def channel_abs_sums(tensor: torch.Tensor, values: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """The sums of ``|values|`` over ``dims`` (float32, one read), ``values`` being ``tensor`` detached: made once per
+    output, so that the dead-channel count and the dormant units (:mod:`actviz.statistics.dormant_units`) of one
+    ReLU share one read of it. Hooks run on the training thread, one output at a time: one is kept, weakly.
+
+    Example:
+        >>> relu_output = torch.relu(torch.randn(2, 3, 4, 4))
+        >>> first = channel_abs_sums(relu_output, relu_output, [0, 2, 3])
+        >>> channel_abs_sums(relu_output, relu_output, [0, 2, 3]) is first
+        True
+    """
+    global _last_sums
+    key = tuple(dims)
+    last = _last_sums
+    if last is not None and last[0]() is tensor and last[1] == tensor_version(tensor) and last[2] == key:
+        return last[3]
+    sums = torch.linalg.vector_norm(values, 1, dim=dims, dtype=torch.float32)
+    _last_sums = (weakref.ref(tensor), tensor_version(tensor), key, sums)
+    return sums
 
 
 #: Layers whose 3-D output is ``(batch, channels, length)``: a ReLU right after one of them reads dimension 1.
@@ -125,7 +153,8 @@ class DeadChannels(LayerStatistic):
             return None
         channel = values.dim() - 1 if _sequence(values, module) else 1
         dims = [dim for dim in range(values.dim()) if dim != channel]
-        return torch.mean(values.amax(dim=dims).eq(0), dtype=torch.float32)
+        # A ReLU's output is >= 0: a channel is all zero where its sum of |x| is 0 (the read dormant units share).
+        return torch.mean(channel_abs_sums(tensor, values, dims).eq(0), dtype=torch.float32)
 
     def summary_units(self, tensor: torch.Tensor, module: nn.Module) -> tuple[float, ...] | None:
         if not tensor.is_floating_point() or is_dtensor(tensor):
