@@ -24,6 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..common.suggestions import did_you_mean
+from ..selection import layer_tag_names
 from .dormant_units import DormantUnits
 from .fp8_readiness import Fp8GradientReadiness, Fp8Readiness
 from .gradient_kurtosis import GradientKurtosis, WeightGradKurtosis
@@ -221,13 +222,14 @@ class Chosen:
         reaching = [statistic for statistic in per_layer if statistic.unwatched_layers]
         if reaching:
             watched = {id(module) for _, module in layers}
+            tag_names = layer_tag_names(model)  # their tags name them as every tag does (0.query, not bert.encoder...)
             for name, module in model.named_modules():
                 if id(module) in watched or id(module) in by_module or not name:
                     continue
                 applying = tuple(statistic for statistic in reaching if statistic.applies_in(model, module))
                 if applying:
                     by_module[id(module)] = applying
-                    unwatched.append((name, module))
+                    unwatched.append((tag_names.get(name, name), module))
         on_output = tuple(statistic for statistic in in_hooks if statistic.target == "model_output")
         return cls(by_module, on_output, tuple(unwatched), of_summaries, of_gradients,
                    tuple(statistic for statistic in in_hooks if statistic.target == "parameter"),
