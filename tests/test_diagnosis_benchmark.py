@@ -24,7 +24,7 @@ def test_the_quick_subset_has_no_false_alarm_and_catches_every_pathology_that_ha
     outcomes = [diagnosis_benchmark.run_program(name) for name in diagnosis_benchmark.QUICK]
     healthy = [outcome for outcome in outcomes if not outcome.sick]
     sick = [outcome for outcome in outcomes if outcome.sick]
-    assert len(healthy) >= 4 and len(sick) >= 6
+    assert len(healthy) >= 2 and len(sick) >= 6  # the full run, scripts/diagnosis_benchmark.py, has 11 and 15
     assert {outcome.name: outcome.alerts for outcome in healthy if outcome.alerts} == {}
     assert all(outcome.happened is not None for outcome in sick)  # the benchmark's own hooks saw each one
     assert {outcome.name: outcome.verdict() for outcome in sick} == {outcome.name: "caught" for outcome in sick}
