@@ -245,9 +245,7 @@ def test_long_module_names_get_short_unique_tag_names_that_keep_what_tells_them_
     model = bert_like()
     names = layer_tag_names(model)
     watched = {name: names[name] for name, _ in default_layers(model)}
-    assert watched == {
-        "bert.embeddings.word_embeddings": "word_embeddings",
-        "bert.embeddings.LayerNorm": "e.LayerNorm",  # "LayerNorm" alone: other modules end so too
+    layer_0 = {
         "bert.encoder.layer.0.attention.self.query": "0.query",
         "bert.encoder.layer.0.attention.self.key": "0.key",
         "bert.encoder.layer.0.attention.self.value": "0.value",
@@ -256,15 +254,12 @@ def test_long_module_names_get_short_unique_tag_names_that_keep_what_tells_them_
         "bert.encoder.layer.0.intermediate.dense": "0.i.dense",
         "bert.encoder.layer.0.output.dense": "0.o.dense",
         "bert.encoder.layer.0.output.LayerNorm": "0.o.LayerNorm",
-        **{name.replace(".0.", ".1."): short.replace("0.", "1.", 1) for name, short in {
-            "bert.encoder.layer.0.attention.self.query": "0.query",
-            "bert.encoder.layer.0.attention.self.key": "0.key",
-            "bert.encoder.layer.0.attention.self.value": "0.value",
-            "bert.encoder.layer.0.attention.output.dense": "0.a.o.dense",
-            "bert.encoder.layer.0.attention.output.LayerNorm": "0.a.o.LayerNorm",
-            "bert.encoder.layer.0.intermediate.dense": "0.i.dense",
-            "bert.encoder.layer.0.output.dense": "0.o.dense",
-            "bert.encoder.layer.0.output.LayerNorm": "0.o.LayerNorm"}.items()},
+    }
+    assert watched == {
+        "bert.embeddings.word_embeddings": "word_embeddings",
+        "bert.embeddings.LayerNorm": "e.LayerNorm",  # "LayerNorm" alone: other modules end so too
+        **layer_0,
+        **{name.replace(".0.", ".1."): short.replace("0.", "1.", 1) for name, short in layer_0.items()},
         "bert.pooler.dense": "pooler.dense",
         "classifier": "classifier",
     }
