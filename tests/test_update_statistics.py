@@ -124,3 +124,67 @@ def test_the_update_statistics_are_off_by_default_and_cost_no_sync(monkeypatch):
         written = [tag for tag in viz.latest.scalars if tag.startswith("update_stats/")]
         assert (written == []) if statistics is None else len(written) == 3 * 4
     assert syncs[True] == syncs[False]
+
+
+def test_a_parameter_over_the_sample_size_is_measured_on_its_strided_sample_near_its_full_value(read_run):
+    from actviz.statistics.update_sample import UPDATE_SAMPLE_SIZE, sample_stride
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(200, 100), nn.ReLU(), nn.Linear(100, 3))  # 20,000 weights: sampled
+    with torch.no_grad():
+        model[0].weight[:40] += 3e3  # 8,000 weights whose updates float32 cannot hold at lr 1e-4
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, eps=1e-6)
+    stride = sample_stride(model[0].weight.shape)
+    assert stride == 3 and 20_000 > UPDATE_SAMPLE_SIZE >= len(range(0, 20_000, stride))
+    log_dir = tempfile.mkdtemp()
+    with actviz.watch(model, log_dir, every=1, image_every=False, statistics=UPDATES) as viz:
+        for _ in range(2):
+            before = model[0].weight.detach().double().clone()
+            optimizer.zero_grad()
+            F.cross_entropy(model(torch.randn(32, 200)), torch.randint(0, 3, (32,))).backward()
+            had_gradient = model[0].weight.grad.reshape(-1).ne(0)
+            optimizer.step()
+            viz.flush()
+    update = (model[0].weight.detach().double() - before).reshape(-1)
+    state, group = optimizer.state[model[0].weight], optimizer.param_groups[0]
+    v_hat = state["exp_avg_sq"].double().reshape(-1) / (1 - group["betas"][1] ** float(state["step"]))
+    below = (group["eps"] > v_hat.sqrt()).double()
+    lost = (update == 0) & had_gradient
+    sampled = slice(None, None, stride)
+    run = read_run(log_dir)
+    rms = run.scalar("update_stats/rms@0.weight", 1)
+    lost_fraction = run.scalar("update_stats/lost_fraction@0.weight", 1)
+    epsilon_fraction = run.scalar("update_stats/epsilon_fraction@0.weight", 1)
+    # the very elements of the sample, by hand in float64
+    assert rms == pytest.approx(float(update[sampled].square().mean().sqrt()), rel=1e-5)
+    assert lost_fraction == pytest.approx(float(lost[sampled].sum() / had_gradient[sampled].sum()), abs=1e-6)
+    assert epsilon_fraction == pytest.approx(float(below[sampled].mean()), abs=1e-6)
+    # and an estimate of the whole tensor's values
+    assert rms == pytest.approx(float(update.square().mean().sqrt()), rel=0.05)
+    assert lost_fraction == pytest.approx(float(lost.sum() / had_gradient.sum()), abs=0.02)
+    assert 0.3 < lost_fraction < 0.5  # the 8,000 large weights of 20,000 (all with a gradient): not trivially 0 or 1
+    assert epsilon_fraction == pytest.approx(float(below.mean()), abs=0.02)
+    assert sample_stride(model[2].weight.shape) == 1  # 300 weights: read whole, exact (the tests above)
+
+
+def _logging_ops(model: nn.Module, statistics: list[str] | None) -> int:
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()  # its state made
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False, statistics=statistics) as viz:
+        with CountOps() as count:
+            optimizer.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            optimizer.step()
+            viz.flush()
+    return len(count.kernels)
+
+
+def test_the_update_statistics_add_a_few_ops_for_all_the_parameters_not_a_few_per_parameter(monkeypatch):
+    monkeypatch.setenv("ACTVIZ_CPU_SHORTCUTS", "0")
+    added = {}
+    for depth in (2, 8):  # 4 and 16 parameters
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
+        added[depth] = _logging_ops(model, UPDATES) - _logging_ops(model, ["default"])
+    assert added[2] == added[8] and added[8] <= 24, added  # was 9 more per parameter

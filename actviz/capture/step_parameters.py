@@ -34,11 +34,11 @@ from ..output.pending_step import LayerValues, PendingStep
 from ..summaries.many_tensors import reduce_tensors
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import PendingSummary, local_shard, start_summary
-from ..statistics.layer_statistic import take_values
+from ..statistics.layer_statistic import take_values, warn_statistic_failed
 from ..statistics.gradient_noise import NoiseRun
 from ..statistics.registry import Chosen
-from ..statistics.updates import AppliedUpdate
-from ..tags import UPDATE_RATIO
+from ..statistics.update_sample import UpdateSample
+from ..tags import UPDATE_RATIO, UPDATE_STAT
 
 __all__ = ["OPTIMIZER_VALUES", "LoopHistory", "StepParameters", "learning_rates"]
 
@@ -190,7 +190,7 @@ class StepParameters:
         self.scale_taken = False  # the gradients of this step's backward carry the loss scale
         self._rates: dict[str, dict[str, float]] = {}  # learning_rates() of the optimizer that took the gradients
         self._optimizer: torch.optim.Optimizer | None = None  # that optimizer, until the update is done: its state
-        self._had_gradient: list[torch.Tensor | None] = []  # per trainable parameter: grad != 0, for "update_lost"
+        self._sample: UpdateSample | None = None  # the update statistics' sample of the parameters before the update
         self._clip_row: torch.Tensor | None = None  # the step's norms before and after clipping (gradient_clipping)
 
     @property
@@ -271,12 +271,14 @@ class StepParameters:
             row = norms.row_applied_by(optimizer)  # its listener ran first: the norms of this optimizer step
             self._clip_row = None if row is None else row.clone()  # one op: the ring's row is written again later
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
-        if self.waits_for_update and self.trainable:  # the values the update will change, one op
+        if self.update_ratio and self.trainable:  # the values the update will change, one op
             self._before = torch._foreach_mul([local_shard(param) for _, param in self.trainable], 1.0)
-            self._optimizer = optimizer if self.statistics[2] else None  # held until hand_over, one step at most
-            if any(getattr(statistic, "needs_gradient_mask", False) for statistic in self.statistics[2]):
-                self._had_gradient = [None if param.grad is None else local_shard(param.grad).ne(0)
-                                      for _, param in self.trainable]
+        if self.statistics[2] and self.trainable:  # their sample (update_sample), a few ops for all of them
+            self._optimizer = optimizer  # held until hand_over, one step at most
+            masked = any(getattr(statistic, "needs_gradient_mask", False) for statistic in self.statistics[2])
+            self._sample = UpdateSample([local_shard(param) for _, param in self.trainable],
+                                        [None if param.grad is None else local_shard(param.grad)
+                                         for _, param in self.trainable] if masked else [], masked)
         if with_grads:
             grads = [param.grad for _, param in with_grads]
             self._grads = self._reduce(with_grads, grads)
@@ -296,7 +298,10 @@ class StepParameters:
                                         .update(rates))
         if self._before is not None:
             before, self._before = self._before, None
-            self._add_updates(before)
+            self._add_update_ratios(before)
+        if self._sample is not None:
+            sample, self._sample = self._sample, None
+            self._take_update_values(sample)
         self._pending.weight_grads.add_many(self._grads, scaled=self._grads_scaled, mergeable=self._sharded)
         took, self._grads = bool(self._grads), {}
         norms = self._history.step_norms
@@ -317,42 +322,39 @@ class StepParameters:
         for (name, _), tensor in zip(named, tensors):
             take_values(statistics, name, None, tensor, reductions.get(name), into, self._options)
 
-    def _add_updates(self, before: list[torch.Tensor]) -> None:
-        """``update_ratio/{param}`` and the update statistics of the parameters still shaped as ``before`` (a few
-        ops for all of them, then each statistic's own).
+    def _add_update_ratios(self, before: list[torch.Tensor]) -> None:
+        """``update_ratio/{param}`` of the parameters still shaped as ``before`` (a few ops for all of them).
 
         A parameter resized, or moved, since :meth:`take_gradients` is skipped and warned about once; if the
         ops fail all the same, the step's ratios are skipped with one warning, never an error: the step goes on.
         """
         pairs, after = self.trainable, [local_shard(param) for _, param in self.trainable]
-        masks, self._had_gradient = self._had_gradient or [None] * len(pairs), []
         same = list(map(_same_layout, after, before))
         if not all(same):  # the same lists while nothing is resized: no new tuples
-            resized = [name for (name, _), kept in zip(pairs, same) if not kept]
-            self._warn_once(resized, f"actviz: no update ratio for {', '.join(resized)}: the parameter changed shape or "
-                                     "device across the optimizer step (resized in place); the step is logged without it")
-            pairs, after, before, masks = ([item for item, kept in zip(items, same) if kept]
-                                           for items in (pairs, after, before, masks))
+            self._warn_resized([name for (name, _), kept in zip(pairs, same) if not kept])
+            pairs, after, before = ([item for item, kept in zip(items, same) if kept] for items in (pairs, after, before))
         if not pairs:
             return
         try:
             updates = torch._foreach_sub(after, before)
-            if self.update_ratio:
-                ratios = torch._foreach_div(torch._foreach_norm(updates), torch._foreach_norm(before))  # NaN for all-zero
+            ratios = torch._foreach_div(torch._foreach_norm(updates), torch._foreach_norm(before))  # NaN for all-zero
         except Exception as error:  # noqa: BLE001 - a parameter changed some other way: the step goes on
             self._warn_once([UPDATE_RATIO], f"actviz: no update ratios for this step, and any later one that fails the "
                                             f"same way: {type(error).__name__}: {error}")
             return
-        if self.update_ratio:
-            for (name, _), ratio in zip(pairs, ratios):
-                self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
-        if self.statistics[2]:
-            self._take_update_values(pairs, after, updates, masks)
+        for (name, _), ratio in zip(pairs, ratios):
+            self._pending.add_scalar(UPDATE_RATIO.format(param=name), ratio)
 
-    def _take_update_values(self, pairs: list[tuple[str, nn.Parameter]], after: list[torch.Tensor],
-                            updates: list[torch.Tensor], masks: list[torch.Tensor | None]) -> None:
-        """The update statistics' device halves (:mod:`actviz.statistics.updates`) of each parameter's update, with
-        its optimizer's state and group where the optimizer that took the gradients holds it."""
+    def _warn_resized(self, resized: list[str]) -> None:
+        """Warn once about the parameters that changed shape or device across the optimizer step."""
+        self._warn_once(resized, f"actviz: no update ratio or update statistics for {', '.join(resized)}: the parameter "
+                                 "changed shape or device across the optimizer step (resized in place); the step is "
+                                 "logged without them")
+
+    def _take_update_values(self, sample: UpdateSample) -> None:
+        """The update statistics' device halves (:mod:`actviz.statistics.updates`) of the sampled updates, packed per
+        device and dtype (:class:`~actviz.statistics.update_sample.UpdateSample`), with each parameter's optimizer
+        state and group where the optimizer that took the gradients holds it: a few ops for all the parameters."""
         optimizer, self._optimizer = self._optimizer, None
         groups: dict[int, Any] = {}
         state: Any = {}
@@ -361,9 +363,30 @@ class StepParameters:
             for group in getattr(optimizer, "param_groups", ()):
                 for param in group.get("params", ()) if isinstance(group, dict) else ():
                     groups[id(param)] = group
-        for (name, param), now, update, mask in zip(pairs, after, updates, masks):
-            applied = AppliedUpdate(now, mask, state.get(param) if id(param) in groups else None, groups.get(id(param)))
-            take_values(self.statistics[2], name, applied, update, None, self._pending.layer_values, self._options)
+        params = [param for _, param in self.trainable]
+        try:
+            packs = sample.updates([local_shard(param) for param in params],
+                                   [state.get(param) if id(param) in groups else None for param in params],
+                                   [groups.get(id(param)) for param in params])
+        except Exception as error:  # noqa: BLE001 - a parameter changed some other way: the step goes on
+            self._warn_once([UPDATE_STAT], f"actviz: no update statistics for this step, and any later one that fails "
+                                           f"the same way: {type(error).__name__}: {error}")
+            return
+        reported = {index for pack in packs for index in pack.kept}
+        if len(reported) < len(params) and not self.update_ratio:  # update_ratio warned already
+            self._warn_resized([name for index, (name, _) in enumerate(self.trainable) if index not in reported])
+        values = self._pending.layer_values
+        for statistic in self.statistics[2]:
+            for pack in packs:
+                try:
+                    rows = statistic.device_packed(pack, self._options)
+                except Exception as error:  # noqa: BLE001 - a statistic must never stop training
+                    warn_statistic_failed(statistic, error, values.warned)
+                    continue
+                kept = set(pack.kept)
+                for index, length, row in zip(pack.indices, pack.lengths, rows):
+                    if row is not None and index in kept:
+                        values.add(statistic, self.trainable[index][0], row, length, self.trainable[index][1].dtype)
 
     def _warn_once(self, names: list[str], message: str) -> None:
         """Warn with ``message`` unless every one of ``names`` was warned about already.
