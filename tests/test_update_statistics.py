@@ -188,3 +188,35 @@ def test_the_update_statistics_add_a_few_ops_for_all_the_parameters_not_a_few_pe
         model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
         added[depth] = _logging_ops(model, UPDATES) - _logging_ops(model, ["default"])
     assert added[2] == added[8] and added[8] <= 24, added  # was 9 more per parameter
+
+
+def test_batch_norm_weights_whose_updates_round_away_but_for_a_few_elements_are_named_frozen_by_rounding():
+    torch.manual_seed(0)  # a batch norm's weights of 1.0 under SGD at lr 1e-4 in float32, as in shufflenet_v2
+    model = nn.Sequential(nn.Conv2d(3, 24, 3), nn.BatchNorm2d(24), nn.ReLU(), nn.Flatten(), nn.Linear(24 * 36, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    inputs, labels = torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))
+    moved, lost_by_hand = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+                          statistics=["default", "update_lost"]) as viz:
+            for _ in range(4):
+                optimizer.zero_grad()
+                (0.01 * F.cross_entropy(model(inputs), labels)).backward()  # gradient RMS about 1.8e-4
+                weight, had_gradient = model[1].weight.detach().clone(), model[1].weight.grad.ne(0)
+                optimizer.step()
+                viz.flush()
+                changed = model[1].weight.detach() != weight
+                moved.append(int(changed.sum()))
+                lost_by_hand.append(int((~changed & had_gradient).sum()) / int(had_gradient.sum()))
+                assert viz.latest.layer_values["update_lost"]["1.weight"]["lost_fraction"] == pytest.approx(
+                    lost_by_hand[-1], abs=1e-9)
+    assert all(0 < count <= 2 for count in moved), moved  # a few still move: the values are never the same
+    assert min(lost_by_hand) >= 0.9
+    frozen = {alert.layer: alert.message for alert in viz.alerts if alert.rule == "frozen_parameter"}
+    assert list(frozen) == ["1.weight"], frozen
+    message = frozen["1.weight"]
+    assert "rounding dropped at least 90% of its updates over 3 logging steps" in message, message
+    assert "in the optimizer at learning rate 0.0001" in message and "float32 step" in message
+    assert f"{lost_by_hand[1]:.1%} of its updates were lost" in message
+    assert "larger learning rate" in message and "not in the optimizer" not in message

@@ -39,7 +39,8 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "exploding_min_history": 8,  # ... once it has this many logging steps of history ...
     "exploding_early_factor": 1000.0,  # ... or above this x the largest of its fewer logging steps
     "activation_factor": 100.0,  # activation RMS above this x the largest of its last logging steps
-    "frozen_steps": 2,  # a parameter with a gradient unchanged over this many logging steps in a row
+    "frozen_steps": 2,  # a parameter with a gradient unchanged over this many logging steps in a row ...
+    "frozen_lost_fraction": 0.9,  # ... or, where update_lost runs, losing this fraction of its updates to rounding
     "dead_zero_fraction": 0.99,  # zero fraction of a ReLU-family output
     "dead_channel_fraction": 0.9,  # fraction of a ReLU's channels that are zero for the whole batch
     "saturation_fraction": 0.05,  # fraction of a Tanh's or Sigmoid's outputs within 0.03 of a bound
@@ -201,6 +202,7 @@ _BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "exploding_early_factor": ("a factor over the history, 1 or more", lambda value: value >= 1),
     "activation_factor": ("a factor over the history, 1 or more", lambda value: value >= 1),
     "frozen_steps": ("a whole number of logging steps, 1 or more", _whole(1)),
+    "frozen_lost_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
     "exploding_min_history": (f"a whole number of logging steps from 1 to {HISTORY} (the history kept)",
                               _whole(1, HISTORY)),
     "dead_zero_fraction": ("a fraction in (0, 1]", lambda value: 0 < value <= 1),
