@@ -220,3 +220,31 @@ def test_batch_norm_weights_whose_updates_round_away_but_for_a_few_elements_are_
     assert "in the optimizer at learning rate 0.0001" in message and "float32 step" in message
     assert f"{lost_by_hand[1]:.1%} of its updates were lost" in message
     assert "larger learning rate" in message and "not in the optimizer" not in message
+
+
+def test_a_users_own_statistic_of_the_update_gets_each_parameters_update_and_applied_update():
+    from actviz.statistics.layer_statistic import LayerStatistic
+
+    class LargestUpdate(LayerStatistic):  # not an UpdateStatistic: its device() runs per parameter
+        name, names, target = "largest_update", ("largest",), "parameter_update"
+
+        def device(self, tensor, module, options):
+            return torch.stack([tensor.abs().max(), module.after.abs().max()]).float()
+
+        def host(self, numbers, numel, dtype):
+            return {"largest": numbers[0], "after": numbers[1]}
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with actviz.watch(model, tempfile.mkdtemp(), every=1, image_every=False,
+                      statistics=["default", LargestUpdate()]) as viz:
+        before = {name: param.detach().double().clone() for name, param in model.named_parameters()}
+        F.cross_entropy(model(torch.randn(8, 6)), torch.randint(0, 3, (8,))).backward()
+        optimizer.step()
+        viz.flush()
+    found = viz.latest.layer_values["largest_update"]
+    assert set(found) == set(before)
+    for name, param in model.named_parameters():
+        assert found[name]["largest"] == pytest.approx(float((param.detach().double() - before[name]).abs().max()),
+                                                       rel=1e-5)
+        assert found[name]["after"] == pytest.approx(float(param.detach().abs().max()), rel=1e-6)

@@ -37,7 +37,8 @@ from ..summaries.one_tensor import PendingSummary, local_shard, start_summary
 from ..statistics.layer_statistic import take_values, warn_statistic_failed
 from ..statistics.gradient_noise import NoiseRun
 from ..statistics.registry import Chosen
-from ..statistics.update_sample import UpdateSample
+from ..statistics.update_sample import UpdateSample, optimizer_entries
+from ..statistics.updates import UpdateStatistic
 from ..tags import UPDATE_RATIO, UPDATE_STAT
 
 __all__ = ["OPTIMIZER_VALUES", "LoopHistory", "StepParameters", "learning_rates"]
@@ -356,18 +357,9 @@ class StepParameters:
         device and dtype (:class:`~actviz.statistics.update_sample.UpdateSample`), with each parameter's optimizer
         state and group where the optimizer that took the gradients holds it: a few ops for all the parameters."""
         optimizer, self._optimizer = self._optimizer, None
-        groups: dict[int, Any] = {}
-        state: Any = {}
-        if optimizer is not None:
-            state = getattr(optimizer, "state", {})
-            for group in getattr(optimizer, "param_groups", ()):
-                for param in group.get("params", ()) if isinstance(group, dict) else ():
-                    groups[id(param)] = group
         params = [param for _, param in self.trainable]
         try:
-            packs = sample.updates([local_shard(param) for param in params],
-                                   [state.get(param) if id(param) in groups else None for param in params],
-                                   [groups.get(id(param)) for param in params])
+            packs = sample.updates([local_shard(param) for param in params], *optimizer_entries(optimizer, params))
         except Exception as error:  # noqa: BLE001 - a parameter changed some other way: the step goes on
             self._warn_once([UPDATE_STAT], f"actviz: no update statistics for this step, and any later one that fails "
                                            f"the same way: {type(error).__name__}: {error}")
@@ -378,8 +370,9 @@ class StepParameters:
         values = self._pending.layer_values
         for statistic in self.statistics[2]:
             for pack in packs:
-                try:
-                    rows = statistic.device_packed(pack, self._options)
+                try:  # a user's LayerStatistic of this target: device() per parameter, as UpdateStatistic's default
+                    rows = getattr(statistic, "device_packed", partial(UpdateStatistic.device_packed, statistic))(
+                        pack, self._options)
                 except Exception as error:  # noqa: BLE001 - a statistic must never stop training
                     warn_statistic_failed(statistic, error, values.warned)
                     continue

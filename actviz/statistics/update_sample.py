@@ -34,7 +34,7 @@ import torch
 
 from .updates import PackedUpdates
 
-__all__ = ["UPDATE_SAMPLE_SIZE", "UpdateSample", "flat_sample", "sample_stride"]
+__all__ = ["UPDATE_SAMPLE_SIZE", "UpdateSample", "flat_sample", "optimizer_entries", "sample_stride"]
 
 #: The most elements of one parameter that the update statistics read (a parameter with at most this many is read
 #: whole): the strided sample's size. As many as the histograms sample of a tensor.
@@ -68,6 +68,24 @@ def flat_sample(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     """
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
     return flat[::stride]
+
+
+def optimizer_entries(optimizer: Any, params: Sequence[torch.Tensor]) -> tuple[list[Any], list[Any]]:
+    """Each of ``params``' state and parameter group in ``optimizer`` (``None`` where it holds none, or for no
+    optimizer): what :meth:`UpdateSample.updates` gives the statistics.
+
+    Example:
+        >>> weight = torch.nn.Parameter(torch.ones(2))
+        >>> optimizer_entries(torch.optim.SGD([weight], lr=0.1), [weight, torch.ones(1)])[1][1] is None
+        True
+    """
+    groups: dict[int, Any] = {}
+    state: Any = getattr(optimizer, "state", {}) if optimizer is not None else {}
+    for group in getattr(optimizer, "param_groups", ()) if optimizer is not None else ():
+        for param in group.get("params", ()) if isinstance(group, dict) else ():
+            groups[id(param)] = group
+    return ([state.get(param) if id(param) in groups else None for param in params],
+            [groups.get(id(param)) for param in params])
 
 
 class UpdateSample:
