@@ -40,7 +40,7 @@ from .capture.probe import ProbeForward, unwrap_for_probe
 from .capture.root_hook import StepHook
 from .schedule import Schedule
 from .diagnosis.silences import Silences
-from .diagnosis.step_norms import StepNorms, weak_clock
+from .diagnosis.step_norms import StepNorms, shard_norms_of, weak_clock
 from .statistics.gradient_noise import FAILED as GRADIENT_NOISE_FAILED
 from .capture.step_parameters import LoopHistory
 
@@ -59,7 +59,7 @@ class Watcher:
         self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: Sink | None,
         stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
         grad_scaler: Any = None, callbacks: StepCallbacks | None = None, probe: ProbeForward | None = None,
-        diagnosis: Diagnosis | None = None,
+        diagnosis: Diagnosis | None = None, reads_norms: bool = False,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
@@ -72,6 +72,8 @@ class Watcher:
         self._norms = diagnosis and diagnosis.gradient_norms(
             unwrap_compiled(model), self._layers, weak_clock(self, "_last_started_step"), options.gradient_clipping,
             grad_scaler)
+        if self._norms is None and diagnosis is None and reads_norms:  # another rank: its shards' part of the sums
+            self._norms = shard_norms_of(unwrap_compiled(model), self._layers, weak_clock(self, "_last_started_step"))
         self._history.step_norms = self._norms if options.gradient_clipping else None
         self._spikes = diagnosis and diagnosis.spikes
         self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), weak_clock(self, "_last_started_step"))
@@ -94,12 +96,15 @@ class Watcher:
         self.notes: RunNotes | None = None  # the start and end lines, set by actviz.watch on the logging rank
         self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
-        if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
+        # other ranks capture nothing unless they merge into rank 0's; with sharded parameters (FSDP2) they count
+        # the steps all the same: their gradient norms are summed with rank 0's at its logging steps
+        self._captures = sink is not None or options.merge_ranks
+        if self._captures or (self._norms is not None and self._norms.sharded):
             self._root_handle = attach_step_hook(
                 model, StepHook(self._on_model_forward, self._on_compiled_forward, model, self._open.release_stances))
             if self._logs(0):
                 eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
-        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
+        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._captures)
         register(model, self)
         # Dropped without close() (its model gone too): the writer thread writes what is queued and ends.
         self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._norms)
@@ -266,7 +271,7 @@ class Watcher:
                 f"{getattr(self.writer, 'log_dir', None)!r}, step={self._next_step}, closed={self._closed})")
 
     def _logs(self, step: int) -> bool:
-        return self._root_handle is not None and (
+        return self._root_handle is not None and self._captures and (
             self._stats_schedule(step) or (self._image_schedule(step) and self._writer is not None))
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
@@ -320,6 +325,10 @@ class Watcher:
         if (step := self._count_step()) is None:
             return  # the step goes on: a later micro-batch
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
+        if want_stats and self._norms is not None:  # every rank alike: the schedule's steps, not the spikes' extra ones
+            self._norms.logging_step_started()
+        if not self._captures:
+            return  # another rank that only adds its shards' gradient norms to rank 0's (FSDP2)
         if self._spikes and self._spikes.forces(step, want_stats or want_images):  # the steps after a spike log in full
             want_stats = want_images = True
         self._silences.saw_step(step, want_stats or want_images)

@@ -228,3 +228,68 @@ def test_a_probe_under_ddp_runs_on_rank_zero_without_a_collective(tmp_path):
     assert run.image_steps("feature_maps/module.0") == [0, 2]
     assert run.image_steps("probe/input") == [0, 2]
     assert run.image_steps("gradcam/module.2") == [0, 2]
+
+
+# -- FSDP2: the gradient norms before and after clipping, over all ranks ---------------------------
+
+CLIP_STEPS, CLIP_EVERY, SPIKE_STEP, MAX_NORM = 24, 20, 18, 0.05
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered from every rank (a collective every rank runs); any other tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        seen = []
+        with actviz.watch(model, log_dir, every=CLIP_EVERY, image_every=False) as viz:  # steps 0 and 20 log
+            for step in range(CLIP_STEPS):
+                loss = model(_mlp_batch(rank, step)).square().mean()
+                (loss * (1000.0 if step == SPIKE_STEP else 1.0)).backward()  # a spike between logging steps
+                full = {name: _full(param.grad).double() for name, param in model.named_parameters()}
+                returned = float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                after = float(torch.nn.utils.get_total_norm([_full(param.grad) for param in model.parameters()]))
+                squares = {layer: sum(float(grad.square().sum()) for name, grad in full.items() if name.startswith(f"{layer}."))
+                           for layer in ("0", "2")}
+                seen.append({"returned": returned, "total": float(torch.nn.utils.get_total_norm(list(full.values()))),
+                             "after": after, "squares": squares})
+                optimizer.step()
+                optimizer.zero_grad()
+        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts]},
+                   f"{out_dir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_clipping_norms_are_over_all_ranks_and_a_spike_between_logging_steps_alerts(tmp_path):
+    run_workers(_fsdp2_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path))
+    seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    run = Run(tmp_path / "run")
+    pre, post, coefficient = (f"gradient_clipping/{name}" for name in ("pre_clip_norm", "post_clip_norm", "coefficient"))
+    assert [event.step for event in run.scalar_events(pre)] == [0, CLIP_EVERY]
+    for step in (0, CLIP_EVERY):
+        mine, other = seen[0]["seen"][step], seen[1]["seen"][step]
+        assert mine["returned"] == other["returned"]  # clip_grad_norm_ sums the shards: the same on every rank
+        assert mine["returned"] == pytest.approx(mine["total"], rel=1e-6)
+        assert mine["returned"] > 2 * MAX_NORM  # clipping acted
+        assert run.scalar(pre, step) == pytest.approx(mine["returned"], rel=1e-6)
+        assert run.scalar(post, step) == pytest.approx(mine["after"], rel=1e-6)
+        assert run.scalar(coefficient, step) == pytest.approx(mine["after"] / mine["returned"], rel=1e-6)
+        total = sum(mine["squares"].values())
+        shares = [run.scalar(f"gradient_clipping/share@{layer}", step) for layer in ("0", "2")]
+        assert sum(shares) == pytest.approx(1.0, rel=1e-6)
+        assert shares == pytest.approx([mine["squares"][layer] / total for layer in ("0", "2")], rel=1e-5)
+    spikes = [step for step, rule in seen[0]["alerts"] if rule == "gradient_spike"]
+    assert spikes == [SPIKE_STEP]  # judged at the next logging step, on norms summed over both ranks
+    assert seen[1]["alerts"] == []  # rank 1 writes and judges nothing
