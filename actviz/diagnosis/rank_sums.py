@@ -20,7 +20,7 @@ On a GPU the ``all_reduce`` is ordered on the device's stream (NCCL): the host d
 Example:
     >>> ring = torch.tensor([[[3.0, 4.0], [0.6, 0.8]]])  # one step: norms before, after clipping
     >>> sums = RankSums([torch.zeros(2), torch.zeros(1)], ring_size=1)
-    >>> sums.add(ring, 0, 7)
+    >>> sums.add(ring[0], 0, 7)
     >>> steps, norms = sums.sum(ring, 0)  # one process: its own shards are the whole
     >>> steps, norms.tolist(), sums.summed
     ([7], [[5.0, 1.0]], [True])
@@ -64,9 +64,9 @@ class RankSums:
         self._count = 0  # steps added since the last sum
         self._rows = 0  # ring rows written since the last sum
 
-    def add(self, ring: torch.Tensor, slot: int, step: int) -> None:
-        """Step ``step``'s ring row ``slot`` is written: keep its part of the global squared norms (2 ops)."""
-        row = ring[slot]
+    def add(self, row: torch.Tensor, slot: int, step: int) -> None:
+        """Step ``step``'s ring ``row`` (the ring's ``slot``) is written: keep its part of the global squared norms
+        (2 ops)."""
         if self._weights is None or self._squares is None:
             self._weights = torch.tensor(self._shares, dtype=row.dtype, device=row.device)  # once: a copy to the device
             self._squares = torch.zeros(STEPS, 2, dtype=row.dtype, device=row.device)

@@ -28,12 +28,10 @@ gradients carry (one more op per pass); the norms after it are read once ``scale
 Cost of a step that logs nothing: 2 ops per backward pass and 4 per optimizer step, no sync
 (docs/performance.md).
 
-Under FSDP2 a parameter is a DTensor: its local shard is read (an op on the DTensor could start a
-collective on this rank alone). FSDP2 runs the post-accumulate hooks of the sharded parameters once its
-reduce-scatter has set their gradients, so the norms before clipping are those of the reduce-scattered
-shards. Every rank reads its shards, and :class:`~actviz.diagnosis.rank_sums.RankSums` sums them over the
-ranks at the first optimizer step of each logging step (one ``all_reduce``, taken by every rank, none on
-the other steps). Until then a row holds this rank's shards alone: it is neither written nor judged.
+Under FSDP2 each rank reads its local shards (an op on a DTensor could start a collective on one rank
+alone), before clipping once FSDP2's reduce-scatter has set them (it runs their post-accumulate hooks), and
+:class:`~actviz.diagnosis.rank_sums.RankSums` sums them over the ranks at each logging step's optimizer
+step (one ``all_reduce``, on every rank). Until then a row holds this rank's shards: not written, not judged.
 
 Example:
     >>> import torch
@@ -71,7 +69,7 @@ from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard
 from .rank_sums import RankSums
 
-__all__ = ["RING", "StepNorms", "shard_norms_of", "step_norms_of", "weak_clock"]
+__all__ = ["RING", "StepNorms", "step_norms_of", "weak_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +88,8 @@ class StepNorms:
 
     Attributes:
         stepped: Whether an optimizer holding one of the parameters has stepped.
-        sharded: Whether a parameter is sharded across ranks (FSDP2): the rows are summed over the ranks at
-            logging steps (:meth:`logging_step_started`), on every rank.
-        host_copies: Whether each step's global norms are copied to the host for the spike check (not on a rank
-            that only adds its shards to rank 0's sums).
+        sharded: A parameter is sharded across ranks (FSDP2): rows are summed over the ranks at logging steps.
+        host_copies: Each step's global norms go to the host (not on a rank that only adds to rank 0's sums).
     """
 
     def __init__(self, parameters: Sequence[tuple[str, nn.Parameter]], layer_of: Sequence[int],
@@ -174,14 +170,13 @@ class StepNorms:
         return self.ring[self._last[1]]
 
     def row_committed_for(self, step: int) -> torch.Tensor | None:
-        """The ring row of ``step`` if :meth:`commit_unstepped` recorded it last (a loop that updates by hand), else
-        ``None``."""
-        if (self._last is None or self._last[0] is not None or self.ring is None or self.ring_steps[self._last[1]] != step
-                or not self._whole(self._last[1])):
+        """The ring row of ``step`` if :meth:`commit_unstepped` recorded it last (an update by hand), else ``None``."""
+        last = self._last
+        if last is None or last[0] is not None or self.ring is None or self.ring_steps[last[1]] != step or not self._whole(last[1]):
             return None
         return self.ring[self._last[1]]
 
-    def _whole(self, slot: int) -> bool:
+    def _whole(self, slot: int) -> bool:  # not this rank's shards alone (FSDP2)
         return self._ranks is None or self._ranks.summed[slot]
 
     def commit_unstepped(self, closing: bool = False) -> None:
@@ -204,7 +199,8 @@ class StepNorms:
             elif event is not None and not event.query():
                 break  # the device is not there yet: a later call
             self._waiting.popleft()
-            done.extend(sorted((step, before, after) for step, (before, after) in zip(steps, value.tolist())))
+            pairs = value.tolist() if value.dim() == 2 else [value.tolist()]
+            done.extend(sorted((step, before, after) for step, (before, after) in zip(steps, pairs)))
         return done
 
     def _on_accumulated(self) -> None:
@@ -250,8 +246,8 @@ class StepNorms:
         self._record_now(optimizer)
 
     def _on_optimizer_done(self, optimizer: torch.optim.Optimizer) -> None:
-        """After the step: if its closure ran a backward (or none was seen: FSDP2's sharded parameters, gradients
-        set by hand), its gradients as the closure left them, clipped, are the step's."""
+        """After the step: if its closure ran a backward (or none was seen: gradients set by hand), its gradients
+        as the closure left them, clipped, are the step's."""
         if self._stepping is not optimizer or self._failed or os.getpid() != self._pid:
             return
         self._stepping = None
@@ -274,7 +270,7 @@ class StepNorms:
         row = self._row(slot)
         if optimizer is not None:
             torch.stack(self._norms(), out=row[1])
-            if not self._measured:  # no end of backward seen (FSDP2's sharded parameters): the same
+            if not self._measured:  # no end of backward seen (gradients set by hand): the same
                 row[0].copy_(row[1])
         else:
             row[1].fill_(math.nan)
@@ -283,24 +279,24 @@ class StepNorms:
         self.ring_steps[slot] = step
         self._slot = (slot + 1) % RING
         if self._ranks is not None:  # FSDP2: this rank's part, summed over the ranks at logging steps alone
-            self._ranks.add(self.ring, slot, step)  # type: ignore[arg-type]
+            self._ranks.add(row, slot, step)
             if self._ranks.due and may_sum:
                 steps, totals = self._ranks.sum(self.ring, slot)  # type: ignore[arg-type]
                 if self.host_copies:
                     self._copy_to_host(steps, totals, None)
             return
-        self._copy_to_host([step], torch.linalg.vector_norm(row, dim=1).unsqueeze(0), slot)
+        self._copy_to_host([step], torch.linalg.vector_norm(row, dim=1), slot)
 
     def _copy_to_host(self, steps: list[int], totals: torch.Tensor, slot: int | None) -> None:
-        """Start the copy of ``steps``' global norms ``(steps, 2)`` to the host, into the host ring's ``slot`` (or a
-        buffer of their own), and queue it for :meth:`finished`."""
+        """Start the copy of ``steps``' global norms (``(2,)`` for one step, ``(steps, 2)``) to the host, into the host
+        ring's ``slot`` (or a buffer of their own), and queue it for :meth:`finished`."""
         event = None
         if len(self._waiting) >= RING:  # a copy never read (a device far behind, or no reader): it is gone
             self._waiting.popleft()
         if totals.device.type == "cpu" and (self._host is None or slot is None):
             value = totals  # on the host already
         else:
-            value = self._host[slot:slot + 1] if slot is not None and self._host is not None else torch.empty(
+            value = self._host[slot] if slot is not None and self._host is not None else torch.empty(
                 totals.shape, pin_memory=totals.device.type == "cuda")
             value.copy_(totals, non_blocking=True)
             if totals.device.type == "cuda":
@@ -365,23 +361,6 @@ def step_norms_of(model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
             module_name = name.rpartition(".")[0] or name
             layer_of.append(others.setdefault(module_name, len(names) + len(others)))
     return StepNorms(trainable, layer_of, names + list(others), current_step)
-
-
-def shard_norms_of(model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
-                   current_step: Callable[[], int | None]) -> StepNorms | None:
-    """On a rank that writes nothing: :func:`step_norms_of` if a parameter is sharded (FSDP2), whose shards' norms
-    the ranks sum at logging steps, with no copy to the host; else ``None`` (replicated gradients: rank 0's are whole).
-
-    Example:
-        >>> print(shard_norms_of(nn.Linear(2, 1), [], lambda: None))
-        None
-    """
-    norms = step_norms_of(model, layers, current_step)
-    if not norms.sharded:
-        norms.close()
-        return None
-    norms.host_copies = False
-    return norms
 
 
 def weak_clock(owner: Any, attribute: str) -> Callable[[], int | None]:
