@@ -245,6 +245,10 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
     try:
         from torch.distributed.fsdp import fully_shard
 
+        from actviz.diagnosis import rank_sums
+
+        sums = []  # actviz's collectives: one per logging step, none on the others
+        rank_sums.sum_over_ranks = lambda tensor, summed=rank_sums.sum_over_ranks: sums.append(step) or summed(tensor)
         model = _mlp()
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
@@ -265,7 +269,7 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
                              "after": after, "squares": squares})
                 optimizer.step()
                 optimizer.zero_grad()
-        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts]},
+        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums},
                    f"{out_dir}/rank{rank}.pt")
         dist.barrier()
     finally:
@@ -275,6 +279,7 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
 def test_fsdp2_clipping_norms_are_over_all_ranks_and_a_spike_between_logging_steps_alerts(tmp_path):
     run_workers(_fsdp2_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path))
     seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    assert seen[0]["sums"] == seen[1]["sums"] == [0, CLIP_EVERY]  # every rank sums at the logging steps alone
     run = Run(tmp_path / "run")
     pre, post, coefficient = (f"gradient_clipping/{name}" for name in ("pre_clip_norm", "post_clip_norm", "coefficient"))
     assert [event.step for event in run.scalar_events(pre)] == [0, CLIP_EVERY]
