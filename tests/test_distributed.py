@@ -298,3 +298,38 @@ def test_fsdp2_clipping_norms_are_over_all_ranks_and_a_spike_between_logging_ste
     spikes = [step for step, rule in seen[0]["alerts"] if rule == "gradient_spike"]
     assert spikes == [SPIKE_STEP]  # judged at the next logging step, on norms summed over both ranks
     assert seen[1]["alerts"] == []  # rank 1 writes and judges nothing
+
+
+def _rank_zero_watches_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
+    """As the Lightning and Hugging Face callbacks do: only rank 0 calls watch()."""
+    import warnings
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(_mlp())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            viz = actviz.watch(model, log_dir, every=1, image_every=False) if rank == 0 else None
+            for step in range(3):
+                model(_mlp_batch(rank, step)).square().mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+                optimizer.step()
+                optimizer.zero_grad()
+            if viz is not None:
+                viz.close()
+        torch.save([str(warning.message) for warning in said], f"{out_dir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_watched_on_rank_zero_alone_sums_nothing_and_never_waits(tmp_path):
+    run_workers(_rank_zero_watches_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path), timeout=120)
+    said = torch.load(tmp_path / "rank0.pt")
+    assert any("only when every rank calls watch()" in message for message in said), said
+    run = Run(tmp_path / "run")
+    assert run.histogram_steps("activations/0") == [0, 1, 2]  # the steps are written all the same
+    assert "gradient_clipping/pre_clip_norm" not in run.scalar_tags  # no partial norm as a whole one

@@ -17,6 +17,12 @@ squared norms: what ``clip_grad_norm_`` computes on DTensor gradients. :class:`R
 
 On a GPU the ``all_reduce`` is ordered on the device's stream (NCCL): the host does not wait for it.
 
+Every rank must call ``watch()`` for the sums: the Lightning and Hugging Face callbacks watch on rank 0 alone.
+So each rank's :class:`RankSums` counts itself in the process group's key-value store when it is made, and at
+the first sum rank 0 reads the count and tells the others (through the store, no collective) whether all of
+them are there. If not, nothing is summed and nobody waits: the rows stay this rank's shards (no
+``gradient_clipping/*``; the spike check reads rank 0's shards, in which a spike shows too), said once.
+
 Example:
     >>> ring = torch.tensor([[[3.0, 4.0], [0.6, 0.8]]])  # one step: norms before, after clipping
     >>> sums = RankSums([torch.zeros(2), torch.zeros(1)], ring_size=1)
@@ -28,10 +34,14 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 
+from ..common._internals import default_store
+from ..common.safe_warnings import warn_safely
 from ..summaries.merge_ranks import counted_share, sum_over_ranks
 
 __all__ = ["STEPS", "RankSums"]
@@ -39,6 +49,8 @@ __all__ = ["STEPS", "RankSums"]
 #: Optimizer steps whose global norms before and after clipping wait for the next logging step's sum: the
 #: spike check judges the last STEPS steps before each logging step (every step with ``every=100``).
 STEPS = 128
+
+_MADE = itertools.count()  # RankSums made in this process: the same number on every rank that watches alike
 
 
 class RankSums:
@@ -51,6 +63,7 @@ class RankSums:
     Attributes:
         summed: Per ring slot, whether it holds sums over the ranks (else this rank's shards alone).
         due: A logging step started: the next step recorded is summed.
+        agreed: Whether every rank sums (known at the first sum: ``None`` before).
     """
 
     def __init__(self, params: Sequence[torch.Tensor], ring_size: int) -> None:
@@ -63,6 +76,12 @@ class RankSums:
         self._steps = [-1] * STEPS  # the step of each row of _squares
         self._count = 0  # steps added since the last sum
         self._rows = 0  # ring rows written since the last sum
+        self._world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        self.agreed: bool | None = True if self._world == 1 else None
+        self._key = f"actviz/rank_sums/{next(_MADE)}"
+        self._store = default_store() if self._world > 1 else None
+        if self._store is not None:
+            self._store.add(self._key, 1)  # this rank is here
 
     def add(self, row: torch.Tensor, slot: int, step: int) -> None:
         """Step ``step``'s ring ``row`` (the ring's ``slot``) is written: keep its part of the global squared norms
@@ -83,6 +102,8 @@ class RankSums:
         in place. Returns those steps and their global norms ``(steps, 2)`` (before, after clipping), in the
         buffer's order (it wraps after :data:`STEPS` steps: sort on the host)."""
         assert self._weights is not None and self._squares is not None, "add() comes first"
+        if self.agreed is None:
+            self.agreed = self._agree()
         rows, used = min(self._rows, self._ring_size), min(self._count, STEPS)
         first = (last_slot - rows + 1) % self._ring_size
         spans = ([(first, first + rows)] if first + rows <= self._ring_size
@@ -90,13 +111,31 @@ class RankSums:
         parts = [ring[start:stop] for start, stop in spans]
         flat = torch.cat([*(part.square().mul_(self._weights).reshape(-1) for part in parts),
                           self._squares[:used].reshape(-1)])
-        sum_over_ranks(flat).sqrt_()
+        if self.agreed:
+            sum_over_ranks(flat)
+        flat.sqrt_()
         offset = 0
         for part in parts:
             part.copy_(flat[offset:offset + part.numel()].view_as(part))
             offset += part.numel()
         for start, stop in spans:
-            self.summed[start:stop] = [True] * (stop - start)
+            self.summed[start:stop] = [bool(self.agreed)] * (stop - start)
         self._count = self._rows = 0
         self.due = False
         return self._steps[:used], flat[offset:].view(used, 2)
+
+    def _agree(self) -> bool:
+        """Whether every rank made its RankSums: rank 0 reads the count and tells the others through the store."""
+        store = self._store
+        if store is None:
+            return False
+        answer = f"{self._key}/agreed"
+        if dist.get_rank() != 0:
+            return store.get(answer) == b"1"  # rank 0 answers at this same logging step
+        agreed = store.add(self._key, 0) == self._world
+        store.set(answer, "1" if agreed else "0")
+        if not agreed:
+            warn_safely("actviz sums the gradient norms of sharded parameters (FSDP2) over the ranks only when every rank "
+                        "calls watch(): gradient_clipping/* is not written, and the spike check reads this rank's shards",
+                        RuntimeWarning)
+        return agreed

@@ -278,7 +278,7 @@ class StepNorms:
         self._last = (optimizer, slot)
         self.ring_steps[slot] = step
         self._slot = (slot + 1) % RING
-        if self._ranks is not None:  # FSDP2: this rank's part, summed over the ranks at logging steps alone
+        if self._ranks is not None and self._ranks.agreed is not False:  # FSDP2: summed at logging steps alone
             self._ranks.add(row, slot, step)
             if self._ranks.due and may_sum:
                 steps, totals = self._ranks.sum(self.ring, slot)  # type: ignore[arg-type]
