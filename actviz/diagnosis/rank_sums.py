@@ -126,15 +126,13 @@ class RankSums:
 
     def _agree(self) -> bool:
         """Whether every rank made its RankSums: rank 0 reads the count and tells the others through the store."""
-        store = self._store
-        if store is None:
-            return False
-        answer = f"{self._key}/agreed"
-        if dist.get_rank() != 0:
+        store, answer = self._store, f"{self._key}/agreed"
+        if store is not None and dist.get_rank() != 0:
             return store.get(answer) == b"1"  # rank 0 answers at this same logging step
-        agreed = store.add(self._key, 0) == self._world
-        store.set(answer, "1" if agreed else "0")
-        if not agreed:
+        agreed = store is not None and store.add(self._key, 0) == self._world
+        if store is not None:
+            store.set(answer, "1" if agreed else "0")
+        if not agreed and dist.get_rank() == 0:
             warn_safely("actviz sums the gradient norms of sharded parameters (FSDP2) over the ranks only when every rank "
                         "calls watch(): gradient_clipping/* is not written, and the spike check reads this rank's shards",
                         RuntimeWarning)
