@@ -240,23 +240,29 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
+def _fsdp2_model() -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
+    import warnings
+
+    from actviz.diagnosis import rank_sums
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
     try:
-        from torch.distributed.fsdp import fully_shard
-
-        from actviz.diagnosis import rank_sums
-
         sums = []  # actviz's collectives: one per logging step, none on the others
         rank_sums.sum_over_ranks = lambda tensor, summed=rank_sums.sum_over_ranks: sums.append(step) or summed(tensor)
-        model = _mlp()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+        model = _fsdp2_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         seen = []
-        with actviz.watch(model, log_dir, every=CLIP_EVERY, image_every=False) as viz:  # steps 0 and 20 log
+        with actviz.watch(model, f"{log_dir}/every_rank", every=CLIP_EVERY, image_every=False) as viz:  # 0, 20 log
             for step in range(CLIP_STEPS):
                 loss = model(_mlp_batch(rank, step)).square().mean()
                 (loss * (1000.0 if step == SPIKE_STEP else 1.0)).backward()  # a spike between logging steps
@@ -269,18 +275,32 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
                              "after": after, "squares": squares})
                 optimizer.step()
                 optimizer.zero_grad()
-        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums},
+        # Then as the Lightning and Hugging Face callbacks do: only rank 0 calls watch(). Nothing may wait.
+        model, sums_before = _fsdp2_model(), len(sums)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            alone = actviz.watch(model, f"{log_dir}/rank_zero", every=1, image_every=False) if rank == 0 else None
+            for step in range(3):
+                model(_mlp_batch(rank, step)).square().mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+                optimizer.step()
+                optimizer.zero_grad()
+            if alone is not None:
+                alone.close()
+        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums[:sums_before],
+                    "alone": {"sums": len(sums) - sums_before, "said": [str(warning.message) for warning in said]}},
                    f"{out_dir}/rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp2_clipping_norms_are_over_all_ranks_and_a_spike_between_logging_steps_alerts(tmp_path):
-    run_workers(_fsdp2_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path))
+def test_fsdp2_clipping_norms_are_over_all_ranks_a_spike_alerts_and_rank_zero_alone_waits_for_nobody(tmp_path):
+    run_workers(_fsdp2_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path), timeout=150)
     seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
     assert seen[0]["sums"] == seen[1]["sums"] == [0, CLIP_EVERY]  # every rank sums at the logging steps alone
-    run = Run(tmp_path / "run")
+    run = Run(tmp_path / "run" / "every_rank")
     pre, post, coefficient = (f"gradient_clipping/{name}" for name in ("pre_clip_norm", "post_clip_norm", "coefficient"))
     assert [event.step for event in run.scalar_events(pre)] == [0, CLIP_EVERY]
     for step in (0, CLIP_EVERY):
@@ -298,38 +318,9 @@ def test_fsdp2_clipping_norms_are_over_all_ranks_and_a_spike_between_logging_ste
     spikes = [step for step, rule in seen[0]["alerts"] if rule == "gradient_spike"]
     assert spikes == [SPIKE_STEP]  # judged at the next logging step, on norms summed over both ranks
     assert seen[1]["alerts"] == []  # rank 1 writes and judges nothing
-
-
-def _rank_zero_watches_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
-    """As the Lightning and Hugging Face callbacks do: only rank 0 calls watch()."""
-    import warnings
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
-    try:
-        from torch.distributed.fsdp import fully_shard
-
-        model = fully_shard(_mlp())
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        with warnings.catch_warnings(record=True) as said:
-            warnings.simplefilter("always")
-            viz = actviz.watch(model, log_dir, every=1, image_every=False) if rank == 0 else None
-            for step in range(3):
-                model(_mlp_batch(rank, step)).square().mean().backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-                optimizer.step()
-                optimizer.zero_grad()
-            if viz is not None:
-                viz.close()
-        torch.save([str(warning.message) for warning in said], f"{out_dir}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def test_fsdp2_watched_on_rank_zero_alone_sums_nothing_and_never_waits(tmp_path):
-    run_workers(_rank_zero_watches_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path), timeout=120)
-    said = torch.load(tmp_path / "rank0.pt")
-    assert any("only when every rank calls watch()" in message for message in said), said
-    run = Run(tmp_path / "run")
-    assert run.histogram_steps("activations/0") == [0, 1, 2]  # the steps are written all the same
-    assert "gradient_clipping/pre_clip_norm" not in run.scalar_tags  # no partial norm as a whole one
+    # watched on rank 0 alone: no collective, no partial norm written as a whole one, and one warning
+    assert seen[0]["alone"]["sums"] == seen[1]["alone"]["sums"] == 0
+    assert any("only when every rank calls watch()" in message for message in seen[0]["alone"]["said"])
+    alone = Run(tmp_path / "run" / "rank_zero")
+    assert alone.histogram_steps("activations/0") == [0, 1, 2]  # the steps are written all the same
+    assert "gradient_clipping/pre_clip_norm" not in alone.scalar_tags
