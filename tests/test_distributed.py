@@ -257,29 +257,30 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
     try:
-        sums = []  # actviz's collectives: one per logging step, none on the others
-        rank_sums.sum_over_ranks = lambda tensor, summed=rank_sums.sum_over_ranks: sums.append(step) or summed(tensor)
-        model = _fsdp2_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        seen = []
-        with actviz.watch(model, f"{log_dir}/every_rank", every=CLIP_EVERY, image_every=False) as viz:  # 0, 20 log
-            for step in range(CLIP_STEPS):
-                loss = model(_mlp_batch(rank, step)).square().mean()
-                (loss * (1000.0 if step == SPIKE_STEP else 1.0)).backward()  # a spike between logging steps
-                full = {name: _full(param.grad).double() for name, param in model.named_parameters()}
-                returned = float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
-                after = float(torch.nn.utils.get_total_norm([_full(param.grad) for param in model.parameters()]))
-                squares = {layer: sum(float(grad.square().sum()) for name, grad in full.items() if name.startswith(f"{layer}."))
-                           for layer in ("0", "2")}
-                seen.append({"returned": returned, "total": float(torch.nn.utils.get_total_norm(list(full.values()))),
-                             "after": after, "squares": squares})
-                optimizer.step()
-                optimizer.zero_grad()
-        # Then as the Lightning and Hugging Face callbacks do: only rank 0 calls watch(). Nothing may wait.
-        model, sums_before = _fsdp2_model(), len(sums)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-        with warnings.catch_warnings(record=True) as said:
+        with warnings.catch_warnings(record=True) as caught:  # what each rank says
             warnings.simplefilter("always")
+            sums = []  # actviz's collectives: one per logging step, none on the others
+            rank_sums.sum_over_ranks = lambda tensor, summed=rank_sums.sum_over_ranks: sums.append(step) or summed(tensor)
+            model = _fsdp2_model()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            seen = []
+            with actviz.watch(model, f"{log_dir}/every_rank", every=CLIP_EVERY, image_every=False) as viz:  # 0, 20 log
+                for step in range(CLIP_STEPS):
+                    loss = model(_mlp_batch(rank, step)).square().mean()
+                    (loss * (1000.0 if step == SPIKE_STEP else 1.0)).backward()  # a spike between logging steps
+                    full = {name: _full(param.grad).double() for name, param in model.named_parameters()}
+                    returned = float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                    after = float(torch.nn.utils.get_total_norm([_full(param.grad) for param in model.parameters()]))
+                    squares = {layer: sum(float(grad.square().sum()) for name, grad in full.items() if name.startswith(f"{layer}."))
+                               for layer in ("0", "2")}
+                    seen.append({"returned": returned, "total": float(torch.nn.utils.get_total_norm(list(full.values()))),
+                                 "after": after, "squares": squares})
+                    optimizer.step()
+                    optimizer.zero_grad()
+            # Then as the Lightning and Hugging Face callbacks do: only rank 0 calls watch(). Nothing may wait.
+            model, sums_before = _fsdp2_model(), len(sums)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            first_said = [str(warning.message) for warning in caught]
             alone = actviz.watch(model, f"{log_dir}/rank_zero", every=1, image_every=False) if rank == 0 else None
             for step in range(3):
                 model(_mlp_batch(rank, step)).square().mean().backward()
@@ -289,7 +290,8 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
             if alone is not None:
                 alone.close()
         torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums[:sums_before],
-                    "alone": {"sums": len(sums) - sums_before, "said": [str(warning.message) for warning in said]}},
+                    "said": first_said, "alone": {"sums": len(sums) - sums_before,
+                                                  "said": [str(warning.message) for warning in caught[len(first_said):]]}},
                    f"{out_dir}/rank{rank}.pt")
         dist.barrier()
     finally:
@@ -318,6 +320,7 @@ def test_fsdp2_clipping_norms_are_over_all_ranks_a_spike_alerts_and_rank_zero_al
     spikes = [step for step, rule in seen[0]["alerts"] if rule == "gradient_spike"]
     assert spikes == [SPIKE_STEP]  # judged at the next logging step, on norms summed over both ranks
     assert seen[1]["alerts"] == []  # rank 1 writes and judges nothing
+    assert not [message for message in seen[1]["said"] if "actviz" in message]  # and says nothing (it counts the steps)
     # watched on rank 0 alone: no collective, no partial norm written as a whole one, and one warning
     assert seen[0]["alone"]["sums"] == seen[1]["alone"]["sums"] == 0
     assert any("only when every rank calls watch()" in message for message in seen[0]["alone"]["said"])
