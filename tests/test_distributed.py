@@ -240,14 +240,14 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _fsdp2_model() -> torch.nn.Module:
+def _fsdp2_model(mesh=None) -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    return fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
@@ -277,6 +277,19 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
                                  "after": after, "squares": squares})
                     optimizer.step()
                     optimizer.zero_grad()
+            sums_first = list(sums)
+            # HSDP (each rank a whole replica: counted once) and two micro-batches an update (steps 0, 2 log)
+            from torch.distributed.device_mesh import init_device_mesh
+
+            model = _fsdp2_model(init_device_mesh("cpu", (WORLD_SIZE, 1), mesh_dim_names=("replicate", "shard")))
+            optimizer, replicated = torch.optim.SGD(model.parameters(), lr=0.01), []
+            with actviz.watch(model, f"{log_dir}/replicas", every=2, image_every=False):
+                for step in range(4):
+                    model(_mlp_batch(rank, step)).square().mean().backward()
+                    if step % 2:
+                        replicated.append(float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))))
+                        optimizer.step()
+                        optimizer.zero_grad()
             # Then as the Lightning and Hugging Face callbacks do: only rank 0 calls watch(). Nothing may wait.
             model, sums_before = _fsdp2_model(), len(sums)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -289,10 +302,10 @@ def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str
                 optimizer.zero_grad()
             if alone is not None:
                 alone.close()
-        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums[:sums_before],
-                    "said": first_said, "alone": {"sums": len(sums) - sums_before,
-                                                  "said": [str(warning.message) for warning in caught[len(first_said):]]}},
-                   f"{out_dir}/rank{rank}.pt")
+        said_alone = [str(warning.message) for warning in caught[len(first_said):]]
+        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums_first,
+                    "said": first_said, "alone": {"sums": len(sums) - sums_before, "said": said_alone},
+                    "replicated": replicated}, f"{out_dir}/rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -327,3 +340,6 @@ def test_fsdp2_clipping_norms_are_over_all_ranks_a_spike_alerts_and_rank_zero_al
     alone = Run(tmp_path / "run" / "rank_zero")
     assert alone.histogram_steps("activations/0") == [0, 1, 2]  # the steps are written all the same
     assert "gradient_clipping/pre_clip_norm" not in alone.scalar_tags
+    replicas = Run(tmp_path / "run" / "replicas")
+    assert [event.step for event in replicas.scalar_events(pre)] == [0, 2]
+    assert [event.value for event in replicas.scalar_events(pre)] == pytest.approx(seen[0]["replicated"], rel=1e-6)

@@ -20,7 +20,9 @@ On a GPU the ``all_reduce`` is ordered on the device's stream (NCCL): the host d
 Every rank must call ``watch()`` for the sums: the Lightning and Hugging Face callbacks watch on rank 0 alone.
 So each rank's :class:`RankSums` counts itself in the process group's key-value store when it is made, and at
 the first sum rank 0 reads the count and tells the others (through the store, no collective) whether all of
-them are there. If not, nothing is summed and nobody waits: the rows stay this rank's shards (no
+them are there. The watchers are told apart by their parameters' shapes and, for the same shapes, by the order
+they were made in: a model watched on rank 0 alone and then a model of the same shapes on every rank, in one
+process group, sum nothing (rank 1's first such watcher answers to rank 0's second). If not, nothing is summed and nobody waits: the rows stay this rank's shards (no
 ``gradient_clipping/*``; the spike check reads rank 0's shards, in which a spike shows too), said once.
 
 Example:
@@ -34,7 +36,8 @@ Example:
 
 from __future__ import annotations
 
-import itertools
+import zlib
+from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -50,7 +53,7 @@ __all__ = ["STEPS", "RankSums"]
 #: spike check judges the last STEPS steps before each logging step (every step with ``every=100``).
 STEPS = 128
 
-_MADE = itertools.count()  # RankSums made in this process: the same number on every rank that watches alike
+_MADE: Counter[int] = Counter()  # RankSums made in this process, by the parameters' shapes: alike on every rank
 
 
 class RankSums:
@@ -71,6 +74,7 @@ class RankSums:
         self._ring_size = ring_size
         self.summed = [False] * ring_size
         self.due = False
+        self.provisional = False  # a sum made for a step recorded as an update by hand before any optimizer step
         self._weights: torch.Tensor | None = None  # the shares on the ring's device, made once
         self._squares: torch.Tensor | None = None  # (STEPS, 2): this rank's part of each step's squared global norms
         self._steps = [-1] * STEPS  # the step of each row of _squares
@@ -78,7 +82,9 @@ class RankSums:
         self._rows = 0  # ring rows written since the last sum
         self._world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.agreed: bool | None = True if self._world == 1 else None
-        self._key = f"actviz/rank_sums/{next(_MADE)}"
+        shapes = zlib.crc32(";".join(str(tuple(param.shape)) for param in params).encode())  # global shapes
+        self._key = f"actviz/rank_sums/{shapes}/{_MADE[shapes]}"
+        _MADE[shapes] += 1
         self._store = default_store() if self._world > 1 else None
         if self._store is not None:
             self._store.add(self._key, 1)  # this rank is here

@@ -280,7 +280,10 @@ class StepNorms:
         self._slot = (slot + 1) % RING
         if self._ranks is not None and self._ranks.agreed is not False:  # FSDP2: summed at logging steps alone
             self._ranks.add(row, slot, step)
+            if optimizer is not None and self._ranks.provisional:  # the first optimizer step ends the first logging
+                self._ranks.due, self._ranks.provisional = True, False  # step, whose micro-batch was taken for a by-hand one
             if self._ranks.due and may_sum:
+                self._ranks.provisional = optimizer is None and not self.stepped
                 steps, totals = self._ranks.sum(self.ring, slot)  # type: ignore[arg-type]
                 if self.host_copies:
                     self._copy_to_host(steps, totals, None)
