@@ -20,10 +20,11 @@ On a GPU the ``all_reduce`` is ordered on the device's stream (NCCL): the host d
 Every rank must call ``watch()`` for the sums: the Lightning and Hugging Face callbacks watch on rank 0 alone.
 So each rank's :class:`RankSums` counts itself in the process group's key-value store when it is made, and at
 the first sum rank 0 reads the count and tells the others (through the store, no collective) whether all of
-them are there. The watchers are told apart by their parameters' shapes and, for the same shapes, by the order
-they were made in: a model watched on rank 0 alone and then a model of the same shapes on every rank, in one
-process group, sum nothing (rank 1's first such watcher answers to rank 0's second). If not, nothing is summed and nobody waits: the rows stay this rank's shards (no
-``gradient_clipping/*``; the spike check reads rank 0's shards, in which a spike shows too), said once.
+them are there. If not, nothing is summed and nobody waits: the rows stay this rank's shards (no
+``gradient_clipping/*``; the spike check reads rank 0's shards, in which a spike shows too), said once. The
+ranks tell their watchers apart by the parameters' shapes and, for the same shapes, by the order they were
+made in: a model watched on rank 0 alone, then one of the same shapes on every rank, in one process group,
+sums nothing (rank 1's first such watcher answers to rank 0's second).
 
 Example:
     >>> ring = torch.tensor([[[3.0, 4.0], [0.6, 0.8]]])  # one step: norms before, after clipping
@@ -67,6 +68,8 @@ class RankSums:
         summed: Per ring slot, whether it holds sums over the ranks (else this rank's shards alone).
         due: A logging step started: the next step recorded is summed.
         agreed: Whether every rank sums (known at the first sum: ``None`` before).
+        provisional: A sum was made for a step recorded as an update by hand before any optimizer step (the first
+            micro-batch of gradient accumulation): the first optimizer step sums again.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], ring_size: int) -> None:
@@ -74,7 +77,7 @@ class RankSums:
         self._ring_size = ring_size
         self.summed = [False] * ring_size
         self.due = False
-        self.provisional = False  # a sum made for a step recorded as an update by hand before any optimizer step
+        self.provisional = False
         self._weights: torch.Tensor | None = None  # the shares on the ring's device, made once
         self._squares: torch.Tensor | None = None  # (STEPS, 2): this rank's part of each step's squared global norms
         self._steps = [-1] * STEPS  # the step of each row of _squares
@@ -93,7 +96,8 @@ class RankSums:
         """Step ``step``'s ring ``row`` (the ring's ``slot``) is written: keep its part of the global squared norms
         (2 ops)."""
         if self._weights is None or self._squares is None:
-            self._weights = torch.tensor(self._shares, dtype=row.dtype, device=row.device)  # once: a copy to the device
+            pinned = row.device.type == "cuda"  # once, and no wait: from pinned memory
+            self._weights = torch.tensor(self._shares, dtype=row.dtype, pin_memory=pinned).to(row.device, non_blocking=True)
             self._squares = torch.zeros(STEPS, 2, dtype=row.dtype, device=row.device)
         index = self._count % STEPS
         torch.mv(row.square(), self._weights, out=self._squares[index])
