@@ -340,8 +340,10 @@ def watch(
         if user_sinks:  # after TensorBoard's; their errors are warned about, never raised
             sink = FanOutSink([sink, *user_sinks], guard_from=1) if sink is not None else FanOutSink(user_sinks)
     callbacks = StepCallbacks(on_step, on_alert)  # called once their step is written
+    # every rank reads its shards' gradient norms where rank 0 reads the norms (FSDP2: they are summed over the ranks)
+    reads_norms = capture.gradient_clipping or spikes or check_alerts(alerts) is not None
     viz = Watcher(
-        model, chosen, sink, stats_schedule, image_schedule, capture, options.auto_step, options.strict,
+        model, chosen, sink, stats_schedule, image_schedule, capture, options.auto_step, options.strict, reads_norms=reads_norms,
         grad_scaler=options.grad_scaler, callbacks=callbacks, diagnosis=None if sink is None else make_diagnosis(
             sink, unwrap_compiled(model), [(tag_names.get(n, layer_display_name(n)), m) for n, m in chosen], alerts, callbacks.hold,
             spikes, update_ratio, image_schedule, capture.flow_pictures),

@@ -23,7 +23,7 @@ from torch.nn.parameter import is_lazy
 from .common._internals import forward_depth, inside_functorch_transform
 from .capture.step_capture import StepCapture
 from .capture.compiled_model import StepHookHandle, attach_step_hook, eager_ahead, take_eager_ahead, unwrap_compiled
-from .diagnosis.step_diagnosis import Alert, Diagnosis
+from .diagnosis.step_diagnosis import Alert, Diagnosis, norms_of_rank
 from .capture.layer_slots import LayerSlots, parameters_of
 from .common.notices import Notices
 from .common.safe_warnings import done_speaking_for, speak_for
@@ -59,7 +59,7 @@ class Watcher:
         self, model: nn.Module, layers: list[tuple[str, nn.Module]], sink: Sink | None,
         stats_schedule: Schedule, image_schedule: Schedule, options: CaptureOptions, auto_step: bool, strict: bool,
         grad_scaler: Any = None, callbacks: StepCallbacks | None = None, probe: ProbeForward | None = None,
-        diagnosis: Diagnosis | None = None,
+        diagnosis: Diagnosis | None = None, reads_norms: bool = False,
     ) -> None:
         self.model = model
         self.grad_scaler = grad_scaler
@@ -69,12 +69,11 @@ class Watcher:
         self._parameters = parameters_of(unwrap_compiled(model), [module for _, module in layers])
         self._diagnosis = diagnosis  # alerts, flow pictures and the spike recorder: actviz.diagnosis.step_diagnosis
         self._history = LoopHistory()  # every optimizer step's gradient norms (gradient_clipping/*, spikes), on rank 0
-        self._norms = diagnosis and diagnosis.gradient_norms(
-            unwrap_compiled(model), self._layers, weak_clock(self, "_last_started_step"), options.gradient_clipping,
-            grad_scaler)
+        self._norms = norms_of_rank(diagnosis, unwrap_compiled(model), self._layers, clock := weak_clock(
+            self, "_last_started_step"), options.gradient_clipping, grad_scaler, reads_norms)  # another rank: FSDP2's
         self._history.step_norms = self._norms if options.gradient_clipping else None
         self._spikes = diagnosis and diagnosis.spikes
-        self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), weak_clock(self, "_last_started_step"))
+        self._audit = diagnosis and diagnosis.optimizer_audit(unwrap_compiled(model), clock)
         self._subject = subject_of(type(unwrap_compiled(model)).__name__, sink)  # what its warnings name: "Net → runs/x"
         self._writer = None if sink is None else Writer(sink, strict, diagnose=diagnosis, callbacks=callbacks,
                                                         subject=self._subject)
@@ -94,12 +93,13 @@ class Watcher:
         self.notes: RunNotes | None = None  # the start and end lines, set by actviz.watch on the logging rank
         self._pid = os.getpid()  # a forked child logs nothing: its writer thread stayed in the parent
         self._root_handle: StepHookHandle | None = None
-        if sink is not None or options.merge_ranks:  # other ranks attach nothing unless they merge into rank 0's
+        self._captures = sink is not None or options.merge_ranks  # other ranks capture only to merge into rank 0's
+        if self._captures or (self._norms is not None and self._norms.sharded):  # FSDP2: every rank counts the steps
             self._root_handle = attach_step_hook(
                 model, StepHook(self._on_model_forward, self._on_compiled_forward, model, self._open.release_stances))
             if self._logs(0):
                 eager_ahead()  # a model compiled after watch() runs its first forward eagerly, and logs it
-        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._root_handle is not None)
+        self._silences = Silences(unwrap_compiled(model), stats_schedule, image_schedule, self._captures)
         register(model, self)
         # Dropped without close() (its model gone too): the writer thread writes what is queued and ends.
         self._finalizer = weakref.finalize(self, _end_dropped, self._writer, self._norms)
@@ -266,7 +266,7 @@ class Watcher:
                 f"{getattr(self.writer, 'log_dir', None)!r}, step={self._next_step}, closed={self._closed})")
 
     def _logs(self, step: int) -> bool:
-        return self._root_handle is not None and (
+        return self._root_handle is not None and self._captures and (
             self._stats_schedule(step) or (self._image_schedule(step) and self._writer is not None))
 
     def _on_model_forward(self, model: nn.Module, args: Any) -> None:
@@ -308,6 +308,7 @@ class Watcher:
         if self.auto_step:
             self._next_step += 1
         self._last_started_step = step
+        self._norms and self._stats_schedule(step) and self._norms.logging_step_started()  # every rank alike (FSDP2)
         return step
 
     def _start_step(self, model: nn.Module) -> None:
@@ -317,8 +318,8 @@ class Watcher:
             self._open.end_interrupted()  # a forward that Ctrl-C left: its step is abandoned
         if self._norms is not None:  # a loop that updates by hand: its last backward's norms, before its step ends
             self._norms.commit_unstepped()
-        if (step := self._count_step()) is None:
-            return  # the step goes on: a later micro-batch
+        if (step := self._count_step()) is None or not self._captures:
+            return  # the step goes on (a later micro-batch), or a rank that only counts the steps (FSDP2's norms)
         want_stats, want_images = self._stats_schedule(step), self._image_schedule(step)
         if self._spikes and self._spikes.forces(step, want_stats or want_images):  # the steps after a spike log in full
             want_stats = want_images = True

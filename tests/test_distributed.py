@@ -228,3 +228,118 @@ def test_a_probe_under_ddp_runs_on_rank_zero_without_a_collective(tmp_path):
     assert run.image_steps("feature_maps/module.0") == [0, 2]
     assert run.image_steps("probe/input") == [0, 2]
     assert run.image_steps("gradcam/module.2") == [0, 2]
+
+
+# -- FSDP2: the gradient norms before and after clipping, over all ranks ---------------------------
+
+CLIP_STEPS, CLIP_EVERY, SPIKE_STEP, MAX_NORM = 24, 20, 18, 0.05
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered from every rank (a collective every rank runs); any other tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _fsdp2_model(mesh=None) -> torch.nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _fsdp2_clipping_worker(rank: int, init_file: str, log_dir: str, out_dir: str) -> None:
+    import warnings
+
+    from actviz.diagnosis import rank_sums
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE)
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # what each rank says
+            warnings.simplefilter("always")
+            sums = []  # actviz's collectives: one per logging step, none on the others
+            rank_sums.sum_over_ranks = lambda tensor, summed=rank_sums.sum_over_ranks: sums.append(step) or summed(tensor)
+            model = _fsdp2_model()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            seen = []
+            with actviz.watch(model, f"{log_dir}/every_rank", every=CLIP_EVERY, image_every=False) as viz:  # 0, 20 log
+                for step in range(CLIP_STEPS):
+                    loss = model(_mlp_batch(rank, step)).square().mean()
+                    (loss * (1000.0 if step == SPIKE_STEP else 1.0)).backward()  # a spike between logging steps
+                    full = {name: _full(param.grad).double() for name, param in model.named_parameters()}
+                    returned = float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+                    after = float(torch.nn.utils.get_total_norm([_full(param.grad) for param in model.parameters()]))
+                    squares = {layer: sum(float(grad.square().sum()) for name, grad in full.items() if name.startswith(f"{layer}."))
+                               for layer in ("0", "2")}
+                    seen.append({"returned": returned, "total": float(torch.nn.utils.get_total_norm(list(full.values()))),
+                                 "after": after, "squares": squares})
+                    optimizer.step()
+                    optimizer.zero_grad()
+            sums_first = list(sums)
+            # HSDP (each rank a whole replica: counted once) and two micro-batches an update (steps 0, 2 log)
+            from torch.distributed.device_mesh import init_device_mesh
+
+            model = _fsdp2_model(init_device_mesh("cpu", (WORLD_SIZE, 1), mesh_dim_names=("replicate", "shard")))
+            optimizer, replicated = torch.optim.SGD(model.parameters(), lr=0.01), []
+            with actviz.watch(model, f"{log_dir}/replicas", every=2, image_every=False):
+                for step in range(4):
+                    model(_mlp_batch(rank, step)).square().mean().backward()
+                    if step % 2:
+                        replicated.append(float(_full(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM))))
+                        optimizer.step()
+                        optimizer.zero_grad()
+            # Then as the Lightning and Hugging Face callbacks do: only rank 0 calls watch(). Nothing may wait.
+            model, sums_before = _fsdp2_model(), len(sums)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            first_said = [str(warning.message) for warning in caught]
+            alone = actviz.watch(model, f"{log_dir}/rank_zero", every=1, image_every=False) if rank == 0 else None
+            for step in range(3):
+                model(_mlp_batch(rank, step)).square().mean().backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+                optimizer.step()
+                optimizer.zero_grad()
+            if alone is not None:
+                alone.close()
+        said_alone = [str(warning.message) for warning in caught[len(first_said):]]
+        torch.save({"seen": seen, "alerts": [(alert.step, alert.rule) for alert in viz.alerts], "sums": sums_first,
+                    "said": first_said, "alone": {"sums": len(sums) - sums_before, "said": said_alone},
+                    "replicated": replicated}, f"{out_dir}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_clipping_norms_are_over_all_ranks_a_spike_alerts_and_rank_zero_alone_waits_for_nobody(tmp_path):
+    run_workers(_fsdp2_clipping_worker, str(tmp_path / "init"), str(tmp_path / "run"), str(tmp_path), timeout=150)
+    seen = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD_SIZE)]
+    assert seen[0]["sums"] == seen[1]["sums"] == [0, CLIP_EVERY]  # every rank sums at the logging steps alone
+    run = Run(tmp_path / "run" / "every_rank")
+    pre, post, coefficient = (f"gradient_clipping/{name}" for name in ("pre_clip_norm", "post_clip_norm", "coefficient"))
+    assert [event.step for event in run.scalar_events(pre)] == [0, CLIP_EVERY]
+    for step in (0, CLIP_EVERY):
+        mine, other = seen[0]["seen"][step], seen[1]["seen"][step]
+        assert mine["returned"] == other["returned"]  # clip_grad_norm_ sums the shards: the same on every rank
+        assert mine["returned"] == pytest.approx(mine["total"], rel=1e-6)
+        assert mine["returned"] > 2 * MAX_NORM  # clipping acted
+        assert run.scalar(pre, step) == pytest.approx(mine["returned"], rel=1e-6)
+        assert run.scalar(post, step) == pytest.approx(mine["after"], rel=1e-6)
+        assert run.scalar(coefficient, step) == pytest.approx(mine["after"] / mine["returned"], rel=1e-6)
+        total = sum(mine["squares"].values())
+        shares = [run.scalar(f"gradient_clipping/share@{layer}", step) for layer in ("0", "2")]
+        assert sum(shares) == pytest.approx(1.0, rel=1e-6)
+        assert shares == pytest.approx([mine["squares"][layer] / total for layer in ("0", "2")], rel=1e-5)
+    spikes = [step for step, rule in seen[0]["alerts"] if rule == "gradient_spike"]
+    assert spikes == [SPIKE_STEP]  # judged at the next logging step, on norms summed over both ranks
+    assert seen[1]["alerts"] == []  # rank 1 writes and judges nothing
+    assert not [message for message in seen[1]["said"] if "actviz" in message]  # and says nothing (it counts the steps)
+    # watched on rank 0 alone: no collective, no partial norm written as a whole one, and one warning
+    assert seen[0]["alone"]["sums"] == seen[1]["alone"]["sums"] == 0
+    assert any("only when every rank calls watch()" in message for message in seen[0]["alone"]["said"])
+    alone = Run(tmp_path / "run" / "rank_zero")
+    assert alone.histogram_steps("activations/0") == [0, 1, 2]  # the steps are written all the same
+    assert "gradient_clipping/pre_clip_norm" not in alone.scalar_tags
+    replicas = Run(tmp_path / "run" / "replicas")
+    assert [event.step for event in replicas.scalar_events(pre)] == [0, 2]
+    assert [event.value for event in replicas.scalar_events(pre)] == pytest.approx(seen[0]["replicated"], rel=1e-6)

@@ -352,3 +352,17 @@ def test_the_cpu_flash_kernel_returns_each_query_rows_logsumexp_as_output_one():
     logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v)[1]
     exact = (q.double() @ k.double().transpose(-2, -1) / 2.0).logsumexp(-1)  # scale 1/√4
     torch.testing.assert_close(logsumexp.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_default_store_is_the_process_groups_key_value_store_and_none_without_one(tmp_path) -> None:
+    import torch.distributed as dist
+
+    assert _internals.default_store() is None
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        store = _internals.default_store()
+        assert store.add("actviz/test", 2) == 2 and store.add("actviz/test", 0) == 2  # add(key, 0) reads the count
+        store.set("actviz/test/said", "1")
+        assert store.get("actviz/test/said") == b"1"
+    finally:
+        dist.destroy_process_group()

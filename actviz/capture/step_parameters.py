@@ -268,8 +268,8 @@ class StepParameters:
             except Exception:  # noqa: BLE001 - an odd optimizer: frozen_parameter names both causes
                 self._rates = {}
         norms = self._history.step_norms
-        if optimizer is not None and norms is not None and not norms.sharded:
-            row = norms.row_applied_by(optimizer)  # its listener ran first: the norms of this optimizer step
+        if optimizer is not None and norms is not None:
+            row = norms.row_applied_by(optimizer)  # its listener ran first (and summed it over the ranks under FSDP2)
             self._clip_row = None if row is None else row.clone()  # one op: the ring's row is written again later
         with_grads = [pair for pair in self.trainable if pair[1].grad is not None]
         if self.update_ratio and self.trainable:  # the values the update will change, one op

@@ -10,6 +10,7 @@ instead of changing what actviz logs.
 function                               private API
 =====================================  ===========================================
 :func:`queue_end_of_backward`          the autograd engine's ``queue_callback``
+:func:`default_store`                  ``torch.distributed.distributed_c10d._get_default_store``
 :func:`backward_pass_id`               ``torch._C._current_graph_task_id``
 :func:`backward_accumulates`           ``torch._C._will_engine_execute_node``
 :func:`backward_runs_every_edge`       ``torch._C._current_autograd_node``, ``_will_engine_execute_node``
@@ -56,7 +57,7 @@ from torch import nn
 
 __all__ = [
     "attention_kernels", "backward_accumulates", "backward_pass_id", "backward_root", "frame_outside", "backward_runs_every_edge", "batch_and_instance_norm_types",
-    "child_modules", "compiled_call", "compiled_original", "compiler_stance",
+    "child_modules", "compiled_call", "compiled_original", "compiler_stance", "default_store",
     "exporting_now", "flatten_copy", "forward_depth", "forward_hooks", "traced_here", "functorch_wrapped", "grad_scaler_scale",
     "grad_scaler_unscaled", "image_classification", "inductor_backend", "inside_functorch_transform",
     "mark_size_unbacked", "mark_trace_time_constant", "queue_end_of_backward", "set_compiled_call", "swap_stance", "tensor_version",
@@ -70,6 +71,17 @@ def queue_end_of_backward(callback: Callable[[], None]) -> None:
     Raises ``RuntimeError`` outside a backward pass.
     """
     torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def default_store() -> Any:
+    """The default process group's key-value store, or ``None``. Why private: no public getter; the ranks agree through
+    it, with no collective, whether all of them sum their gradient norms (:mod:`actviz.diagnosis.rank_sums`)."""
+    from torch.distributed import distributed_c10d
+
+    try:
+        return distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):  # no process group (tests/test_internals.py checks the rest)
+        return None
 
 
 def backward_pass_id() -> int:

@@ -52,7 +52,7 @@ class Silences:
         model: The watched model (its parameters are the ones whose changes count).
         stats_schedule: The schedule of ``every=``.
         image_schedule: The schedule of ``image_every=``.
-        active: ``False`` on a rank that attaches no hook: nothing is counted or said.
+        active: ``False`` on a rank that logs nothing of its own (it may count the steps, FSDP2): nothing is said.
 
     Example:
         >>> import warnings
@@ -72,6 +72,7 @@ class Silences:
         self, model: nn.Module, stats_schedule: Schedule, image_schedule: Schedule, active: bool = True
     ) -> None:
         self._name = type(model).__name__
+        self._active = active
         self._parameters = list(model.parameters()) if active else []
         self._ids = {id(param) for param in self._parameters}
         self._versions = [tensor_version(param) for param in self._parameters]
@@ -114,6 +115,8 @@ class Silences:
 
     def check(self, closing: bool) -> None:
         """Say what the counts mean, once per kind: at ``flush()`` (``closing=False``) and ``close()``."""
+        if not self._active:
+            return
         if self.training == 0:
             if self._said & {"eval", "no_grad", "no_forward"}:
                 return  # said at an optimizer step already, from what ran between two steps

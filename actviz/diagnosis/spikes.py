@@ -185,7 +185,7 @@ class SpikeRecorder:
 
     def judge_the_rest(self, now: int) -> bool:
         """At ``close()``: judge every step recorded (waiting for its copy); whether a spike is left to write."""
-        self.norms.commit_unstepped()
+        self.norms.commit_unstepped(closing=True)  # rank 0 alone closes: no sum over the ranks
         for done, before, after in self.norms.finished(wait=True):
             self._judge(done, before, now, after)
         with self._lock:
@@ -251,7 +251,7 @@ class SpikeRecorder:
         ring = self.norms.ring
         assert ring is not None
         self._force_until = now + FOLLOW - 1  # this step and the next FOLLOW - 1
-        record = SpikeRecord(step, norm, after, median, limit, HostCopy([ring.clone()]), list(self.norms.ring_steps),
+        record = SpikeRecord(step, norm, after, median, limit, HostCopy([ring.clone()]), self.norms.judged_steps(),
                              self.norms.layer_of, self.norms.layer_names, self.follow, self.floor)
         with self._lock:
             self._records.append(record)

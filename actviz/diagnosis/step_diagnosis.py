@@ -30,7 +30,7 @@ from ..selection import parameter_tag_names
 from ..tags import ALERTS
 from ..statistics.unit_counts import is_relu_family
 
-__all__ = ["Alert", "Diagnosis", "make_diagnosis"]
+__all__ = ["Alert", "Diagnosis", "make_diagnosis", "norms_of_rank"]
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +196,33 @@ class MatrixNames:
         if not any(is_lazy(param) for _, param in parameters):
             self._names = names
         return name in names
+
+
+def norms_of_rank(diagnosis: Diagnosis | None, model: nn.Module, layers: Sequence[tuple[str, nn.Module]],
+                  current_step: Callable[[], int | None], clipping: bool, grad_scaler: Any,
+                  reads_norms: bool) -> StepNorms | None:
+    """The gradient norms this rank reads: the logging rank's (:meth:`Diagnosis.gradient_norms`); on another rank,
+    where the logging rank reads them (``reads_norms``), the norms of its own shards if a parameter is sharded
+    (FSDP2), which the ranks sum at logging steps; else ``None`` (replicated gradients: rank 0's are whole).
+
+    Example:
+        >>> print(norms_of_rank(None, nn.Linear(2, 1), [], lambda: None, True, None, True))
+        None
+    """
+    if diagnosis is not None:
+        return diagnosis.gradient_norms(model, layers, current_step, clipping, grad_scaler)
+    if not reads_norms:
+        return None
+    try:
+        norms = step_norms_of(model, layers, current_step)
+    except Exception as error:  # noqa: BLE001 - watch() must not fail for it
+        warn_safely(f"actviz reads no gradient norms on this rank: {type(error).__name__}: {error}", RuntimeWarning)
+        return None
+    if not norms.sharded:
+        norms.close()
+        return None
+    norms.host_copies = False  # no spike check here: rank 0 judges the sums
+    return norms
 
 
 def make_diagnosis(

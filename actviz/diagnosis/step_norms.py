@@ -26,8 +26,12 @@ With ``Options(grad_scaler=scaler)`` the norms before clipping are divided by th
 gradients carry (one more op per pass); the norms after it are read once ``scaler.step`` has unscaled them.
 
 Cost of a step that logs nothing: 2 ops per backward pass and 4 per optimizer step, no sync
-(docs/performance.md). Under FSDP2 a parameter is a DTensor: its local shard is read, and the
-post-accumulate hooks never fire on the sharded parameters, so both halves are read at the optimizer step.
+(docs/performance.md).
+
+Under FSDP2 each rank reads its local shards (an op on a DTensor could start a collective on one rank
+alone), before clipping once FSDP2's reduce-scatter has set them (it runs their post-accumulate hooks), and
+:class:`~actviz.diagnosis.rank_sums.RankSums` sums them over the ranks at each logging step's optimizer
+step (one ``all_reduce``, on every rank). Until then a row holds this rank's shards: not written, not judged.
 
 Example:
     >>> import torch
@@ -63,6 +67,7 @@ from ..common.safe_warnings import warn_safely
 from ..options import cpu_shortcuts
 from ..summaries.merge_ranks import is_sharded
 from ..summaries.one_tensor import local_shard
+from .rank_sums import RankSums
 
 __all__ = ["RING", "StepNorms", "step_norms_of", "weak_clock"]
 
@@ -83,6 +88,8 @@ class StepNorms:
 
     Attributes:
         stepped: Whether an optimizer holding one of the parameters has stepped.
+        sharded: A parameter is sharded across ranks (FSDP2): rows are summed over the ranks at logging steps.
+        host_copies: Each step's global norms go to the host (not on a rank that only adds to rank 0's sums).
     """
 
     def __init__(self, parameters: Sequence[tuple[str, nn.Parameter]], layer_of: Sequence[int],
@@ -94,7 +101,9 @@ class StepNorms:
         self.ring_steps = [-1] * RING
         self.stepped = False
         self.grad_scaler: Any = None  # Options(grad_scaler=): the norms before clipping are divided by its scale
-        self.sharded = any(map(is_sharded, self.params))  # FSDP2: each rank reads its shards only
+        self.sharded = any(map(is_sharded, self.params))  # FSDP2: each rank reads its shards, summed at logging steps
+        self.host_copies = True
+        self._ranks = RankSums(self.params, RING) if self.sharded else None
         self._ids = {id(param) for param in self.params}
         self._current_step = current_step
         self._host: torch.Tensor | None = None
@@ -104,7 +113,7 @@ class StepNorms:
         self._measured_step: int | None = None  # the step under way then
         self._queued = False  # an end-of-backward callback is asked for
         self._last: tuple[Any, int] | None = None  # (optimizer, slot) of the last step recorded
-        self._waiting: deque[tuple[int, int, Any, Any]] = deque()  # (step, slot, event, CPU value) copies under way
+        self._waiting: deque[tuple[list[int], Any, torch.Tensor]] = deque()  # (steps, event, (steps, 2) on the host)
         self._failed = False
         self._pid = os.getpid()  # a forked child (hogwild workers) reads nothing: its parent's watcher is not there
         self._handles = HookHandles()
@@ -130,7 +139,21 @@ class StepNorms:
     @property
     def waiting(self) -> int:
         """Steps whose copy to the host is under way or not yet read (:meth:`finished`)."""
-        return len(self._waiting)
+        return sum(len(steps) for steps, _, _ in self._waiting)
+
+    def logging_step_started(self) -> None:
+        """A step the schedule logs started (on every rank alike): with sharded parameters, the next step recorded
+        sums the rows over the ranks (the one collective), so that its norms, and the steps' since the last logging
+        step, are whole."""
+        if self._ranks is not None:
+            self._ranks.due = True
+
+    def judged_steps(self) -> list[int]:
+        """The step of each ring row whose norms are whole (-1 for the others: a row being written, or one holding
+        this rank's shards alone, not yet summed over the ranks)."""
+        if self._ranks is None:
+            return list(self.ring_steps)
+        return [step if summed else -1 for step, summed in zip(self.ring_steps, self._ranks.summed)]
 
     def close(self) -> None:
         """Remove the hooks and stop listening to optimizer steps. Safe to call more than once."""
@@ -142,38 +165,42 @@ class StepNorms:
     def row_applied_by(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
         """The ring row (``(2, n)``) of the step ``optimizer`` is about to apply, or ``None``: called from a later
         listener of the same optimizer step pre-hook (the recorder subscribed first)."""
-        if self._last is None or self._last[0] is not optimizer or self.ring is None:
+        if self._last is None or self._last[0] is not optimizer or self.ring is None or not self._whole(self._last[1]):
             return None
         return self.ring[self._last[1]]
 
     def row_committed_for(self, step: int) -> torch.Tensor | None:
-        """The ring row of ``step`` if :meth:`commit_unstepped` recorded it last (a loop that updates by hand), else
-        ``None``."""
-        if self._last is None or self._last[0] is not None or self.ring is None or self.ring_steps[self._last[1]] != step:
+        """The ring row of ``step`` if :meth:`commit_unstepped` recorded it last (an update by hand), else ``None``."""
+        last = self._last
+        if last is None or last[0] is not None or self.ring is None or self.ring_steps[last[1]] != step or not self._whole(last[1]):
             return None
         return self.ring[self._last[1]]
 
-    def commit_unstepped(self) -> None:
+    def _whole(self, slot: int) -> bool:  # not this rank's shards alone (FSDP2)
+        return self._ranks is None or self._ranks.summed[slot]
+
+    def commit_unstepped(self, closing: bool = False) -> None:
         """At a training forward: a loop that steps no optimizer (an update by hand) has its last backward's
-        norms recorded now, as a step without the norms after clipping."""
+        norms recorded now, as a step without the norms after clipping. ``closing``: at ``close()``, which one rank
+        may call alone: no sum over the ranks."""
         if self._unhooked and not self._failed:
             self._guarded(self._hook_the_ready)
         if not self.stepped and self._measured and self._measured_step is not None and not self._failed:
-            self._guarded(self._record, self._measured_step, None)
+            self._guarded(self._record, self._measured_step, None, not closing)
 
     def finished(self, wait: bool = False) -> list[tuple[int, float, float]]:
         """``(step, norm before clipping, norm after)`` of the steps whose copy to the host is done, in order; with
         ``wait`` (at ``close()``), of every step recorded."""
         done = []
         while self._waiting:
-            step, slot, event, value = self._waiting[0]
+            steps, event, value = self._waiting[0]
             if event is not None and wait:
                 event.synchronize()  # at close(): the run is over
             elif event is not None and not event.query():
                 break  # the device is not there yet: a later call
             self._waiting.popleft()
-            before, after = (value.tolist() if value is not None else self._host[slot].tolist())  # type: ignore[index]
-            done.append((step, before, after))
+            pairs = value.tolist() if value.dim() == 2 else [value.tolist()]
+            done.extend(sorted((step, before, after) for step, (before, after) in zip(steps, pairs)))
         return done
 
     def _on_accumulated(self) -> None:
@@ -205,6 +232,8 @@ class StepNorms:
         scale = None if scaler is None or not scaler.is_enabled() else grad_scaler_scale(scaler)  # no sync
         if scale is not None:  # the pass's gradients carry the loss scale: one op with AMP
             row[0].div_(scale)
+        if self._ranks is not None:  # this rank's shards now: not whole until summed
+            self._ranks.summed[self._slot] = False
         self._measured, self._measured_step = True, self._current_step()
 
     def _on_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -217,8 +246,8 @@ class StepNorms:
         self._record_now(optimizer)
 
     def _on_optimizer_done(self, optimizer: torch.optim.Optimizer) -> None:
-        """After the step: if its closure ran a backward (or none was seen: FSDP2's sharded parameters, gradients
-        set by hand), its gradients as the closure left them, clipped, are the step's."""
+        """After the step: if its closure ran a backward (or none was seen: gradients set by hand), its gradients
+        as the closure left them, clipped, are the step's."""
         if self._stepping is not optimizer or self._failed or os.getpid() != self._pid:
             return
         self._stepping = None
@@ -233,33 +262,50 @@ class StepNorms:
             return  # a second optimizer of the same step (one for matrices, one for the rest): the first's row
         self._guarded(self._record, step, optimizer)
 
-    def _record(self, step: int, optimizer: torch.optim.Optimizer | None) -> None:
+    def _record(self, step: int, optimizer: torch.optim.Optimizer | None, may_sum: bool = True) -> None:
         """Close the row under way as ``step``'s: with the norms after clipping when ``optimizer`` is about to
-        step, and the norms before it read now if no backward's end wrote them."""
+        step, and the norms before it read now if no backward's end wrote them. With sharded parameters, at a
+        logging step (``may_sum``: on every rank alike), the rows not yet summed over the ranks are."""
         slot = self._slot
         row = self._row(slot)
         if optimizer is not None:
             torch.stack(self._norms(), out=row[1])
-            if not self._measured:  # no end of backward seen (FSDP2's sharded parameters): the same
+            if not self._measured:  # no end of backward seen (gradients set by hand): the same
                 row[0].copy_(row[1])
         else:
             row[1].fill_(math.nan)
-        totals = torch.linalg.vector_norm(row, dim=1)
         self._measured = False
         self._last = (optimizer, slot)
         self.ring_steps[slot] = step
         self._slot = (slot + 1) % RING
-        event = value = None
-        if len(self._waiting) >= RING:  # this slot's last copy was never read (a device far behind): it is gone
+        if self._ranks is not None and self._ranks.agreed is not False:  # FSDP2: summed at logging steps alone
+            self._ranks.add(row, slot, step)
+            if optimizer is not None and self._ranks.provisional:  # the first optimizer step ends the first logging
+                self._ranks.due, self._ranks.provisional = True, False  # step, whose micro-batch was taken for a by-hand one
+            if self._ranks.due and may_sum:
+                self._ranks.provisional = optimizer is None and not self.stepped
+                steps, totals = self._ranks.sum(self.ring, slot)  # type: ignore[arg-type]
+                if self.host_copies:
+                    self._copy_to_host(steps, totals, None)
+            return
+        self._copy_to_host([step], torch.linalg.vector_norm(row, dim=1), slot)
+
+    def _copy_to_host(self, steps: list[int], totals: torch.Tensor, slot: int | None) -> None:
+        """Start the copy of ``steps``' global norms (``(2,)`` for one step, ``(steps, 2)``) to the host, into the host
+        ring's ``slot`` (or a buffer of their own), and queue it for :meth:`finished`."""
+        event = None
+        if len(self._waiting) >= RING:  # a copy never read (a device far behind, or no reader): it is gone
             self._waiting.popleft()
-        if self._host is None:
-            value = totals  # a CPU tensor: on the host already
+        if totals.device.type == "cpu" and (self._host is None or slot is None):
+            value = totals  # on the host already
         else:
-            self._host[slot].copy_(totals, non_blocking=True)
+            value = self._host[slot] if slot is not None and self._host is not None else torch.empty(
+                totals.shape, pin_memory=totals.device.type == "cuda")
+            value.copy_(totals, non_blocking=True)
             if totals.device.type == "cuda":
                 event = torch.cuda.Event()
                 event.record(torch.cuda.current_stream(totals.device))
-        self._waiting.append((step, slot, event, value))
+        self._waiting.append((steps, event, value))
 
     def _row(self, slot: int) -> torch.Tensor:
         if self.ring is None:
@@ -270,7 +316,8 @@ class StepNorms:
         return self.ring[slot]
 
     def _norms(self) -> list[torch.Tensor]:
-        # a DTensor's local shard (FSDP2): an op on the DTensor could start a collective on this rank alone
+        # a DTensor's local shard (FSDP2): an op on the DTensor could start a collective on this rank alone;
+        # the shards' norms are summed over the ranks at logging steps (RankSums)
         grads = [local_shard(param.grad) if param.grad is not None else self._zero(param) for param in self.params]
         return torch._foreach_norm(grads, 2, dtype=torch.float32)
 

@@ -15,6 +15,10 @@ Only what differs between ranks is merged: activations, output gradients, and pa
 sharded across ranks (FSDP2's DTensors), whose shards merge into the whole parameter's
 summary with no all-gather. Replicated parameters (DDP) are the same on every rank, so
 rank 0's are logged as they are.
+
+The gradient norms of sharded parameters (:mod:`actviz.diagnosis.rank_sums`) are summed over the ranks
+with :func:`sum_over_ranks`, each rank's squares weighted by :func:`counted_share`, whether or not
+``merge_ranks`` is on.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ..common.distributed_types import is_dtensor
 from .header import Reduction
 from .one_tensor import wide_dtype
 
-__all__ = ["is_sharded", "merge_across_ranks"]
+__all__ = ["counted_share", "is_sharded", "merge_across_ranks", "sum_over_ranks"]
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
@@ -41,6 +45,43 @@ def is_sharded(tensor: torch.Tensor) -> bool:
     """
     placements = getattr(tensor, "placements", None)
     return is_dtensor(tensor) and any(placement.is_shard() for placement in placements or ())
+
+
+def counted_share(tensor: torch.Tensor) -> float:
+    """The weight of this rank's copy of ``tensor`` in a sum over all ranks that counts each element once.
+
+    A shard is held by this rank alone along the mesh dimensions it is split on (weight 1); along the others
+    (HSDP's replicas) only the mesh coordinate 0 counts. A plain tensor (replicated, as DDP keeps it) counts
+    on rank 0 alone. A mesh smaller than the world counts once per mesh: its share of the world.
+
+    Example:
+        >>> counted_share(torch.zeros(3))  # one process: its own copy
+        1.0
+    """
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if not is_dtensor(tensor):
+        return 1.0 if world == 1 or dist.get_rank() == 0 else 0.0
+    mesh = tensor.device_mesh  # type: ignore[attr-defined]
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:  # not in the mesh: holds none of it
+        return 0.0
+    if any(index != 0 for index, placement in zip(coordinate, tensor.placements) if not placement.is_shard()):  # type: ignore[attr-defined]
+        return 0.0
+    return mesh.size() / world
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place, and return it. Every rank must call it, at the same point.
+
+    One ``all_reduce``, ordered on the device's stream: on a GPU (NCCL) the host does not wait for it.
+
+    Example:
+        >>> sum_over_ranks(torch.ones(2))  # one process: as it is
+        tensor([1., 1.])
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
 
 
 def merge_across_ranks(entries: Sequence[tuple[str, Reduction]], bins: int) -> bool:
