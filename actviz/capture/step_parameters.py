@@ -27,6 +27,7 @@ from ..common.safe_warnings import warn_safely
 from .layer_outputs import layers_by_module
 from .amp import loss_scale_of, unscaled_by
 from .clip_norms import finish_clip_norms
+from ..diagnosis.optimizer_audit import OPTIMIZER_VALUES, learning_rates
 from ..diagnosis.step_norms import StepNorms
 from ..common.optimizer_steps import subscribe
 from ..options import CaptureOptions
@@ -41,37 +42,9 @@ from ..statistics.update_sample import UpdateSample, optimizer_entries
 from ..statistics.updates import UpdateStatistic
 from ..tags import UPDATE_RATIO, UPDATE_STAT
 
-__all__ = ["OPTIMIZER_VALUES", "LoopHistory", "StepParameters", "learning_rates"]
-
-#: ``results.layer_values[OPTIMIZER_VALUES][param]``: the learning rate of the optimizer group that applied the
-#: step's gradients to ``param``, and the ``torch.finfo(dtype).eps`` of its float format (what ``frozen_parameter`` reads).
-OPTIMIZER_VALUES = "optimizer"
+__all__ = ["LoopHistory", "StepParameters"]
 
 _GRAD = operator.attrgetter("grad")  # a parameter's .grad, read in C in map()
-
-
-def learning_rates(optimizer: torch.optim.Optimizer, named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, dict[str, float]]:
-    """``{name: {"learning_rate": lr, "float_eps": eps}}`` of each of ``named`` that ``optimizer`` holds, its
-    group's ``lr`` a number (a tensor on the CPU too; one on an accelerator is left out: reading it would wait for it).
-
-    Example:
-        >>> layer = nn.Linear(2, 1).to(torch.bfloat16)
-        >>> learning_rates(torch.optim.SGD([layer.weight], lr=0.1), list(layer.named_parameters()))
-        {'weight': {'learning_rate': 0.1, 'float_eps': 0.0078125}}
-    """
-    ids = {id(param): (name, param) for name, param in named}
-    found = {}
-    for group in getattr(optimizer, "param_groups", ()):
-        rate = group.get("lr") if isinstance(group, dict) else None
-        if isinstance(rate, torch.Tensor) and rate.device.type == "cpu" and rate.numel() == 1:
-            rate = float(rate)
-        if not isinstance(rate, (int, float)) or isinstance(rate, bool):
-            continue
-        for param in group.get("params", ()):
-            entry = ids.get(id(param))
-            if entry is not None and entry[1].is_floating_point():
-                found[entry[0]] = {"learning_rate": float(rate), "float_eps": torch.finfo(entry[1].dtype).eps}
-    return found
 
 
 def _same_layout(now: torch.Tensor, then: torch.Tensor) -> bool:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +55,7 @@ from ..common.optimizer_steps import subscribe
 from ..common.safe_warnings import warn_once
 from .alerts import Alert
 
-__all__ = ["AUDITED_STEPS", "OptimizerAudit", "parameter_kinds"]
+__all__ = ["AUDITED_STEPS", "OPTIMIZER_VALUES", "OptimizerAudit", "learning_rates", "parameter_kinds"]
 
 logger = logging.getLogger(__name__)
 
@@ -278,3 +278,31 @@ class OptimizerAudit:
         warn_once(self._said, "failed", f"actviz: the optimizer audit of {self._model_name} failed and stops, "
                   f"{type(error).__name__}: {error} (training goes on)")
         logger.debug("optimizer audit failed", exc_info=error)
+
+
+#: ``results.layer_values[OPTIMIZER_VALUES][param]``: the learning rate of the optimizer group that applied the
+#: step's gradients to ``param``, and the ``torch.finfo(dtype).eps`` of its float format (what ``frozen_parameter`` reads).
+OPTIMIZER_VALUES = "optimizer"
+
+def learning_rates(optimizer: torch.optim.Optimizer, named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, dict[str, float]]:
+    """``{name: {"learning_rate": lr, "float_eps": eps}}`` of each of ``named`` that ``optimizer`` holds, its
+    group's ``lr`` a number (a tensor on the CPU too; one on an accelerator is left out: reading it would wait for it).
+
+    Example:
+        >>> layer = nn.Linear(2, 1).to(torch.bfloat16)
+        >>> learning_rates(torch.optim.SGD([layer.weight], lr=0.1), list(layer.named_parameters()))
+        {'weight': {'learning_rate': 0.1, 'float_eps': 0.0078125}}
+    """
+    ids = {id(param): (name, param) for name, param in named}
+    found = {}
+    for group in getattr(optimizer, "param_groups", ()):
+        rate = group.get("lr") if isinstance(group, dict) else None
+        if isinstance(rate, torch.Tensor) and rate.device.type == "cpu" and rate.numel() == 1:
+            rate = float(rate)
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+            continue
+        for param in group.get("params", ()):
+            entry = ids.get(id(param))
+            if entry is not None and entry[1].is_floating_point():
+                found[entry[0]] = {"learning_rate": float(rate), "float_eps": torch.finfo(entry[1].dtype).eps}
+    return found

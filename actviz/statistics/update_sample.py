@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .updates import PackedUpdates
+from .updates import PackedUpdates, flat_sample
 
 __all__ = ["UPDATE_SAMPLE_SIZE", "UpdateSample", "flat_sample", "optimizer_entries", "sample_stride"]
 
@@ -56,18 +56,6 @@ def sample_stride(shape: Sequence[int], size: int = UPDATE_SAMPLE_SIZE) -> int:
     while math.gcd(stride, inner) != 1:
         stride += 1
     return stride
-
-
-def flat_sample(tensor: torch.Tensor, stride: int) -> torch.Tensor:
-    """The elements ``0, stride, 2 * stride, ...`` of ``tensor`` in its flat row-major order: a view where it is
-    contiguous, else of a flattened copy.
-
-    Example:
-        >>> flat_sample(torch.arange(12).reshape(3, 4), 5).tolist(), flat_sample(torch.arange(6).reshape(2, 3).t(), 2).tolist()
-        ([0, 5, 10], [0, 1, 2])
-    """
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-    return flat[::stride]
 
 
 def optimizer_entries(optimizer: Any, params: Sequence[torch.Tensor]) -> tuple[list[Any], list[Any]]:

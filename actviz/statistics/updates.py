@@ -44,7 +44,7 @@ import torch
 
 from .layer_statistic import LayerStatistic
 
-__all__ = ["AdamEpsilon", "AppliedUpdate", "PackedUpdates", "UpdateLost", "UpdateRMS", "UpdateStatistic"]
+__all__ = ["AdamEpsilon", "AppliedUpdate", "PackedUpdates", "UpdateLost", "UpdateRMS", "UpdateStatistic", "flat_sample"]
 
 
 @dataclass
@@ -185,8 +185,6 @@ class AdamEpsilon(UpdateStatistic):
             "is on the device (fused, capturable)")
 
     def device_packed(self, packed: PackedUpdates, options: Any) -> list[torch.Tensor | None]:
-        from .update_sample import flat_sample  # the sample's layout: that module imports this one
-
         by_limit: dict[float, list[int]] = {}  # a CPU step count: the limit ε²·(1 - β₂ᵗ) as a number
         counts: dict[int, torch.Tensor] = {}
         seconds: dict[int, torch.Tensor] = {}
@@ -217,6 +215,18 @@ class AdamEpsilon(UpdateStatistic):
 
     def host(self, numbers: list[float], numel: int, dtype: torch.dtype) -> dict[str, float]:
         return {"epsilon_fraction": numbers[0] / numel} if numel else {}
+
+
+def flat_sample(tensor: torch.Tensor, stride: int) -> torch.Tensor:
+    """The elements ``0, stride, 2 * stride, ...`` of ``tensor`` in its flat row-major order: a view where it is
+    contiguous, else of a flattened copy.
+
+    Example:
+        >>> flat_sample(torch.arange(12).reshape(3, 4), 5).tolist(), flat_sample(torch.arange(6).reshape(2, 3).t(), 2).tolist()
+        ([0, 5, 10], [0, 1, 2])
+    """
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+    return flat[::stride]
 
 
 def _second_moment(state: Any, group: Any) -> tuple[torch.Tensor, float | torch.Tensor] | None:
