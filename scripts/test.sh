@@ -40,11 +40,10 @@ install_chromium() {
 [ "$quick" = 1 ] || install_chromium  # the browser test is not in the quick lane
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
-# One compute thread per core this process may use: the CPUs it is pinned to, capped by a
-# container's CPU quota. PyTorch and OpenMP otherwise start one thread per core of the host,
-# and on a 2-core share of a large host the suite then runs several times slower.
-if [ -z "${OMP_NUM_THREADS:-}" ]; then
-    OMP_NUM_THREADS=$(python - <<'EOF'
+# The cores this process may use: the CPUs it is pinned to, capped by a container's CPU quota.
+# PyTorch and OpenMP otherwise start one thread per core of the host, and on a 2-core share of a
+# large host the suite then runs several times slower.
+cores=$(python - <<'EOF'
 import math, os
 cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 try:
@@ -56,9 +55,17 @@ except (OSError, ValueError):
 print(cpus)
 EOF
 )
+# One pytest worker per core (pytest-xdist, at most 8), each with one compute thread: most tests
+# are Python-bound, so workers use the cores better than threads do. ACTVIZ_TEST_WORKERS=1 runs
+# the suite in one process.
+workers=${ACTVIZ_TEST_WORKERS:-$(( cores < 8 ? cores : 8 ))}
+if [ -z "${OMP_NUM_THREADS:-}" ]; then
+    OMP_NUM_THREADS=$(( cores / workers > 0 ? cores / workers : 1 ))
     export OMP_NUM_THREADS
 fi
-echo "== $OMP_NUM_THREADS compute threads (OMP_NUM_THREADS)"
+parallel=()
+[ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist worksteal)
+echo "== $workers pytest workers, $OMP_NUM_THREADS compute threads each (ACTVIZ_TEST_WORKERS, OMP_NUM_THREADS)"
 
 echo "== ruff check (rules in pyproject.toml)"
 lint=0
@@ -66,6 +73,6 @@ python -m ruff check . || lint=$?
 [ "$lint" = 0 ] || echo "== ruff found the problems above; running the tests all the same" >&2
 
 tests=0
-python -m pytest "$@" || tests=$?
+python -m pytest "${parallel[@]}" "$@" || tests=$?
 [ "$lint" = 0 ] || echo "== FAILED: ruff check (see above)" >&2
 exit $(( tests != 0 ? tests : lint ))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from one_pass_cases import (cases, logit_cases, logit_mismatches, mismatches, strength_cases, strength_mismatches, unit_cases,
+from one_pass_cases import (GROUPS, cases, logit_cases, logit_mismatches, mismatches, strength_cases, strength_mismatches, unit_cases,
                             unit_mismatches)
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -122,11 +122,12 @@ def run_fresh(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @needs_triton
-def test_the_triton_kernels_match_float64_under_the_interpreter():
+@pytest.mark.parametrize("group", GROUPS)  # one process each, so that the suite's workers share them out
+def test_the_triton_kernels_match_float64_under_the_interpreter(group):
     # NaN, ±Inf, zeros, denormals, a 1e8 offset, bfloat16, float16 near its max, one element, several tensors of
     # several tiles, outliers; logits with masked classes, large logits, bfloat16; the script exits 2 if a Triton
     # body was not the one that ran.
-    done = run_fresh("import sys, one_pass_cases; sys.exit(one_pass_cases.main())")
+    done = run_fresh(f"import sys, one_pass_cases; sys.exit(one_pass_cases.main(({group!r},)))")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "all match"
 
