@@ -65,7 +65,7 @@ if [ -z "${OMP_NUM_THREADS:-}" ]; then
 fi
 parallel=()
 [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist worksteal)
-echo "== $workers pytest workers, $OMP_NUM_THREADS compute threads each (ACTVIZ_TEST_WORKERS, OMP_NUM_THREADS)"
+echo "== $workers pytest workers (ACTVIZ_TEST_WORKERS), each with OMP_NUM_THREADS=$OMP_NUM_THREADS"
 
 echo "== ruff check (rules in pyproject.toml)"
 lint=0
