@@ -88,11 +88,9 @@ class Diagnosis:
         ``None`` with one warning where the parameters take no hook: the run goes on without them."""
         if not (self.judges_spikes or clipping) or self.spikes is not None:
             return None
-        try:
-            norms = step_norms_of(model, layers, current_step)
-        except Exception as error:  # noqa: BLE001 - watch() must not fail for it
-            warn_safely(f"actviz reads no gradient norms before clipping for this model (no spike check, no "
-                        f"gradient_clipping/*): {type(error).__name__}: {error}", RuntimeWarning)
+        norms = _norms_or_warning(model, layers, current_step,
+                                  "before clipping for this model (no spike check, no gradient_clipping/*)")
+        if norms is None:
             return None
         norms.grad_scaler = grad_scaler
         if self.judges_spikes:
@@ -213,10 +211,8 @@ def norms_of_rank(diagnosis: Diagnosis | None, model: nn.Module, layers: Sequenc
         return diagnosis.gradient_norms(model, layers, current_step, clipping, grad_scaler)
     if not reads_norms:
         return None
-    try:
-        norms = step_norms_of(model, layers, current_step)
-    except Exception as error:  # noqa: BLE001 - watch() must not fail for it
-        warn_safely(f"actviz reads no gradient norms on this rank: {type(error).__name__}: {error}", RuntimeWarning)
+    norms = _norms_or_warning(model, layers, current_step, "on this rank")
+    if norms is None:
         return None
     if not norms.sharded:
         norms.close()
@@ -239,3 +235,14 @@ def make_diagnosis(
         thresholds, {name for name, module in layers if is_relu_family(module)}, MatrixNames(model), on_alert,
     )
     return Diagnosis(sink, monitor, FlowHistory(update_ratio, image_steps) if flow_pictures else None, spikes, on_alert)
+
+
+def _norms_or_warning(model: nn.Module, layers: Sequence[tuple[str, nn.Module]], current_step: Callable[[], int | None],
+                      what: str) -> StepNorms | None:
+    """:func:`step_norms_of`, or ``None`` with one warning (``what``: which norms are missing) where the parameters
+    take no hook: ``watch()`` must not fail for it, and the run goes on without them."""
+    try:
+        return step_norms_of(model, layers, current_step)
+    except Exception as error:  # noqa: BLE001 - watch() must not fail for it
+        warn_safely(f"actviz reads no gradient norms {what}: {type(error).__name__}: {error}", RuntimeWarning)
+        return None
