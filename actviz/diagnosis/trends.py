@@ -223,23 +223,21 @@ class LayerTrends:
                           f"rounding dropped at least {self.thresholds['frozen_lost_fraction']:.0%} of its updates")
                 start = (f"frozen parameter at step {results.step}: {name!r} has a gradient (norm {grad.norm:.3g}) "
                          f"and {change} over {steps:g} logging steps: ")
-                cause = (_rounding(name, rate, weights, grad, held[name], results) if rate > 0 else
+                cause = (_rounding(rate, weights, grad, held[name], lost) if rate > 0 else
                          "it is not in the optimizer, or its learning rate is 0: add it to the optimizer (a "
                          "parameter group forgotten?) or give its group a learning rate")
                 found.append(Alert(results.step, "frozen_parameter", name, "gradient_norm", grad.norm, 0.0, start + cause))
         return found
 
 
-def _rounding(name: str, rate: float, weights: Summary, grad: Summary, held: dict[str, float],
-              results: StepResults) -> str:
+def _rounding(rate: float, weights: Summary, grad: Summary, held: dict[str, float], lost: float | None) -> str:
     """The ``frozen_parameter`` cause of a parameter in the optimizer at learning rate ``rate``: its updates round
     away. Says half a float step at its RMS value against the learning rate x its gradient's RMS (SGD's step), the
-    lost-update fraction where ``statistics=[..., "update_lost"]`` measured it, and the fixes."""
+    lost-update fraction ``lost`` where ``statistics=[..., "update_lost"]`` measured it, and the fixes."""
     value = _rms(weights)
     eps = held.get("float_eps", 2.0 ** -23)
     half_step = 2.0 ** math.floor(math.log2(value)) * eps / 2 if value > 0 else math.nan
     bits = {2.0 ** -7: "bfloat16", 2.0 ** -10: "float16", 2.0 ** -23: "float32", 2.0 ** -52: "float64"}.get(eps, "its float")
-    lost = results.layer_values.get("update_lost", {}).get(name, {}).get("lost_fraction")
     measured = f"; {lost:.1%} of its updates were lost at this step" if lost is not None and math.isfinite(lost) else ""
     return (f"it is in the optimizer at learning rate {rate:g}, but its updates are below half a {bits} step of its "
             f"values (half a step at its RMS {value:.3g} is {half_step:.3g}; learning rate x gradient RMS is "
